@@ -1,0 +1,63 @@
+"""An agent: the model, tools, prompt and limits a session runs with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping
+
+from .errors import ConfigurationError
+from .models.base import Model
+from .tools import Tool, ToolRegistry
+
+DEFAULT_MAX_TOOL_ITERATIONS = 8
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Agent:
+    agent_id: str
+    model: Model
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    system_prompt: str = ""
+    max_tool_iterations: int = DEFAULT_MAX_TOOL_ITERATIONS
+    """Tool batches per turn before the model must answer without tools (seed §4.3)."""
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    """Largest user message accepted, UTF-8 bytes."""
+    first_token_timeout_s: float = 15.0
+    """Time from request to the model's first chunk (seed §5.3)."""
+    model_timeout_s: float = 120.0
+    """Total time for one model response (seed §5.3)."""
+
+    def __post_init__(self) -> None:
+        if self.max_tool_iterations < 1:
+            raise ConfigurationError(f"agent {self.agent_id}: max_tool_iterations must be >= 1")
+        if isinstance(self.tools, (list, tuple)):
+            object.__setattr__(self, "tools", ToolRegistry(self.tools))
+
+    @staticmethod
+    def build(agent_id: str, model: Model, tools: Iterable[Tool] = (), **options: object) -> Agent:
+        return Agent(agent_id, model, ToolRegistry(tools), **options)  # type: ignore[arg-type]
+
+
+class AgentDirectory:
+    """Agents by id; a session names its agent when it is created."""
+
+    def __init__(self, agents: Iterable[Agent] | Mapping[str, Agent] = ()) -> None:
+        items = agents.values() if isinstance(agents, Mapping) else agents
+        self._agents = {a.agent_id: a for a in items}
+
+    def add(self, agent: Agent) -> None:
+        self._agents[agent.agent_id] = agent
+
+    def get(self, agent_id: str) -> Agent:
+        try:
+            return self._agents[agent_id]
+        except KeyError:
+            known = ", ".join(sorted(self._agents)) or "none"
+            raise ConfigurationError(f"no agent {agent_id!r} is configured; known agents: {known}") from None
+
+    def __contains__(self, agent_id: str) -> bool:
+        return agent_id in self._agents
+
+    def __iter__(self) -> Iterator[Agent]:
+        return iter(list(self._agents.values()))

@@ -1,0 +1,129 @@
+"""Every error turnlog raises, under one root.
+
+    TurnlogError
+    ├── ConfigurationError        the developer's mistake: bad settings, a malformed tool or agent
+    ├── EventError                a record on the log cannot be written or read
+    │   ├── EventEncodeError
+    │   ├── MalformedEventError
+    │   └── UnknownSchemaError
+    ├── LogError                  the log refused an operation
+    │   ├── ConcurrencyError      another writer appended to the session first
+    │   └── OutOfOrderError       an event arrived before the ones it follows
+    ├── SessionError
+    │   ├── SessionNotFoundError
+    │   ├── SessionClosedError
+    │   └── IllegalTransitionError
+    ├── InputError                a caller's input is unusable (too large, empty)
+    │   └── MessageTooLargeError
+    ├── ModelError                a model call failed; the turn records it
+    │   └── ModelTimeoutError
+    └── ToolFailure               raised *by a tool* to report a business error to the model
+
+Messages say what to do next, not only what went wrong.
+"""
+
+from __future__ import annotations
+
+
+class TurnlogError(Exception):
+    """Root of every error raised by turnlog."""
+
+
+class ConfigurationError(TurnlogError):
+    """Settings, agents or tools are defined wrongly; fix the code or the configuration."""
+
+
+class EventError(TurnlogError):
+    """An event cannot be encoded or decoded."""
+
+
+class EventEncodeError(EventError):
+    """An event's fields do not fit its Avro schema."""
+
+
+class MalformedEventError(EventError):
+    """Bytes on the log are not a valid turnlog event record."""
+
+
+class UnknownSchemaError(EventError):
+    """A record was written with a schema this reader does not know."""
+
+
+class LogError(TurnlogError):
+    """The event log refused an operation."""
+
+
+class ConcurrencyError(LogError):
+    """The session advanced since the writer last read it (optimistic lock on the version)."""
+
+    def __init__(self, session_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"session {session_id}: expected version {expected} but the log is at {actual}; "
+            "another writer owns this session. Reload the session and retry."
+        )
+        self.session_id = session_id
+        self.expected = expected
+        self.actual = actual
+
+
+class OutOfOrderError(LogError):
+    """A projection saw an event whose predecessor it has not applied."""
+
+
+class SessionError(TurnlogError):
+    """An operation does not fit the session it names."""
+
+
+class SessionNotFoundError(SessionError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"no session {session_id!r}; list sessions with `turnlog sessions` "
+            "or create one first"
+        )
+        self.session_id = session_id
+
+
+class SessionClosedError(SessionError):
+    def __init__(self, session_id: str, reason: str) -> None:
+        super().__init__(
+            f"session {session_id} is closed ({reason}); start a new session to continue"
+        )
+        self.session_id = session_id
+
+
+class IllegalTransitionError(SessionError):
+    """The state machine has no edge for this (from, to, cause): a bug, never silently ignored."""
+
+
+class InputError(TurnlogError):
+    """A caller's input cannot be accepted as it is."""
+
+
+class MessageTooLargeError(InputError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"message is {size} bytes; the limit is {limit} bytes. Split it into several "
+            "messages, or raise the agent's max_message_bytes."
+        )
+        self.size = size
+        self.limit = limit
+
+
+class ModelError(TurnlogError):
+    """A model call failed (transport, provider error, unusable output)."""
+
+
+class ModelTimeoutError(ModelError):
+    """A model call exceeded one of its time limits."""
+
+    def __init__(self, limit: str, seconds: float) -> None:
+        super().__init__(f"model call exceeded its {limit} limit of {seconds:g} s")
+        self.limit = limit
+        self.seconds = seconds
+
+
+class ToolFailure(TurnlogError):
+    """Raised by a tool to report a business error ("order not found") to the model.
+
+    The turn does not fail: the message becomes the tool's result, marked as a failure.
+    """

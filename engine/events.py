@@ -1,0 +1,207 @@
+"""The events on the log: one frozen dataclass per event type.
+
+Every event carries the envelope (session, per-session version, ids, time, producer) followed
+by its payload. The Avro schemas in ``schemas/`` are the wire contract; ``tests/test_codec``
+checks that every class here matches its schema field for field.
+
+JSON-shaped values (tool arguments, tool output) travel as JSON text in ``*_json`` fields so the
+schema stays stable however tools evolve.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeVar
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Envelope shared by every event."""
+
+    session_id: str
+    """The session this event belongs to; also the partition key."""
+    version: int
+    """Per-session sequence number, 1 for SessionCreated, +1 per event, no gaps."""
+    event_id: str = field(default_factory=new_id)
+    time_ms: int = field(default_factory=now_ms)
+    """Wall-clock time the producer created the event, ms since the epoch."""
+    causation_id: str | None = None
+    """event_id of the event that caused this one (e.g. the user message behind a turn)."""
+    correlation_id: str | None = None
+    """Groups the events of one unit of work; the turn id inside a turn."""
+    producer: str = "turnlog"
+    """Who wrote it: a worker id, "api", "cli", an admin tool."""
+
+    type: ClassVar[str] = "Event"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionCreated(Event):
+    agent_id: str
+    user_id: str
+    role: str = "user"
+    model: str = ""
+    metadata_json: str = "{}"
+    type: ClassVar[str] = "SessionCreated"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserMessageReceived(Event):
+    message_id: str
+    text: str
+    user_id: str = ""
+    type: ClassVar[str] = "UserMessageReceived"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnStarted(Event):
+    turn_id: str
+    message_id: str
+    """The user message this turn answers."""
+    type: ClassVar[str] = "TurnStarted"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChanged(Event):
+    from_state: str
+    to_state: str
+    cause: str
+    """One of ``engine.states.Cause``: why the session moved."""
+    detail: str = ""
+    type: ClassVar[str] = "StateChanged"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCallStarted(Event):
+    turn_id: str
+    step: int
+    """0-based index of the model call within its turn."""
+    model: str
+    message_count: int
+    tools_offered: int
+    type: ClassVar[str] = "ModelCallStarted"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCallFinished(Event):
+    turn_id: str
+    step: int
+    model: str
+    status: str
+    """"ok" or "failed"."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_ms: float = 0.0
+    retries: int = 0
+    finish_reason: str = ""
+    error: str | None = None
+    type: ClassVar[str] = "ModelCallFinished"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallSpec:
+    """One tool call as the model asked for it."""
+
+    call_id: str
+    name: str
+    arguments_json: str
+    """The arguments exactly as the model produced them (may be invalid JSON)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AssistantMessage(Event):
+    """A complete model message; never a half-streamed one."""
+
+    turn_id: str
+    message_id: str
+    text: str
+    tool_calls: tuple[ToolCallSpec, ...] = ()
+    type: ClassVar[str] = "AssistantMessage"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallRequested(Event):
+    turn_id: str
+    call_id: str
+    tool_name: str
+    arguments_json: str
+    iteration: int
+    """1-based tool iteration of the turn this call belongs to."""
+    type: ClassVar[str] = "ToolCallRequested"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallStarted(Event):
+    turn_id: str
+    call_id: str
+    tool_name: str
+    attempt: int = 1
+    type: ClassVar[str] = "ToolCallStarted"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallFinished(Event):
+    turn_id: str
+    call_id: str
+    tool_name: str
+    status: str
+    """One of ``engine.tools.ToolStatus``: success, failed, timeout, rejected, interrupted."""
+    content: str
+    """The text the model is given (failures start with a marker)."""
+    output_json: str | None = None
+    """The full structured result, when the tool returned one."""
+    elapsed_ms: float = 0.0
+    attempts: int = 1
+    error: str | None = None
+    type: ClassVar[str] = "ToolCallFinished"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnFinished(Event):
+    turn_id: str
+    message_id: str
+    reason: str
+    """answered | iteration_cap | model_error | forced."""
+    iterations: int
+    model_calls: int
+    input_tokens: int
+    output_tokens: int
+    type: ClassVar[str] = "TurnFinished"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionClosed(Event):
+    reason: str
+    actor: str = "user"
+    type: ClassVar[str] = "SessionClosed"
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.type: cls
+    for cls in (
+        SessionCreated,
+        UserMessageReceived,
+        TurnStarted,
+        StateChanged,
+        ModelCallStarted,
+        ModelCallFinished,
+        AssistantMessage,
+        ToolCallRequested,
+        ToolCallStarted,
+        ToolCallFinished,
+        TurnFinished,
+        SessionClosed,
+    )
+}
+
+E = TypeVar("E", bound=Event)

@@ -1,0 +1,215 @@
+"""A session's state as a pure fold of its events.
+
+``fold(events)`` and ``SessionState.apply(event)`` are the only way state is derived; the turn
+loop, the worker and recovery all read it from here. Applying checks version continuity and
+validates every state change against the transition table.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from . import events as ev
+from .errors import OutOfOrderError
+from .messages import ChatMessage
+from .states import SessionStatus, check_transition
+
+FINAL_TOOL_STATUSES = frozenset({"success", "failed", "timeout", "rejected", "interrupted"})
+
+
+@dataclass(slots=True)
+class ToolCallProgress:
+    call_id: str
+    tool_name: str
+    arguments_json: str
+    status: str = "requested"
+    """requested | started | one of FINAL_TOOL_STATUSES."""
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class TurnProgress:
+    turn_id: str
+    message_id: str
+    started_version: int
+    iterations: int = 0
+    """Tool batches requested so far in this turn."""
+    model_calls: int = 0
+    """Model calls finished so far (ok or failed)."""
+    model_call_open: bool = False
+    tool_calls: dict[str, ToolCallProgress] = field(default_factory=dict)
+    """The current tool batch, in the order the model asked."""
+    last_answer: str | None = None
+    """Text of the last assistant message without tool calls."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def unfinished_calls(self) -> list[ToolCallProgress]:
+        return [c for c in self.tool_calls.values() if c.status not in FINAL_TOOL_STATUSES]
+
+
+@dataclass(slots=True)
+class InboundMessage:
+    message_id: str
+    text: str
+    event_id: str
+
+
+@dataclass(slots=True)
+class SessionState:
+    session_id: str
+    version: int = 0
+    agent_id: str = ""
+    user_id: str = ""
+    role: str = "user"
+    model: str = ""
+    status: SessionStatus = SessionStatus.IDLE
+    messages: list[ChatMessage] = field(default_factory=list)
+    """History in model order: user, assistant (+tool calls), tool results."""
+    inbox: deque[InboundMessage] = field(default_factory=deque)
+    """User messages received but not yet taken up by a turn, in log order."""
+    turn: TurnProgress | None = None
+    turns_finished: int = 0
+    closed: bool = False
+    close_reason: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    created_ms: int = 0
+    updated_ms: int = 0
+
+    @property
+    def exists(self) -> bool:
+        return self.version > 0
+
+    def apply(self, event: ev.Event) -> SessionState:
+        """Apply the next event in place and return self; refuses gaps and replays."""
+        if event.version != self.version + 1:
+            raise OutOfOrderError(
+                f"session {self.session_id}: event {event.type} has version {event.version}, "
+                f"expected {self.version + 1}"
+            )
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+        self.version = event.version
+        self.updated_ms = event.time_ms
+        return self
+
+
+def fold(session_id: str, events: Iterable[ev.Event], state: SessionState | None = None) -> SessionState:
+    """Fold events (in version order) into a session state, optionally on top of ``state``."""
+    current = state if state is not None else SessionState(session_id)
+    for event in events:
+        current.apply(event)
+    return current
+
+
+def _created(s: SessionState, e: ev.SessionCreated) -> None:
+    s.agent_id, s.user_id, s.role, s.model = e.agent_id, e.user_id, e.role, e.model
+    s.created_ms = e.time_ms
+
+
+def _user_message(s: SessionState, e: ev.UserMessageReceived) -> None:
+    s.inbox.append(InboundMessage(e.message_id, e.text, e.event_id))
+
+
+def _turn_started(s: SessionState, e: ev.TurnStarted) -> None:
+    if not s.inbox or s.inbox[0].message_id != e.message_id:
+        raise OutOfOrderError(
+            f"session {s.session_id}: turn {e.turn_id} answers {e.message_id}, "
+            "which is not the oldest waiting user message"
+        )
+    inbound = s.inbox.popleft()
+    s.messages.append(ChatMessage.user(inbound.text))
+    s.turn = TurnProgress(e.turn_id, e.message_id, e.version)
+
+
+def _state_changed(s: SessionState, e: ev.StateChanged) -> None:
+    if e.from_state != s.status:
+        raise OutOfOrderError(
+            f"session {s.session_id}: StateChanged v{e.version} leaves {e.from_state} "
+            f"but the session is in {s.status}"
+        )
+    check_transition(e.from_state, e.to_state, e.cause)
+    s.status = SessionStatus(e.to_state)
+
+
+def _model_started(s: SessionState, e: ev.ModelCallStarted) -> None:
+    _turn(s, e).model_call_open = True
+
+
+def _model_finished(s: SessionState, e: ev.ModelCallFinished) -> None:
+    turn = _turn(s, e)
+    turn.model_call_open = False
+    turn.model_calls += 1
+    turn.input_tokens += e.input_tokens
+    turn.output_tokens += e.output_tokens
+    s.input_tokens += e.input_tokens
+    s.output_tokens += e.output_tokens
+
+
+def _assistant(s: SessionState, e: ev.AssistantMessage) -> None:
+    turn = _turn(s, e)
+    s.messages.append(ChatMessage("assistant", e.text, e.tool_calls))
+    if e.tool_calls:
+        turn.iterations += 1
+        turn.tool_calls = {}
+    else:
+        turn.last_answer = e.text
+
+
+def _tool_requested(s: SessionState, e: ev.ToolCallRequested) -> None:
+    _turn(s, e).tool_calls[e.call_id] = ToolCallProgress(e.call_id, e.tool_name, e.arguments_json)
+
+
+def _tool_started(s: SessionState, e: ev.ToolCallStarted) -> None:
+    call = _call(s, e)
+    call.status = "started"
+    call.attempts = e.attempt
+
+
+def _tool_finished(s: SessionState, e: ev.ToolCallFinished) -> None:
+    call = _call(s, e)
+    call.status = e.status
+    s.messages.append(ChatMessage("tool", e.content, tool_call_id=e.call_id, name=e.tool_name))
+
+
+def _turn_finished(s: SessionState, e: ev.TurnFinished) -> None:
+    s.turn = None
+    s.turns_finished += 1
+
+
+def _closed(s: SessionState, e: ev.SessionClosed) -> None:
+    s.closed = True
+    s.close_reason = e.reason
+
+
+def _turn(s: SessionState, e: ev.Event) -> TurnProgress:
+    if s.turn is None:
+        raise OutOfOrderError(f"session {s.session_id}: {e.type} v{e.version} outside a turn")
+    return s.turn
+
+
+def _call(s: SessionState, e: ev.ToolCallStarted | ev.ToolCallFinished) -> ToolCallProgress:
+    call = _turn(s, e).tool_calls.get(e.call_id)
+    if call is None:
+        raise OutOfOrderError(f"session {s.session_id}: {e.type} for unrequested call {e.call_id}")
+    return call
+
+
+_HANDLERS = {
+    ev.SessionCreated: _created,
+    ev.UserMessageReceived: _user_message,
+    ev.TurnStarted: _turn_started,
+    ev.StateChanged: _state_changed,
+    ev.ModelCallStarted: _model_started,
+    ev.ModelCallFinished: _model_finished,
+    ev.AssistantMessage: _assistant,
+    ev.ToolCallRequested: _tool_requested,
+    ev.ToolCallStarted: _tool_started,
+    ev.ToolCallFinished: _tool_finished,
+    ev.TurnFinished: _turn_finished,
+    ev.SessionClosed: _closed,
+}

@@ -1,0 +1,121 @@
+"""The log interface: what every backend (embedded SQLite, Apache Kafka) provides.
+
+The log is partitioned by session: every event of a session lands in the partition that
+``partition_for(session_id, partitions)`` names, so one consumer owns a session at a time and
+sees its events in order. Offsets are per-partition positions, increasing but not necessarily
+contiguous. Per-session order is also carried by ``Event.version`` (1, 2, 3, ... no gaps); an
+append names the version it expects the session to be at, which is the seed's state_version
+optimistic lock applied to the log itself.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import LogError
+from ..events import Event
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    partition: int
+    offset: int
+    event: Event
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (signed 32-bit), so Java/Go producers keyed by session id agree with us."""
+    m, r = 0x5BD1E995, 24
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    end = length - length % 4
+    for i in range(0, end, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail = length % 4
+    if tail >= 3:
+        h ^= data[end + 2] << 16
+    if tail >= 2:
+        h ^= data[end + 1] << 8
+    if tail >= 1:
+        h ^= data[end]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(session_id: str, partitions: int) -> int:
+    """Stable partition of a session: Kafka's default keyed partitioner on the session id."""
+    return (murmur2(session_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def check_batch(events: Sequence[Event], expected_version: int) -> str:
+    """Validate that a batch is one session's next versions; return the session id."""
+    if not events:
+        raise LogError("append needs at least one event")
+    session_id = events[0].session_id
+    for i, event in enumerate(events):
+        if event.session_id != session_id:
+            raise LogError(
+                f"one append must hold one session's events; got {session_id} and {event.session_id}"
+            )
+        if event.version != expected_version + 1 + i:
+            raise LogError(
+                f"session {session_id}: event {i} ({event.type}) has version {event.version}, "
+                f"expected {expected_version + 1 + i} (versions are contiguous)"
+            )
+    return session_id
+
+
+class EventLog(abc.ABC):
+    """A durable, partitioned, append-only log of session events."""
+
+    partitions: int
+
+    @abc.abstractmethod
+    async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
+        """Append one session's next events atomically; durable when this returns.
+
+        Raises ConcurrencyError if the session is not at ``expected_version``.
+        """
+
+    @abc.abstractmethod
+    async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
+        """A session's events with version > after_version, in order."""
+
+    @abc.abstractmethod
+    async def session_version(self, session_id: str) -> int:
+        """The session's last version (0 if it has no events)."""
+
+    @abc.abstractmethod
+    async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
+        """Records of a partition at positions >= offset, in order, at most ``limit``."""
+
+    @abc.abstractmethod
+    async def end_offset(self, partition: int) -> int:
+        """The offset the next record of the partition will have at least."""
+
+    @abc.abstractmethod
+    async def committed(self, group: str, partition: int) -> int:
+        """The next offset a consumer group should read (0 if it never committed)."""
+
+    @abc.abstractmethod
+    async def commit(self, group: str, partition: int, offset: int) -> None:
+        """Record that ``group`` has processed every record of ``partition`` before ``offset``."""
+
+    @abc.abstractmethod
+    async def wait_for_append(self, timeout: float) -> None:
+        """Return when something may have been appended, or after ``timeout`` seconds."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    def partition_of(self, session_id: str) -> int:
+        return partition_for(session_id, self.partitions)

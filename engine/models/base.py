@@ -1,0 +1,66 @@
+"""The model interface: one async streaming method.
+
+A model turns a ModelRequest into a stream of ModelChunks: any number of TextDelta, then exactly
+one ModelResponse (the complete message). Only the ModelResponse is ever written to history; a
+stream that breaks before it is a failed call and leaves no trace in the conversation.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Sequence
+
+from ..events import ToolCallSpec
+from ..messages import ChatMessage
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    messages: Sequence[ChatMessage]
+    """System prompt first (if any), then history."""
+    tools: Sequence[dict[str, Any]] = ()
+    """Tool specs {name, description, parameters}; empty = the model must answer in text."""
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    text: str
+    tool_calls: tuple[ToolCallSpec, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str = "stop"
+    model: str = ""
+
+
+ModelChunk = TextDelta | ModelResponse
+
+
+class Model(abc.ABC):
+    """Implement ``stream``; the engine handles timeouts, history and events."""
+
+    name: str = "model"
+
+    @abc.abstractmethod
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """Yield TextDelta chunks, then one ModelResponse."""
+
+    async def aclose(self) -> None:
+        """Release connections; the default has none."""
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough count (4 characters a token) for models that report no usage."""
+    return max(1, len(text) // 4) if text else 0

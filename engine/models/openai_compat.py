@@ -1,0 +1,250 @@
+"""A Model for any server that speaks the OpenAI Chat Completions API.
+
+OpenAI, vLLM, llama.cpp, Ollama, LM Studio and most hosted gateways accept the same streaming
+``/v1/chat/completions`` request, so one adapter reaches all of them. It translates turnlog's
+provider-neutral ChatMessages into OpenAI message dicts, streams the answer as TextDelta chunks,
+and reassembles the tool calls that arrive in fragments into complete ToolCallSpecs.
+
+Two rules shape the code:
+
+* Only a complete message becomes a ModelResponse. If the stream breaks (a dropped connection,
+  a server error mid-answer, a stream that ends before the model finished) the call raises
+  ModelError and yields no ModelResponse, so a half-streamed answer never reaches history.
+* Every failure is a ModelError whose message names the endpoint and the model and says what
+  to check, because the person reading it is usually configuring a server URL. Retries and
+  overall time limits belong to the engine, so the SDK's own retries default to 0.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Sequence
+
+import openai
+
+from ..errors import ModelError
+from ..events import ToolCallSpec
+from ..messages import ChatMessage
+from .base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage, estimate_tokens
+
+_EXCERPT_CHARS = 300
+
+_STATUS_HINTS = {
+    400: "the server rejected the request; check the model supports tools and the message format",
+    401: "check the API key",
+    403: "check the API key's permissions for this model",
+    404: "check the model name and that the base URL ends in /v1",
+    429: "the server is rate limiting; retry later or lower the load",
+}
+
+
+def to_openai_message(message: ChatMessage) -> dict[str, Any]:
+    """One ChatMessage as an OpenAI chat message dict."""
+    if message.role == "assistant":
+        converted: dict[str, Any] = {"role": "assistant", "content": message.content or None}
+        if message.tool_calls:
+            converted["tool_calls"] = [_to_openai_tool_call(c) for c in message.tool_calls]
+        return converted
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id or "", "content": message.content}
+    return {"role": message.role, "content": message.content}
+
+
+def _to_openai_tool_call(call: ToolCallSpec) -> dict[str, Any]:
+    function = {"name": call.name, "arguments": call.arguments_json}
+    return {"id": call.call_id, "type": "function", "function": function}
+
+
+def to_openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    return [to_openai_message(m) for m in messages]
+
+
+def to_openai_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool specs {name, description, parameters} in OpenAI's function-tool format."""
+    return [{"type": "function", "function": dict(spec)} for spec in tools]
+
+
+@dataclass(slots=True)
+class _ToolCallParts:
+    call_id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _StreamState:
+    """What the chunks of one streamed answer add up to."""
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, _ToolCallParts] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    model: str = ""
+
+    def add(self, chunk: Any) -> str:
+        """Fold one chat.completion.chunk in; return its new answer text (may be "")."""
+        self.model = getattr(chunk, "model", None) or self.model
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            self.usage = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
+        text = ""
+        for choice in getattr(chunk, "choices", None) or ():
+            if getattr(choice, "index", 0) not in (0, None):
+                continue  # only the first choice is ever asked for (n=1)
+            delta = choice.delta
+            if delta is not None and delta.content:
+                text += delta.content
+            for fragment in (delta.tool_calls if delta is not None else None) or ():
+                self._add_tool_fragment(fragment)
+            self.finish_reason = choice.finish_reason or self.finish_reason
+        if text:
+            self.text.append(text)
+        return text
+
+    def _add_tool_fragment(self, fragment: Any) -> None:
+        index = fragment.index if fragment.index is not None else len(self.calls)
+        parts = self.calls.setdefault(index, _ToolCallParts())
+        parts.call_id = parts.call_id or fragment.id or ""
+        function = fragment.function
+        if function is not None:
+            parts.name = parts.name or function.name or ""
+            if function.arguments:
+                parts.arguments.append(function.arguments)
+
+    def tool_calls(self) -> tuple[ToolCallSpec, ...]:
+        return tuple(
+            ToolCallSpec(p.call_id or f"call_{uuid.uuid4().hex[:24]}", p.name, "".join(p.arguments))
+            for _, p in sorted(self.calls.items())
+        )
+
+
+class OpenAICompatibleModel(Model):
+    """Streams chat completions from an OpenAI-compatible endpoint."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        request_timeout_s: float = 120.0,
+        max_retries: int = 0,
+    ) -> None:
+        self.name = model
+        self.request_timeout_s = request_timeout_s
+        self._owns_client = client is None
+        self._client = client or openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or "unused",
+            timeout=request_timeout_s,
+            max_retries=max_retries,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return str(self._client.base_url).rstrip("/")
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this model created it; a client passed in stays open."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        stream = await self._open(request)
+        state = _StreamState()
+        try:
+            iterator = stream.__aiter__()
+            while True:
+                try:
+                    chunk = await iterator.__anext__()
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    raise self._error(exc, streaming=True) from exc
+                text = state.add(chunk)
+                if text:
+                    yield TextDelta(text)
+        finally:
+            await stream.close()
+        yield self._response(state, request)
+
+    async def _open(self, request: ModelRequest) -> Any:
+        kwargs: dict[str, Any] = {
+            "model": self.name,
+            "messages": to_openai_messages(request.messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            kwargs["tools"] = to_openai_tools(request.tools)
+        try:
+            return await self._client.chat.completions.create(**kwargs)
+        except Exception as exc:
+            raise self._error(exc, streaming=False) from exc
+
+    def _response(self, state: _StreamState, request: ModelRequest) -> ModelResponse:
+        text = "".join(state.text)
+        calls = state.tool_calls()
+        if not text and not calls:
+            raise ModelError(
+                f"model endpoint {self.base_url} returned an empty response for model {self.name!r} "
+                f"(finish_reason={state.finish_reason!r}); check the model is loaded and the prompt fits"
+            )
+        if state.finish_reason is None:
+            raise ModelError(
+                f"the stream from {self.base_url} for model {self.name!r} ended before the model finished "
+                "(no finish_reason); the partial answer was discarded"
+            )
+        usage = state.usage or _estimate_usage(request, text, calls)
+        return ModelResponse(text, calls, usage, state.finish_reason, state.model or self.name)
+
+    def _error(self, exc: Exception, *, streaming: bool) -> ModelError:
+        """A ModelError that says which endpoint and model failed, and what to check."""
+        where, model = self.base_url, self.name
+        if isinstance(exc, openai.APIStatusError):
+            hint = _STATUS_HINTS.get(exc.status_code, "the server failed; check its logs")
+            return ModelError(
+                f"model endpoint {where} answered {exc.status_code} for model {model!r}: "
+                f"{_excerpt(exc)}; {hint}"
+            )
+        if isinstance(exc, openai.APITimeoutError):
+            return ModelError(
+                f"model endpoint {where} did not answer within {self.request_timeout_s:g} s for model "
+                f"{model!r}; check the server is not overloaded or raise request_timeout_s"
+            )
+        reason = _reason(exc)
+        if streaming:
+            return ModelError(
+                f"the stream from model endpoint {where} for model {model!r} broke before the answer "
+                f"was complete: {reason}; the partial answer was discarded"
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            return ModelError(
+                f"cannot reach the model endpoint {where}: {reason}; "
+                "check TURNLOG_BASE_URL and that the server is running"
+            )
+        return ModelError(f"calling model endpoint {where} for model {model!r} failed: {reason}")
+
+
+def _reason(exc: BaseException) -> str:
+    """The most specific description in an exception chain (the SDK wraps transport errors)."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, openai.APIConnectionError) and cause is not None:
+        exc = cause
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _excerpt(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    message = body.get("message") if isinstance(body, dict) else None
+    text = str(message) if message else str(body if body is not None else exc.message)
+    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
+
+
+def _estimate_usage(request: ModelRequest, text: str, calls: tuple[ToolCallSpec, ...]) -> Usage:
+    sent = "".join(m.content for m in request.messages)
+    produced = text + "".join(c.arguments_json for c in calls)
+    return Usage(estimate_tokens(sent), estimate_tokens(produced))

@@ -1,0 +1,75 @@
+"""Deterministic models for tests, benchmarks and the offline demo.
+
+``ScriptedModel`` replays a queue of responses; ``FunctionModel`` asks a function what to
+answer given the request, like a real model reading the conversation. Neither is the product:
+they exist so the engine's logic can be exercised without a paid API.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any, AsyncIterator, Callable, Iterable
+
+from ..errors import ModelError
+from ..events import ToolCallSpec
+from .base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage, estimate_tokens
+
+
+def call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None) -> ToolCallSpec:
+    """A tool call for a script; dict arguments are JSON-encoded, strings passed through raw."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return ToolCallSpec(call_id or f"call_{name}_{abs(hash(raw)) % 10**8}", name, raw)
+
+
+def reply(text: str = "", *calls: ToolCallSpec) -> ModelResponse:
+    return ModelResponse(text=text, tool_calls=tuple(calls), finish_reason="tool_calls" if calls else "stop")
+
+
+class FunctionModel(Model):
+    """Answers with ``fn(request)``: a ModelResponse, a string, or an exception to raise."""
+
+    def __init__(self, fn: Callable[[ModelRequest], ModelResponse | str], *, name: str = "function",
+                 chunk_chars: int = 0) -> None:
+        self.fn = fn
+        self.name = name
+        self.chunk_chars = chunk_chars
+        """If > 0, answer text is streamed in chunks of this many characters."""
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        self.requests.append(request)
+        answer = self.fn(request)
+        response = answer if isinstance(answer, ModelResponse) else ModelResponse(text=answer)
+        if self.chunk_chars and response.text:
+            text = response.text
+            for i in range(0, len(text), self.chunk_chars):
+                yield TextDelta(text[i : i + self.chunk_chars])
+        elif response.text:
+            yield TextDelta(response.text)
+        if response.usage == Usage():
+            response = _with_estimated_usage(response, request)
+        yield response
+
+
+class ScriptedModel(FunctionModel):
+    """Plays back responses in order; raises ModelError when the script runs out."""
+
+    def __init__(self, responses: Iterable[ModelResponse | str | Exception], *, name: str = "scripted") -> None:
+        self.script: deque[ModelResponse | str | Exception] = deque(responses)
+        super().__init__(self._next, name=name)
+
+    def _next(self, request: ModelRequest) -> ModelResponse | str:
+        if not self.script:
+            raise ModelError(f"{self.name}: script exhausted after {len(self.requests) - 1} calls")
+        item = self.script.popleft()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+def _with_estimated_usage(response: ModelResponse, request: ModelRequest) -> ModelResponse:
+    sent = sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in request.messages)
+    written = response.text + "".join(c.name + c.arguments_json for c in response.tool_calls)
+    usage = Usage(max(1, sent // 4), estimate_tokens(written))
+    return ModelResponse(response.text, response.tool_calls, usage, response.finish_reason, response.model)

@@ -1,0 +1,141 @@
+"""The Python API (seed §6.2): create a session, send a message and stream its turn, read
+history, invoke a tool, force-finish.
+
+``post_user_message`` is the producer side only (append and return), for deployments where a
+worker elsewhere runs the turns. ``send_user_message`` appends and then drives the same
+TurnRunner in-process, streaming events as they are committed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from . import events as ev
+from .agent import Agent, AgentDirectory
+from .errors import ConcurrencyError, InputError, MessageTooLargeError, SessionClosedError
+from .fold import SessionState
+from .log.base import EventLog
+from .messages import ChatMessage
+from .states import Cause, SessionStatus
+from .stream import StreamItem
+from .tools import ToolOutcome, run_tool_call
+from .turn import TurnRunner
+from .writer import SessionWriter
+
+APPEND_RETRIES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: str
+    agent_id: str
+    user_id: str
+    role: str
+    status: str
+    version: int
+
+
+class AgentSessions:
+    """The engine's front door for one log and a set of agents."""
+
+    def __init__(self, log: EventLog, agents: AgentDirectory, *, producer: str = "api") -> None:
+        self.log = log
+        self.agents = agents
+        self.producer = producer
+        self.runner = TurnRunner(log, agents.get, producer=producer)
+
+    async def create_session(self, agent_id: str, user_id: str, *, role: str = "user",
+                             session_id: str | None = None, metadata: dict[str, Any] | None = None) -> SessionInfo:
+        agent = self.agents.get(agent_id)
+        sid = session_id or ev.new_id()
+        created = ev.SessionCreated(session_id=sid, version=1, agent_id=agent_id, user_id=user_id, role=role,
+                                    model=agent.model.name, metadata_json=json.dumps(metadata or {}),
+                                    producer=self.producer)
+        await self.log.append([created], expected_version=0)
+        return SessionInfo(sid, agent_id, user_id, role, str(SessionStatus.IDLE), 1)
+
+    async def post_user_message(self, session_id: str, text: str) -> ev.UserMessageReceived:
+        """Append a user message; it is durable and queued for a turn when this returns."""
+        for _ in range(APPEND_RETRIES):
+            state = await self.runner.load(session_id)
+            self._check_message(state, text)
+            event = ev.UserMessageReceived(session_id=session_id, version=state.version + 1,
+                                           message_id=ev.new_id(), text=text, user_id=state.user_id,
+                                           producer=self.producer)
+            try:
+                await self.log.append([event], expected_version=state.version)
+            except ConcurrencyError:
+                self.runner.forget(session_id)
+                continue
+            return event
+        raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
+
+    def _check_message(self, state: SessionState, text: str) -> None:
+        if state.closed:
+            raise SessionClosedError(state.session_id, state.close_reason)
+        if not text.strip():
+            raise InputError("the message is empty; send some text")
+        size = len(text.encode("utf-8"))
+        limit = self.agents.get(state.agent_id).max_message_bytes
+        if size > limit:
+            raise MessageTooLargeError(size, limit)
+
+    async def send_user_message(self, session_id: str, text: str) -> AsyncIterator[StreamItem]:
+        """Append a user message and stream its turn (and any turns queued before it)."""
+        yield await self.post_user_message(session_id, text)
+        async for item in self.runner.run(session_id):
+            yield item
+
+    async def run_pending(self, session_id: str) -> AsyncIterator[StreamItem]:
+        """Stream the turns of messages already on the log that no turn has taken up yet."""
+        async for item in self.runner.run(session_id):
+            yield item
+
+    async def get_state(self, session_id: str) -> SessionState:
+        return await self.runner.load(session_id)
+
+    async def get_history(self, session_id: str, limit: int = 20) -> list[ChatMessage]:
+        """The last ``limit`` messages of the conversation, oldest first."""
+        state = await self.runner.load(session_id)
+        return list(state.messages[-limit:]) if limit > 0 else []
+
+    async def invoke_tool(self, session_id: str, tool_name: str, arguments: dict[str, Any]) -> ToolOutcome:
+        """Run one of the session's agent's tools directly, with validation and timeout.
+
+        Not recorded on the log and not part of the conversation: an operator's probe.
+        """
+        state = await self.runner.load(session_id)
+        agent: Agent = self.agents.get(state.agent_id)
+        return await run_tool_call(agent.tools, tool_name, json.dumps(arguments))
+
+    async def force_finish(self, session_id: str, reason: str, *, actor: str = "admin") -> SessionInfo:
+        """Stop whatever the session is doing and close it (seed §6.2 force_finish)."""
+        async with self.runner.lock(session_id):
+            for _ in range(APPEND_RETRIES):
+                state = await self.runner.load(session_id)
+                if state.closed:
+                    raise SessionClosedError(session_id, state.close_reason)
+                w = SessionWriter(self.log, state, self.producer)
+                if state.status not in (SessionStatus.FINISHED,):
+                    w.transition(SessionStatus.FINISHED, Cause.ADMIN, detail=reason)
+                if state.turn is not None:
+                    t = state.turn
+                    w.add(ev.TurnFinished, turn_id=t.turn_id, message_id=t.message_id, reason="forced",
+                          iterations=t.iterations, model_calls=t.model_calls, input_tokens=t.input_tokens,
+                          output_tokens=t.output_tokens, correlation_id=t.turn_id)
+                w.add(ev.SessionClosed, reason=reason, actor=actor)
+                try:
+                    await w.commit()
+                except ConcurrencyError:
+                    self.runner.forget(session_id)
+                    continue
+                return _info(state)
+        raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
+
+
+def _info(state: SessionState) -> SessionInfo:
+    return SessionInfo(state.session_id, state.agent_id, state.user_id, state.role, str(state.status), state.version)
+
+

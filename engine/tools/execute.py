@@ -1,0 +1,133 @@
+"""Run one tool call and shape its result for the model (seed §2.3, §4.4, §7.2).
+
+Every outcome has a status. Anything but success starts with an unmistakable marker, so a
+model cannot report a failed send as sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from ..errors import ToolFailure
+from .registry import Tool, ToolRegistry
+from .validation import ArgumentProblem, parse_arguments
+
+
+class ToolStatus(StrEnum):
+    SUCCESS = "success"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+    """Never executed: unknown tool or invalid arguments."""
+    INTERRUPTED = "interrupted"
+    """Started before a crash, not idempotent, so not run again: outcome unknown."""
+
+
+MARKERS = {
+    ToolStatus.FAILED: "[FAILED]",
+    ToolStatus.TIMEOUT: "[FAILED: TIMEOUT]",
+    ToolStatus.REJECTED: "[REJECTED]",
+    ToolStatus.INTERRUPTED: "[FAILED: INTERRUPTED, OUTCOME UNKNOWN]",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    status: ToolStatus
+    content: str
+    """What the model reads."""
+    output_json: str | None = None
+    elapsed_ms: float = 0.0
+    attempts: int = 1
+    error: str | None = None
+
+
+def rejected(content: str, error: str) -> ToolOutcome:
+    return ToolOutcome(ToolStatus.REJECTED, f"{MARKERS[ToolStatus.REJECTED]} {content}", error=error, attempts=0)
+
+
+def unknown_tool(name: str, registry: ToolRegistry) -> ToolOutcome:
+    available = ", ".join(registry.names) or "none"
+    return rejected(f"no such tool {name!r}; available tools are: {available}.", f"unknown tool {name}")
+
+
+def interrupted(t_name: str) -> ToolOutcome:
+    return ToolOutcome(
+        ToolStatus.INTERRUPTED,
+        f"{MARKERS[ToolStatus.INTERRUPTED]} {t_name} was running when the worker stopped and is "
+        "not safe to repeat; it may or may not have taken effect. Tell the user, or check before retrying.",
+        attempts=0,
+        error="interrupted by worker restart",
+    )
+
+
+def prepare(registry: ToolRegistry, name: str, arguments_json: str) -> tuple[Tool, dict[str, Any]] | ToolOutcome:
+    """The tool and its validated arguments, or the rejection the model gets instead."""
+    t = registry.get(name)
+    if t is None:
+        return unknown_tool(name, registry)
+    args = parse_arguments(t, arguments_json)
+    if isinstance(args, ArgumentProblem):
+        return rejected(
+            f"invalid arguments for {name}: {args.describe()}. Fix the arguments and call {name} again.",
+            args.describe(),
+        )
+    return t, args
+
+
+async def run_tool_call(registry: ToolRegistry, name: str, arguments_json: str) -> ToolOutcome:
+    """Validate, execute with timeout (one retry if idempotent), and shape the result."""
+    prepared = prepare(registry, name, arguments_json)
+    if isinstance(prepared, ToolOutcome):
+        return prepared
+    return await execute(*prepared)
+
+
+async def execute(t: Tool, args: dict[str, Any]) -> ToolOutcome:
+    max_attempts = 2 if t.idempotent else 1
+    started = time.perf_counter()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            result = await asyncio.wait_for(_invoke(t, args), t.timeout_s)
+        except TimeoutError:
+            if attempt < max_attempts:
+                continue
+            return _failure(ToolStatus.TIMEOUT, t, f"did not finish within {t.timeout_s:g} s", started, attempt,
+                            hint="it may or may not have taken effect")
+        except ToolFailure as exc:
+            return _failure(ToolStatus.FAILED, t, str(exc), started, attempt)
+        except Exception as exc:  # a tool bug is a result the model sees, not a crashed turn
+            return _failure(ToolStatus.FAILED, t, f"{type(exc).__name__}: {exc}", started, attempt)
+        return _success(t, result, started, attempt)
+
+
+async def _invoke(t: Tool, args: dict[str, Any]) -> Any:
+    if getattr(t, "is_async", False):
+        return await t.handler(**args)
+    return await asyncio.to_thread(t.handler, **args)
+
+
+def _elapsed_ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
+def _success(t: Tool, result: Any, started: float, attempts: int) -> ToolOutcome:
+    try:
+        content = t.formatter(result)
+    except Exception as exc:
+        content = f"(formatter failed: {type(exc).__name__}: {exc}) " + json.dumps(result, default=str)[:2000]
+    output = json.dumps(result, ensure_ascii=False, default=str)
+    return ToolOutcome(ToolStatus.SUCCESS, content, output, _elapsed_ms(started), attempts)
+
+
+def _failure(status: ToolStatus, t: Tool, message: str, started: float, attempts: int, hint: str = "") -> ToolOutcome:
+    suffix = f"; {hint}" if hint else ""
+    content = f"{MARKERS[status]} {t.name} {message}{suffix}. Do not tell the user it succeeded."
+    return ToolOutcome(status, content, None, _elapsed_ms(started), attempts, error=message)

@@ -1,0 +1,143 @@
+"""Tool definitions: name, description, JSON Schema parameters, handler, formatter.
+
+Tools come from typed Python functions (the schema is derived from the type hints with
+pydantic, the description from the docstring) or from an explicit JSON Schema.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping
+
+import jsonschema
+import pydantic
+
+from ..errors import ConfigurationError
+
+Handler = Callable[..., Any | Awaitable[Any]]
+Formatter = Callable[[Any], str]
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+def default_formatter(result: Any) -> str:
+    """Compact JSON for structured results, the text itself for strings."""
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    """JSON Schema (an object schema) of the arguments."""
+    handler: Handler
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    idempotent: bool = False
+    """Safe to run again with the same arguments: read-only lookups, upserts. Decides whether a
+    timed-out or interrupted call is retried or reported as unknown outcome."""
+    formatter: Formatter = default_formatter
+    """Turns the structured result into the text the model reads."""
+    arguments_model: type[pydantic.BaseModel] | None = None
+    """When built from a function: converts validated JSON into typed Python arguments."""
+    validator: jsonschema.protocols.Validator = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigurationError(
+                f"tool name {self.name!r} must be letters, digits, '_' or '-' (providers reject others)"
+            )
+        schema = dict(self.parameters)
+        try:
+            cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+            cls.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ConfigurationError(f"tool {self.name}: parameters are not a valid JSON Schema: {exc.message}") from exc
+        if schema.get("type") != "object":
+            raise ConfigurationError(f"tool {self.name}: parameters must be an object schema")
+        object.__setattr__(self, "validator", cls(schema, format_checker=cls.FORMAT_CHECKER))
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
+
+    def spec(self) -> dict[str, Any]:
+        """The definition a model is shown."""
+        return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
+
+
+def tool(
+    fn: Handler | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    idempotent: bool = False,
+    formatter: Formatter = default_formatter,
+) -> Any:
+    """Make a Tool from a typed function; usable as ``@tool`` or ``@tool(idempotent=True)``."""
+
+    def build(func: Handler) -> Tool:
+        model = _arguments_model(func)
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        doc = inspect.getdoc(func) or ""
+        return Tool(
+            name=name or func.__name__,
+            description=description or doc,
+            parameters=schema,
+            handler=func,
+            timeout_s=timeout_s,
+            idempotent=idempotent,
+            formatter=formatter,
+            arguments_model=model,
+        )
+
+    return build(fn) if fn is not None else build
+
+
+def _arguments_model(func: Handler) -> type[pydantic.BaseModel]:
+    fields: dict[str, Any] = {}
+    hints = inspect.get_annotations(func, eval_str=True)
+    for pname, param in inspect.signature(func).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigurationError(f"tool {func.__name__}: *args/**kwargs cannot be described to a model")
+        if pname not in hints:
+            raise ConfigurationError(f"tool {func.__name__}: parameter {pname!r} needs a type hint")
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[pname] = (hints[pname], default)
+    config = pydantic.ConfigDict(extra="forbid")
+    return pydantic.create_model(f"{func.__name__}_arguments", __config__=config, **fields)
+
+
+class ToolRegistry:
+    """The tools an agent may use, by name."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            self.register(t)
+
+    def register(self, t: Tool) -> Tool:
+        if not isinstance(t, Tool):
+            raise ConfigurationError(f"{t!r} is not a Tool; decorate the function with @tool")
+        if t.name in self._tools:
+            raise ConfigurationError(f"tool {t.name!r} is registered twice")
+        self._tools[t.name] = t
+        return t
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def specs(self) -> list[dict[str, Any]]:
+        return [t.spec() for t in self._tools.values()]
+
+    def __len__(self) -> int:
+        return len(self._tools)

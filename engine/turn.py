@@ -1,0 +1,307 @@
+"""The turn loop (seed §6.3): one driver for every way a turn runs.
+
+``TurnRunner.run(session_id)`` folds the session and repeatedly asks ``next_step`` what the
+folded state calls for: start a turn for the oldest waiting message, call the model, run the
+requested tools, or nothing. Because the next step is derived from the log alone, the same code
+continues a turn after a crash: recorded model answers and tool results are reused, a started
+idempotent tool is run again, a started non-idempotent one is reported as interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from . import events as ev
+from .agent import Agent
+from .errors import ModelError, ModelTimeoutError, SessionNotFoundError
+from .fold import FINAL_TOOL_STATUSES, SessionState, ToolCallProgress, fold
+from .log.base import EventLog
+from .messages import ChatMessage
+from .models.base import ModelRequest, ModelResponse, TextDelta
+from .states import Cause, SessionStatus
+from .stream import ModelDelta, StreamItem
+from .tools import execute as tool_exec
+from .tools import Tool
+from .writer import SessionWriter
+
+S = SessionStatus
+CLOSING_NOTE = (
+    "You have used the maximum of {cap} tool steps for this request. Do not call any tool. "
+    "Answer the user now from the results above, and say that the run was cut short to avoid a loop."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StartTurn:
+    message_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallModel:
+    closing: bool
+    """True once the iteration cap is reached: the model is called without tools."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunTools:
+    calls: tuple[ToolCallProgress, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    pass
+
+
+Step = StartTurn | CallModel | RunTools | Done
+
+
+def next_step(state: SessionState, agent: Agent) -> Step:
+    """What the folded state calls for next; pure."""
+    turn = state.turn
+    if turn is None:
+        if state.inbox and not state.closed:
+            return StartTurn(state.inbox[0].message_id)
+        return Done()
+    pending = turn.unfinished_calls()
+    if pending:
+        return RunTools(tuple(pending))
+    return CallModel(closing=turn.iterations >= agent.max_tool_iterations)
+
+
+class TurnRunner:
+    """Runs the turns of sessions on one log. Holds a bounded cache of folded sessions so a
+    turn reads only the events appended since the last one (flat per-turn cost)."""
+
+    def __init__(self, log: EventLog, agents: Callable[[str], Agent], *, producer: str = "worker",
+                 cache_size: int = 1024) -> None:
+        self.log = log
+        self.agents = agents
+        self.producer = producer
+        self._cache: OrderedDict[str, SessionState] = OrderedDict()
+        self._cache_size = cache_size
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def load(self, session_id: str) -> SessionState:
+        """The session's state, caught up with the log."""
+        state = self._cache.pop(session_id, None)
+        newer = await self.log.read_session(session_id, state.version if state else 0)
+        state = fold(session_id, newer, state)
+        if not state.exists:
+            raise SessionNotFoundError(session_id)
+        self._cache[session_id] = state
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return state
+
+    def forget(self, session_id: str) -> None:
+        self._cache.pop(session_id, None)
+
+    def lock(self, session_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(session_id, asyncio.Lock())
+
+    async def run(self, session_id: str) -> AsyncIterator[StreamItem]:
+        """Advance the session until nothing is left to do, streaming what happens."""
+        async with self.lock(session_id):
+            try:
+                state = await self.load(session_id)
+                agent = self.agents(state.agent_id)
+                writer = SessionWriter(self.log, state, self.producer)
+                while not isinstance(step := next_step(state, agent), Done):
+                    async for item in self._perform(step, writer, agent):
+                        yield item
+            except BaseException:
+                self.forget(session_id)  # reload from the log next time
+                raise
+
+    def _perform(self, step: Step, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
+        if isinstance(step, StartTurn):
+            return self._start_turn(step, w)
+        if isinstance(step, RunTools):
+            return self._run_tools(step, w, agent)
+        assert isinstance(step, CallModel)
+        return self._call_model(step, w, agent)
+
+    async def _start_turn(self, step: StartTurn, w: SessionWriter) -> AsyncIterator[StreamItem]:
+        inbound = w.state.inbox[0]
+        turn_id = ev.new_id()
+        w.add(ev.TurnStarted, turn_id=turn_id, message_id=step.message_id,
+              causation_id=inbound.event_id, correlation_id=turn_id)
+        w.transition(S.PROCESSING, Cause.USER_MESSAGE, detail=step.message_id, correlation_id=turn_id)
+        for event in await w.commit():
+            yield event
+
+    async def _call_model(self, step: CallModel, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
+        turn = w.state.turn
+        assert turn is not None
+        index = turn.model_calls
+        request = self._request(w.state, agent, step.closing)
+        w.add(ev.ModelCallStarted, turn_id=turn.turn_id, step=index, model=agent.model.name,
+              message_count=len(request.messages), tools_offered=len(request.tools),
+              correlation_id=turn.turn_id)
+        for event in await w.commit():
+            yield event
+        started = time.perf_counter()
+        response: ModelResponse | None = None
+        error: Exception | None = None
+        try:
+            async for chunk in _stream_with_timeouts(agent, request):
+                if isinstance(chunk, TextDelta):
+                    yield ModelDelta(w.state.session_id, turn.turn_id, index, chunk.text)
+                else:
+                    response = chunk
+            if response is None:
+                raise ModelError(f"{agent.model.name} ended its stream without a complete message")
+        except Exception as exc:  # any model failure is recorded, never a crashed worker
+            error = exc
+        latency = round((time.perf_counter() - started) * 1000, 3)
+        if error is not None or response is None:
+            self._record_model_failure(w, agent, index, latency, error)
+        else:
+            self._record_model_answer(w, agent, index, latency, response, step.closing)
+        for event in await w.commit():
+            yield event
+
+    def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
+        messages = [ChatMessage.system(agent.system_prompt)] if agent.system_prompt else []
+        messages += state.messages
+        if closing:
+            messages.append(ChatMessage.system(CLOSING_NOTE.format(cap=agent.max_tool_iterations)))
+        tools = () if closing else agent.tools.specs()
+        return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
+
+    def _record_model_failure(self, w: SessionWriter, agent: Agent, index: int, latency: float,
+                              error: Exception | None) -> None:
+        turn = w.state.turn
+        assert turn is not None
+        reason = f"{type(error).__name__}: {error}" if error else "no response"
+        tid = turn.turn_id
+        w.add(ev.ModelCallFinished, turn_id=tid, step=index, model=agent.model.name, status="failed",
+              latency_ms=latency, error=reason, correlation_id=tid)
+        w.transition(S.ERROR, Cause.MODEL_ERROR, detail=reason, correlation_id=tid)
+        self._finish_turn(w, "model_error", calls_now=1)
+
+    def _record_model_answer(self, w: SessionWriter, agent: Agent, index: int, latency: float,
+                             response: ModelResponse, closing: bool) -> None:
+        turn = w.state.turn
+        assert turn is not None
+        tid = turn.turn_id
+        calls = () if closing else response.tool_calls
+        text = response.text
+        if closing and not text.strip():
+            text = _gathered_summary(w.state, agent.max_tool_iterations)
+        w.add(ev.ModelCallFinished, turn_id=tid, step=index, model=response.model or agent.model.name,
+              status="ok", input_tokens=response.usage.input_tokens,
+              output_tokens=response.usage.output_tokens, latency_ms=latency,
+              finish_reason=response.finish_reason, correlation_id=tid)
+        w.add(ev.AssistantMessage, turn_id=tid, message_id=ev.new_id(), text=text, tool_calls=calls,
+              correlation_id=tid)
+        if not calls:
+            cause = Cause.ITERATION_CAP if closing else Cause.MODEL_ANSWER
+            w.transition(S.FINISHED, cause, correlation_id=tid)
+            usage = response.usage
+            self._finish_turn(w, "iteration_cap" if closing else "answered", calls_now=1,
+                              input_now=usage.input_tokens, output_now=usage.output_tokens)
+            return
+        iteration = turn.iterations + 1
+        for call in calls:
+            w.add(ev.ToolCallRequested, turn_id=tid, call_id=call.call_id, tool_name=call.name,
+                  arguments_json=call.arguments_json, iteration=iteration, correlation_id=tid)
+        waiting = S.TOOL_WAIT if iteration == 1 else S.TOOL_LOOP
+        w.transition(waiting, Cause.MODEL_TOOL_CALL, detail=", ".join(c.name for c in calls),
+                     correlation_id=tid)
+
+    def _finish_turn(self, w: SessionWriter, reason: str, *, calls_now: int = 0, input_now: int = 0,
+                     output_now: int = 0) -> None:
+        """Close the turn; ``*_now`` count the model call buffered in the same commit."""
+        turn = w.state.turn
+        assert turn is not None
+        w.add(ev.TurnFinished, turn_id=turn.turn_id, message_id=turn.message_id, reason=reason,
+              iterations=turn.iterations, model_calls=turn.model_calls + calls_now,
+              input_tokens=turn.input_tokens + input_now, output_tokens=turn.output_tokens + output_now,
+              correlation_id=turn.turn_id)
+
+    async def _run_tools(self, step: RunTools, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
+        turn = w.state.turn
+        assert turn is not None
+        tid = turn.turn_id
+        # (call, attempts made before this run, tool, arguments); the fold updates `call` on commit
+        runnable: list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]] = []
+        for call in step.calls:
+            prepared = _precheck(call, agent)
+            if isinstance(prepared, tool_exec.ToolOutcome):
+                _add_finished(w, tid, call, prepared, prior_attempts=call.attempts)
+            else:
+                runnable.append((call, call.attempts, *prepared))
+                w.add(ev.ToolCallStarted, turn_id=tid, call_id=call.call_id, tool_name=call.tool_name,
+                      attempt=call.attempts + 1, correlation_id=tid)
+        for event in await w.commit():
+            yield event
+        outcomes = await asyncio.gather(*(tool_exec.execute(t, args) for _, _, t, args in runnable))
+        for (call, prior, _, _), outcome in zip(runnable, outcomes):
+            _add_finished(w, tid, call, outcome, prior_attempts=prior)
+        w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
+        for event in await w.commit():
+            yield event
+
+
+def _precheck(call: ToolCallProgress, agent: Agent) -> tool_exec.ToolOutcome | tuple[Tool, dict[str, Any]]:
+    """The tool and arguments of a call that may run now, or the outcome that replaces running it."""
+    t = agent.tools.get(call.tool_name)
+    if t is not None and call.status == "started" and not t.idempotent:
+        return tool_exec.interrupted(call.tool_name)
+    return tool_exec.prepare(agent.tools, call.tool_name, call.arguments_json)
+
+
+def _add_finished(w: SessionWriter, turn_id: str, call: ToolCallProgress, outcome: tool_exec.ToolOutcome,
+                  *, prior_attempts: int) -> None:
+    w.add(ev.ToolCallFinished, turn_id=turn_id, call_id=call.call_id, tool_name=call.tool_name,
+          status=str(outcome.status), content=outcome.content, output_json=outcome.output_json,
+          elapsed_ms=outcome.elapsed_ms, attempts=prior_attempts + outcome.attempts, error=outcome.error,
+          correlation_id=turn_id)
+
+
+async def _stream_with_timeouts(agent: Agent, request: ModelRequest) -> AsyncIterator[TextDelta | ModelResponse]:
+    """The model's chunks, bounded by the first-chunk and total-response limits (seed §5.3)."""
+    chunks = agent.model.stream(request).__aiter__()
+    now = asyncio.get_running_loop().time()
+    deadline = now + agent.model_timeout_s
+    first_deadline = min(now + agent.first_token_timeout_s, deadline)
+    first = True
+    try:
+        while True:
+            # the timeout wraps only the await, never the yield: cancelling must hit the model
+            # call, not whatever the consumer of this stream does between chunks
+            limit = asyncio.timeout_at(first_deadline if first else deadline)
+            try:
+                async with limit:
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                if first and first_deadline < deadline:
+                    raise ModelTimeoutError("first-token", agent.first_token_timeout_s) from None
+                raise ModelTimeoutError("total-response", agent.model_timeout_s) from None
+            first = False
+            yield chunk
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _gathered_summary(state: SessionState, cap: int) -> str:
+    results = [m for m in state.messages[-2 * cap :] if m.role == "tool"]
+    lines = [f"- {m.name}: {m.content[:300]}" for m in results]
+    return (
+        f"I stopped after {cap} tool steps to avoid a loop, so this answer may be incomplete. "
+        "Here is what I found so far:\n" + "\n".join(lines)
+    )
+
+
+__all__ = ["CallModel", "Done", "RunTools", "StartTurn", "Step", "TurnRunner", "next_step", "FINAL_TOOL_STATUSES"]

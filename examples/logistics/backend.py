@@ -1,0 +1,55 @@
+"""The demo's business system: orders, customers, a notification outbox and a report folder.
+
+Stands in for the order database, the notification API and the document store of the seed's
+example. Dates are computed from the sample data's offsets relative to today.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DATA_FILE = Path(__file__).with_name("data.json")
+ANOMALIES = frozenset({"delayed", "lost", "damaged", "returned_to_sender"})
+
+
+def last_week(today: dt.date) -> tuple[dt.date, dt.date]:
+    """Monday and Sunday of the calendar week before ``today``'s."""
+    monday = today - dt.timedelta(days=today.weekday() + 7)
+    return monday, monday + dt.timedelta(days=6)
+
+
+@dataclass
+class LogisticsBackend:
+    today: dt.date = field(default_factory=dt.date.today)
+    reports_dir: Path = Path(".turnlog/reports")
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        data = json.loads(DATA_FILE.read_text(encoding="utf-8"))
+        self.customers = {c["customer_id"]: c for c in data["customers"]}
+        monday, _ = last_week(self.today)
+        self.orders = [
+            {**o, "order_date": (monday + dt.timedelta(days=o.pop("day_offset"))).isoformat()}
+            for o in (dict(o) for o in data["orders"])
+        ]
+
+    def find_orders(self, start: dt.date, end: dt.date, anomalies_only: bool) -> list[dict[str, Any]]:
+        lo, hi = start.isoformat(), end.isoformat()
+        return [
+            o for o in self.orders
+            if lo <= o["order_date"] <= hi and (not anomalies_only or o["logistics_status"] in ANOMALIES)
+        ]
+
+    def customer(self, customer_id: str) -> dict[str, Any] | None:
+        return self.customers.get(customer_id)
+
+    def save_report(self, title: str, body: str) -> Path:
+        self.reports_dir.mkdir(parents=True, exist_ok=True)
+        slug = "".join(ch if ch.isalnum() else "-" for ch in title.lower()).strip("-")[:60] or "report"
+        path = self.reports_dir / f"{self.today.isoformat()}-{slug}.md"
+        path.write_text(f"# {title}\n\n{body}\n", encoding="utf-8")
+        return path

@@ -1,0 +1,121 @@
+"""The read models (seed §6.1), as portable SQL: the same DDL runs on SQLite and PostgreSQL.
+
+Every row is derived from events only (times are event times, never the projector's clock),
+so dropping the tables and refolding the log from offset 0 gives identical rows.
+"""
+
+from __future__ import annotations
+
+TABLES: dict[str, str] = {
+    "sessions": """
+        CREATE TABLE IF NOT EXISTS sessions (
+            session_id     TEXT PRIMARY KEY,
+            user_id        TEXT NOT NULL,
+            agent_id       TEXT NOT NULL,
+            role           TEXT NOT NULL,
+            model_name     TEXT NOT NULL,
+            current_state  TEXT NOT NULL,
+            state_version  BIGINT NOT NULL,
+            message_count  BIGINT NOT NULL DEFAULT 0,
+            turns          BIGINT NOT NULL DEFAULT 0,
+            input_tokens   BIGINT NOT NULL DEFAULT 0,
+            output_tokens  BIGINT NOT NULL DEFAULT 0,
+            closed         BOOLEAN NOT NULL DEFAULT FALSE,
+            close_reason   TEXT NOT NULL DEFAULT '',
+            start_time_ms  BIGINT NOT NULL,
+            update_time_ms BIGINT NOT NULL
+        )""",
+    "messages": """
+        CREATE TABLE IF NOT EXISTS messages (
+            session_id      TEXT NOT NULL,
+            seq             BIGINT NOT NULL,
+            message_id      TEXT NOT NULL,
+            role            TEXT NOT NULL,
+            content         TEXT NOT NULL,
+            tool_calls_json TEXT,
+            tool_call_id    TEXT,
+            tool_name       TEXT,
+            token_count     BIGINT NOT NULL,
+            turn_id         TEXT,
+            version         BIGINT NOT NULL,
+            created_at_ms   BIGINT NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        )""",
+    "tool_calls": """
+        CREATE TABLE IF NOT EXISTS tool_calls (
+            session_id      TEXT NOT NULL,
+            call_id         TEXT NOT NULL,
+            turn_id         TEXT NOT NULL,
+            tool_name       TEXT NOT NULL,
+            iteration       BIGINT NOT NULL,
+            input_json      TEXT NOT NULL,
+            status          TEXT NOT NULL,
+            output_json     TEXT,
+            content         TEXT,
+            error           TEXT,
+            attempts        BIGINT NOT NULL DEFAULT 0,
+            elapsed_time_ms DOUBLE PRECISION,
+            created_at_ms   BIGINT NOT NULL,
+            updated_at_ms   BIGINT NOT NULL,
+            PRIMARY KEY (session_id, call_id)
+        )""",
+    "state_changes": """
+        CREATE TABLE IF NOT EXISTS state_changes (
+            session_id TEXT NOT NULL,
+            version    BIGINT NOT NULL,
+            from_state TEXT NOT NULL,
+            to_state   TEXT NOT NULL,
+            cause      TEXT NOT NULL,
+            detail     TEXT NOT NULL,
+            at_ms      BIGINT NOT NULL,
+            PRIMARY KEY (session_id, version)
+        )""",
+    "model_calls": """
+        CREATE TABLE IF NOT EXISTS model_calls (
+            session_id     TEXT NOT NULL,
+            turn_id        TEXT NOT NULL,
+            step           BIGINT NOT NULL,
+            model_name     TEXT NOT NULL,
+            status         TEXT NOT NULL,
+            message_count  BIGINT NOT NULL,
+            input_tokens   BIGINT NOT NULL DEFAULT 0,
+            output_tokens  BIGINT NOT NULL DEFAULT 0,
+            latency_ms     DOUBLE PRECISION,
+            finish_reason  TEXT,
+            error          TEXT,
+            started_at_ms  BIGINT NOT NULL,
+            finished_at_ms BIGINT,
+            PRIMARY KEY (session_id, turn_id, step)
+        )""",
+    "turns": """
+        CREATE TABLE IF NOT EXISTS turns (
+            session_id     TEXT NOT NULL,
+            turn_id        TEXT NOT NULL,
+            message_id     TEXT NOT NULL,
+            outcome        TEXT,
+            iterations     BIGINT NOT NULL DEFAULT 0,
+            model_calls    BIGINT NOT NULL DEFAULT 0,
+            input_tokens   BIGINT NOT NULL DEFAULT 0,
+            output_tokens  BIGINT NOT NULL DEFAULT 0,
+            started_at_ms  BIGINT NOT NULL,
+            finished_at_ms BIGINT,
+            PRIMARY KEY (session_id, turn_id)
+        )""",
+    "projection_offsets": """
+        CREATE TABLE IF NOT EXISTS projection_offsets (
+            log_partition BIGINT PRIMARY KEY,
+            next_offset   BIGINT NOT NULL
+        )""",
+}
+
+READ_MODELS = ("sessions", "messages", "tool_calls", "state_changes", "model_calls", "turns")
+"""The tables rebuilt from the log (everything but the offsets bookkeeping)."""
+
+ORDER_BY = {
+    "sessions": "session_id",
+    "messages": "session_id, seq",
+    "tool_calls": "session_id, call_id",
+    "state_changes": "session_id, version",
+    "model_calls": "session_id, turn_id, step",
+    "turns": "session_id, turn_id",
+}

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Install turnlog with its test dependencies into ./.venv and run the whole test suite.
+# Extra arguments go to pytest (e.g. -k turn_loop, -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/_venv.sh
+ensure_venv "[test]"
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,380 @@
+"""A faithful fake of the OpenAI Chat Completions HTTP API, served for real over TCP.
+
+Adapters are tested through the real ``openai`` SDK and a real HTTP connection, so what is
+exercised is what runs in production: request serialisation, Server-Sent Events parsing, HTTP
+error mapping and the connection dropping mid-stream. Patching the SDK would test none of that.
+
+The server plays a script, one step per chat completion request:
+
+* ``FakeReply``: a streamed (or plain JSON) answer with text and/or tool calls, chunked the way
+  OpenAI chunks it: a role delta first, text in small pieces, each tool call split into a head
+  (id, name, empty arguments) and argument fragments, a finish chunk, an optional usage chunk
+  with empty ``choices``, then ``data: [DONE]``.
+* ``FakeError``: an HTTP error with an OpenAI-style ``{"error": {...}}`` body.
+* ``FakeDrop``: streams some text, then closes the connection without finishing the response.
+
+Malformed requests get the 400 the real API would give and do not consume a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterable, Iterator
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass(frozen=True)
+class FakeReply:
+    text: str = ""
+    tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
+    """(call id, function name, arguments JSON text)."""
+    chunk_size: int = 5
+    usage: tuple[int, int] | None = None
+    """(prompt_tokens, completion_tokens) to report; None = count words."""
+
+
+@dataclass(frozen=True)
+class FakeError:
+    status: int
+    message: str
+
+
+@dataclass(frozen=True)
+class FakeDrop:
+    after_text: str
+    """Text streamed before the connection is cut."""
+
+
+Step = FakeReply | FakeError | FakeDrop
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "requests",
+}
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+class DroppedConnection(Exception):
+    """Raised inside a response body: uvicorn then closes the socket mid-response."""
+
+
+def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(status, "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code), status_code=status)
+
+
+def _count_tokens(text: str) -> int:
+    return len(text.split())
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    return " ".join(str(m.get("content") or "") for m in body.get("messages", []))
+
+
+def validate_request(body: Any) -> str | None:
+    """The message the real API gives a malformed chat completion request, or None."""
+    if not isinstance(body, dict):
+        return "We could not parse the JSON body of your request."
+    if not body.get("model"):
+        return "you must provide a model parameter"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "[] is too short - 'messages'"
+    if body.get("stream_options") is not None and not body.get("stream"):
+        return "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+    return _validate_messages(messages) or _validate_tools(body.get("tools"))
+
+
+def _validate_messages(messages: list[Any]) -> str | None:
+    pending: set[str] = set()
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in _ROLES:
+            return f"Invalid value: '{role}'. Supported values are: {sorted(_ROLES)} - 'messages[{i}].role'"
+        if role == "tool":
+            if message.get("tool_call_id") not in pending:
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+                    f"message with 'tool_calls' - 'messages[{i}]'"
+                )
+            pending.discard(message["tool_call_id"])
+            continue
+        if pending:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+                "each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                f"{sorted(pending)}"
+            )
+        if role == "assistant":
+            pending = {c.get("id") for c in message.get("tool_calls") or []}
+    return None
+
+
+def _validate_tools(tools: Any) -> str | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not tools:
+        return "[] is too short - 'tools'"
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            return f"Missing required parameter: 'tools[{i}].type'."
+        if not isinstance(tool.get("function"), dict) or not tool["function"].get("name"):
+            return f"Missing required parameter: 'tools[{i}].function.name'."
+    return None
+
+
+class _ChunkWriter:
+    """Builds the chat.completion.chunk objects of one streamed answer."""
+
+    def __init__(self, model: str, include_usage: bool) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.model = model
+        self.include_usage = include_usage
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_fake",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+        if self.include_usage:
+            data["usage"] = None
+        return data
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        data = self.chunk({})
+        data["choices"] = []
+        data["usage"] = _usage(prompt_tokens, completion_tokens)
+        return data
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _function(name: str, arguments: str) -> dict[str, str]:
+    return {"name": name, "arguments": arguments}
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    size = max(1, size)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _text_chunks(writer: _ChunkWriter, text: str, size: int) -> Iterator[dict[str, Any]]:
+    yield writer.chunk({"role": "assistant", "content": "", "refusal": None})
+    for piece in _pieces(text, size):
+        yield writer.chunk({"content": piece})
+
+
+def _tool_call_chunks(writer: _ChunkWriter, reply: FakeReply, first: bool) -> Iterator[dict[str, Any]]:
+    for index, (call_id, name, arguments) in enumerate(reply.tool_calls):
+        head = {"index": index, "id": call_id, "type": "function", "function": _function(name, "")}
+        delta: dict[str, Any] = {"tool_calls": [head]}
+        if first and index == 0:
+            delta = {"role": "assistant", "content": None, "refusal": None, **delta}
+        yield writer.chunk(delta)
+        for piece in _pieces(arguments, reply.chunk_size) or [""]:
+            yield writer.chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+
+
+def _reply_usage(reply: FakeReply, body: dict[str, Any]) -> tuple[int, int]:
+    if reply.usage is not None:
+        return reply.usage
+    produced = reply.text + " ".join(args for _, _, args in reply.tool_calls)
+    return _count_tokens(_prompt_text(body)), _count_tokens(produced)
+
+
+def reply_chunks(reply: FakeReply, body: dict[str, Any], model: str) -> Iterator[dict[str, Any]]:
+    """Every chunk of a streamed answer, in the order OpenAI sends them."""
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    writer = _ChunkWriter(model, include_usage)
+    with_text = bool(reply.text) or not reply.tool_calls
+    if with_text:
+        yield from _text_chunks(writer, reply.text, reply.chunk_size)
+    yield from _tool_call_chunks(writer, reply, first=not with_text)
+    yield writer.chunk({}, "tool_calls" if reply.tool_calls else "stop")
+    if include_usage:
+        yield writer.usage_chunk(*_reply_usage(reply, body))
+
+
+def completion(reply: FakeReply, body: dict[str, Any], model: str) -> dict[str, Any]:
+    """The non-streaming chat.completion object for a reply."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text or None, "refusal": None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {"id": i, "type": "function", "function": _function(n, a)} for i, n, a in reply.tool_calls
+        ]
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": "fp_fake",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+            }
+        ],
+        "usage": _usage(*_reply_usage(reply, body)),
+    }
+
+
+def _sse(data: dict[str, Any] | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+async def _stream_reply(reply: FakeReply, body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
+    for chunk in reply_chunks(reply, body, model):
+        yield _sse(chunk)
+    yield _sse("[DONE]")
+
+
+async def _stream_then_drop(drop: FakeDrop, body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
+    writer = _ChunkWriter(model, include_usage=False)
+    for chunk in _text_chunks(writer, drop.after_text, 5):
+        yield _sse(chunk)
+    raise DroppedConnection("FakeDrop: closing the connection mid-stream")
+
+
+async def _json_then_drop(drop: FakeDrop) -> AsyncIterator[bytes]:
+    yield b'{"id":"chatcmpl-dropped","object":"chat.completion","choices":[{"index":0,"message":'
+    raise DroppedConnection("FakeDrop: closing the connection mid-body")
+
+
+class FakeOpenAIServer:
+    """The app and its state; ``serve_openai`` runs it on a real socket."""
+
+    def __init__(self, script: Iterable[Step], model: str = "fake-model") -> None:
+        self.script: deque[Step] = deque(script)
+        self.model = model
+        self.requests: list[dict[str, Any]] = []
+        """JSON bodies of the chat completion requests received, in order."""
+        self.headers: list[dict[str, str]] = []
+        self.port = 0
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def _models(self, request: Request) -> Response:
+        model = {"id": self.model, "object": "model", "created": 0, "owned_by": "turnlog-tests"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def _chat(self, request: Request) -> Response:
+        if not request.headers.get("authorization", "").startswith("Bearer "):
+            return _error(401, "You didn't provide an API key.", "missing_api_key")
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        problem = validate_request(body)
+        if problem:
+            return _error(400, problem, "invalid_request")
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        if not self.script:
+            return _error(
+                500,
+                f"fake OpenAI server: script exhausted after {len(self.requests) - 1} "
+                "requests; add steps to the script",
+                "script_exhausted",
+            )
+        return self._answer(self.script.popleft(), body)
+
+    def _answer(self, step: Step, body: dict[str, Any]) -> Response:
+        model = str(body.get("model") or self.model)
+        streaming = bool(body.get("stream"))
+        if isinstance(step, FakeError):
+            return _error(step.status, step.message)
+        if isinstance(step, FakeDrop):
+            if streaming:
+                return StreamingResponse(_stream_then_drop(step, body, model), media_type="text/event-stream")
+            return StreamingResponse(_json_then_drop(step), media_type="application/json")
+        if streaming:
+            return StreamingResponse(
+                _stream_reply(step, body, model),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache"},
+            )
+        return JSONResponse(completion(step, body, model))
+
+
+def free_port() -> int:
+    """A port nothing listens on (right now)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not thread.is_alive():
+            raise RuntimeError("the fake OpenAI server thread exited during startup")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"the fake OpenAI server did not accept connections on port {port} in {timeout_s} s")
+
+
+@contextlib.contextmanager
+def serve_openai(
+    script: Iterable[Step], *, model: str = "fake-model", log_level: str = "warning"
+) -> Iterator[FakeOpenAIServer]:
+    """Serve a FakeOpenAIServer on 127.0.0.1:<free port> in a background thread."""
+    fake = FakeOpenAIServer(script, model)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    fake.port = int(sock.getsockname()[1])
+    config = uvicorn.Config(
+        fake.app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="fake-openai", daemon=True)
+    thread.start()
+    try:
+        _wait_until_accepting(fake.port, thread)
+        yield fake
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

@@ -1,0 +1,113 @@
+"""The README's main job, end to end: `turnlog demo`, then sessions / show / rebuild, through the
+real CLI in a subprocess; once with the offline scripted model and once against an
+OpenAI-compatible HTTP server on loopback."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from examples.logistics.backend import last_week
+from projections import SqliteProjectionStore
+from projections.schema import READ_MODELS
+from tests.openai_server import FakeReply, serve_openai
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def turnlog(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    for key in ("TURNLOG_BASE_URL", "OPENAI_BASE_URL", "TURNLOG_MODEL"):
+        env.pop(key, None)
+    return subprocess.run([sys.executable, "-m", "turnlog", *args, "--home", str(home)], capture_output=True,
+                          text=True, env=env, timeout=120, cwd=home.parent)
+
+
+def tables(home: Path) -> dict[str, list[dict]]:
+    store = SqliteProjectionStore(home / "projections.db")
+    try:
+        return {name: store.table(name) for name in READ_MODELS}
+    finally:
+        store.close()
+
+
+def test_offline_demo_then_sessions_show_rebuild(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run = turnlog(home, "demo")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert out.splitlines()[0].startswith("turnlog demo · model scripted-demo: a deterministic offline script")
+    assert "end_date must be YYYY-MM-DD" in out  # the argument correction reached the user
+    assert "send_notification failed" in out and "[FAILED]" in out
+    assert "PROCESSING → TOOL_WAIT" in out and "TOOL_LOOP → PROCESSING" in out
+    assert "finished: answered · 4 tool iterations · 5 model calls" in out
+    assert "1 could not be sent (customer C-105" in out  # the answer does not claim the failed send
+    report = next((home / "reports").glob("*.md"))
+    assert "failed: 1" in report.read_text()
+
+    live = tables(home)
+    (session,) = live["sessions"]
+    sid = session["session_id"]
+    assert session["current_state"] == "FINISHED" and session["turns"] == 1
+    statuses = sorted(r["status"] for r in live["tool_calls"])
+    assert statuses == ["failed", "rejected"] + ["success"] * 6
+
+    listed = turnlog(home, "sessions")
+    assert listed.returncode == 0 and sid in listed.stdout
+
+    shown = turnlog(home, "show", sid)
+    assert shown.returncode == 0
+    assert ("state path IDLE → PROCESSING → TOOL_WAIT → PROCESSING → TOOL_LOOP → PROCESSING → TOOL_LOOP → "
+            "PROCESSING → TOOL_LOOP → PROCESSING → FINISHED") in shown.stdout
+    assert "query_orders" in shown.stdout and "rejected" in shown.stdout
+
+    rebuilt = turnlog(home, "rebuild")
+    assert rebuilt.returncode == 0
+    assert f"rebuilt 1 sessions from {session['state_version']} events" in rebuilt.stdout
+    assert tables(home) == live
+
+
+def test_show_unknown_session_says_what_to_do(tmp_path: Path) -> None:
+    run = turnlog(tmp_path / "home", "show", "nope")
+    assert run.returncode == 1
+    assert "no session nope" in run.stdout and "turnlog sessions" in run.stdout
+
+
+def _endpoint_script(today: dt.date) -> list[FakeReply]:
+    monday, sunday = last_week(today)
+    query = json.dumps({"start_date": monday.isoformat(), "end_date": sunday.isoformat(), "anomalies_only": True})
+    notify = [(f"call_n{i}", "send_notification",
+               json.dumps({"customer_id": c, "order_id": o, "message": "Sorry for the delay."}))
+              for i, (c, o) in enumerate([("C-104", "O-1005"), ("C-105", "O-1008")])]
+    return [
+        FakeReply(tool_calls=[("call_q", "query_orders", query)]),
+        FakeReply(tool_calls=notify),
+        FakeReply(tool_calls=[("call_r", "save_report", json.dumps({"title": "Anomalies", "body": "two orders"}))]),
+        FakeReply(text="Two customers affected; one notice could not be sent. The report is saved."),
+    ]
+
+
+def test_demo_against_an_openai_compatible_endpoint(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with serve_openai(_endpoint_script(dt.date.today()), model="fake-model") as server:
+        run = turnlog(home, "demo", "--base-url", server.base_url, "--model", "fake-model", "--api-key", "k")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines()[0] == f"turnlog demo · model fake-model at {server.base_url}"
+    assert "Two customers affected; one notice could not be sent." in run.stdout
+    assert "finished: answered · 3 tool iterations · 4 model calls" in run.stdout
+
+    first, *_, last = server.requests
+    assert first["model"] == "fake-model" and first["stream"] is True
+    assert first["messages"][0]["role"] == "system" and "Today is" in first["messages"][0]["content"]
+    assert first["messages"][1] == {"role": "user", "content": first["messages"][1]["content"]}
+    assert {t["function"]["name"] for t in first["tools"]} == {"query_orders", "send_notification", "save_report"}
+    tool_msgs = [m for m in last["messages"] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_msgs] == ["call_q", "call_n0", "call_n1", "call_r"]
+    assert tool_msgs[2]["content"].startswith("[FAILED] send_notification customer C-105")
+
+    (session,) = tables(home)["sessions"]
+    assert session["model_name"] == "fake-model" and session["input_tokens"] > 0

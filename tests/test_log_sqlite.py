@@ -1,0 +1,314 @@
+"""The embedded SQLite log: order, the optimistic lock, partitions, group offsets, corruption and
+durability across a killed process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine import events as ev
+from engine.errors import ConcurrencyError, ConfigurationError, LogError, MalformedEventError
+from engine.log import SqliteEventLog, murmur2, partition_for
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def msg(session_id: str, version: int, text: str = "hello") -> ev.UserMessageReceived:
+    return ev.UserMessageReceived(session_id=session_id, version=version, message_id=f"m{version}", text=text)
+
+
+def session_in(partition: int, partitions: int, prefix: str = "s") -> str:
+    return next(f"{prefix}{i}" for i in range(10_000) if partition_for(f"{prefix}{i}", partitions) == partition)
+
+
+async def versions(log: SqliteEventLog, session_id: str) -> list[int]:
+    return [e.version for e in await log.read_session(session_id)]
+
+
+# --- append and read_session --------------------------------------------------------------------
+
+
+async def test_append_then_read_session_in_version_order(log: SqliteEventLog) -> None:
+    written = [msg("a", 1, "one"), msg("a", 2, "two")]
+    records = await log.append(written, expected_version=0)
+    written.append(msg("a", 3, "three"))
+    records += await log.append(written[2:], expected_version=2)
+    await log.append([msg("b", 1)], expected_version=0)  # another session does not interleave
+
+    assert await log.read_session("a") == written
+    assert await log.read_session("a", after_version=1) == written[1:]
+    assert await log.read_session("a", after_version=3) == []
+    assert await log.read_session("nobody") == []
+    assert await log.session_version("a") == 3
+    assert await log.session_version("nobody") == 0
+    assert [r.event for r in records] == written
+    assert {r.partition for r in records} == {partition_for("a", 4)} == {log.partition_of("a")}
+    offsets = [r.offset for r in records]
+    assert offsets == sorted(set(offsets))
+
+
+async def test_stale_expected_version_raises_concurrency_error_and_writes_nothing(log: SqliteEventLog) -> None:
+    first = msg("a", 1, "mine")
+    await log.append([first], expected_version=0)
+
+    with pytest.raises(ConcurrencyError, match="expected version 0 but the log is at 1") as caught:
+        await log.append([msg("a", 1, "theirs"), msg("a", 2, "theirs too")], expected_version=0)
+    assert (caught.value.expected, caught.value.actual) == (0, 1)
+    assert await log.read_session("a") == [first]
+
+    with pytest.raises(ConcurrencyError):  # ahead of the log is as wrong as behind it
+        await log.append([msg("a", 3)], expected_version=2)
+    assert await log.read_session("a") == [first]
+
+    await log.append([msg("a", 2)], expected_version=1)  # the lock released: the log is still usable
+    assert await versions(log, "a") == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected_version", "problem"),
+    [
+        ([msg("a", 1), msg("a", 3)], 0, "expected 2 .versions are contiguous"),
+        ([msg("a", 2)], 0, "has version 2, expected 1"),
+        ([msg("a", 1), msg("b", 2)], 0, "one append must hold one session's events"),
+        ([], 0, "at least one event"),
+    ],
+    ids=["gap", "does-not-follow", "two-sessions", "empty"],
+)
+async def test_malformed_batch_raises_log_error_and_writes_nothing(
+    log: SqliteEventLog, batch: list[ev.Event], expected_version: int, problem: str
+) -> None:
+    with pytest.raises(LogError, match=problem) as caught:
+        await log.append(batch, expected_version=expected_version)
+    assert type(caught.value) is LogError  # a bug in the caller, not a lost race
+    assert await log.session_version("a") == 0 and await log.session_version("b") == 0
+    assert await log.end_offset(log.partition_of("a")) == 0
+
+
+# --- partitions ---------------------------------------------------------------------------------
+
+
+async def test_read_partition_returns_only_its_records_in_offset_order(log_path: Path) -> None:
+    log = SqliteEventLog(log_path, partitions=2)
+    try:
+        s0, s1, s0b = session_in(0, 2, "x"), session_in(1, 2, "y"), session_in(0, 2, "z")
+        for v in (1, 2, 3):
+            for sid in (s0, s1, s0b):
+                await log.append([msg(sid, v, f"{sid}-{v}")], expected_version=v - 1)
+
+        zero = await log.read_partition(0, 0)
+        assert [(r.event.session_id, r.event.version) for r in zero] == [
+            (s0, 1), (s0b, 1), (s0, 2), (s0b, 2), (s0, 3), (s0b, 3)
+        ]
+        assert all(r.partition == 0 for r in zero)
+        offsets = [r.offset for r in zero]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+        one = await log.read_partition(1, 0)
+        assert [(r.event.session_id, r.event.version) for r in one] == [(s1, 1), (s1, 2), (s1, 3)]
+
+        page = await log.read_partition(0, 0, limit=2)
+        assert page == zero[:2]
+        rest = await log.read_partition(0, page[-1].offset + 1, limit=500)
+        assert rest == zero[2:]
+        assert await log.read_partition(0, zero[-1].offset + 1) == []
+        assert await log.end_offset(0) > zero[-1].offset
+        assert await log.read_partition(0, await log.end_offset(0)) == []
+
+        with pytest.raises(LogError, match="partition 2 out of range 0..1"):
+            await log.read_partition(2, 0)
+        with pytest.raises(LogError, match="out of range"):
+            await log.end_offset(-1)
+    finally:
+        await log.close()
+
+
+KAFKA_MURMUR2 = [
+    (b"21", -973932308),
+    (b"foobar", -790332482),
+    (b"a-little-bit-long-string", -985981536),
+    (b"a-little-bit-longer-string", -1486304829),
+    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+    (b"abc", 479470107),
+]
+
+
+@pytest.mark.parametrize(("key", "expected"), KAFKA_MURMUR2)
+def test_murmur2_matches_kafka(key: bytes, expected: int) -> None:
+    assert murmur2(key) == expected
+
+
+@pytest.mark.parametrize(("key", "hashed"), KAFKA_MURMUR2)
+@pytest.mark.parametrize("partitions", [1, 3, 8, 12])
+def test_partition_for_is_kafkas_default_partitioner(key: bytes, hashed: int, partitions: int) -> None:
+    # Kafka: Utils.toPositive(Utils.murmur2(keyBytes)) % numPartitions
+    assert partition_for(key.decode(), partitions) == (hashed & 0x7FFFFFFF) % partitions
+
+
+def test_partition_for_is_stable_and_in_range() -> None:
+    ids = [f"session-{i}" for i in range(500)]
+    first = [partition_for(s, 8) for s in ids]
+    assert first == [partition_for(s, 8) for s in ids]
+    assert set(first) == set(range(8)), "500 ids should reach every partition"
+    assert partition_for("21", 8) == 4  # pinned: a session's partition must never change across releases
+
+
+# --- consumer group offsets ---------------------------------------------------------------------
+
+
+async def test_group_offsets_are_per_group_and_partition(log_path: Path) -> None:
+    log = SqliteEventLog(log_path, partitions=4)
+    try:
+        assert await log.committed("projector", 0) == 0
+        await log.commit("projector", 0, 5)
+        await log.commit("projector", 1, 7)
+        await log.commit("notifier", 0, 2)
+        assert await log.committed("projector", 0) == 5
+        assert await log.committed("projector", 1) == 7
+        assert await log.committed("projector", 2) == 0
+        assert await log.committed("notifier", 0) == 2
+        assert await log.committed("notifier", 1) == 0
+        await log.commit("projector", 0, 11)
+        assert await log.committed("projector", 0) == 11
+        assert await log.committed("notifier", 0) == 2
+        with pytest.raises(LogError, match="out of range"):
+            await log.commit("projector", 4, 1)
+    finally:
+        await log.close()
+    reopened = SqliteEventLog(log_path, partitions=4)
+    try:
+        assert await reopened.committed("projector", 0) == 11
+        assert await reopened.committed("projector", 1) == 7
+    finally:
+        await reopened.close()
+
+
+async def test_wait_for_append_wakes_on_append(log: SqliteEventLog) -> None:
+    waiting = asyncio.create_task(log.wait_for_append(60))
+    await asyncio.sleep(0)  # let it register
+    assert not waiting.done()
+    await log.append([msg("a", 1)], expected_version=0)
+    await asyncio.wait_for(waiting, 10)  # a bound, not a timing assertion: it must not take 60 s
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+async def test_reopening_with_another_partition_count_raises(log_path: Path) -> None:
+    log = SqliteEventLog(log_path, partitions=4)
+    await log.append([msg("a", 1)], expected_version=0)
+    await log.close()
+    with pytest.raises(ConfigurationError, match="created with 4 partitions, not 8"):
+        SqliteEventLog(log_path, partitions=8)
+    same = SqliteEventLog(log_path, partitions=4)
+    try:
+        assert await versions(same, "a") == [1]
+    finally:
+        await same.close()
+
+
+@pytest.mark.parametrize(("options", "problem"), [
+    ({"partitions": 0}, "at least 1"),
+    ({"durability": "eventually"}, "durability must be"),
+])
+def test_bad_options_raise_configuration_error(log_path: Path, options: dict[str, object], problem: str) -> None:
+    with pytest.raises(ConfigurationError, match=problem):
+        SqliteEventLog(log_path, **options)  # type: ignore[arg-type]
+
+
+# --- corruption ---------------------------------------------------------------------------------
+
+
+async def test_corrupt_row_raises_malformed_naming_partition_and_offset(log: SqliteEventLog, log_path: Path) -> None:
+    records = await log.append([msg("a", 1), msg("a", 2), msg("a", 3)], expected_version=0)
+    bad = records[1]
+    with sqlite3.connect(log_path) as raw:
+        raw.execute("UPDATE events SET value = ? WHERE session_id = 'a' AND version = 2", (b"\x00garbage bytes",))
+    raw.close()
+
+    with pytest.raises(MalformedEventError, match=rf"partition {bad.partition} offset {bad.offset}: not a turnlog"):
+        await log.read_session("a")
+    with pytest.raises(MalformedEventError, match=rf"partition {bad.partition} offset {bad.offset}"):
+        await log.read_partition(bad.partition, 0)
+    # records around it are still readable
+    assert await versions_after(log, "a", 2) == [3]
+    assert [r.event.version for r in await log.read_partition(bad.partition, 0, limit=1)] == [1]
+
+
+async def versions_after(log: SqliteEventLog, session_id: str, after: int) -> list[int]:
+    return [e.version for e in await log.read_session(session_id, after)]
+
+
+# --- durability across a killed process ---------------------------------------------------------
+
+WRITER = """
+import asyncio, sys
+from engine import events as ev
+from engine.log import SqliteEventLog
+
+async def main():
+    log = SqliteEventLog(sys.argv[1], partitions=4)
+    sid = sys.argv[2]
+    version = await log.session_version(sid)
+    while True:
+        version += 1
+        event = ev.UserMessageReceived(session_id=sid, version=version, message_id=f"m{version}", text="x" * 200)
+        await log.append([event], expected_version=version - 1)
+        print(version, flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("durability_runs", [1, 2], ids=["fresh", "second-writer-after-kill"])
+async def test_appends_survive_a_killed_process(log_path: Path, durability_runs: int) -> None:
+    printed: list[int] = []
+    for _ in range(durability_runs):
+        printed += kill_writer_after(log_path, "durable", at_least=200)
+
+    log = SqliteEventLog(log_path, partitions=4)
+    try:
+        on_log = await versions(log, "durable")
+    finally:
+        await log.close()
+    assert len(printed) >= 200 * durability_runs
+    assert set(printed) <= set(on_log), "an append that returned was lost"
+    assert on_log == list(range(1, len(on_log) + 1)), "versions are contiguous from 1"
+
+
+def kill_writer_after(log_path: Path, session_id: str, *, at_least: int) -> list[int]:
+    """Run WRITER, SIGKILL it once it has printed ``at_least`` versions; every version it printed."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(log_path), session_id],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+    )
+    watchdog = threading.Timer(120, proc.kill)  # a hung writer fails the test instead of hanging it
+    watchdog.start()
+    printed: list[int] = []
+    try:
+        assert proc.stdout is not None
+        while len(printed) < at_least:
+            line = proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"writer exited early: {proc.wait()} {proc.stderr.read() if proc.stderr else ''}")
+            printed.append(int(line))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        printed += [int(line) for line in proc.stdout.read().split()]  # printed before the kill landed
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert proc.returncode == -signal.SIGKILL
+    return printed

@@ -1,0 +1,116 @@
+"""The turn worker: consumes user messages from its partitions, runs each turn once, and a
+successor continues a turn whose worker was killed mid-way."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from consumers import TurnWorker
+from consumers.turn_worker import GROUP
+from engine import AgentDirectory, AgentSessions, SqliteEventLog
+from engine import events as ev
+from tests.worker_proc import PARTITIONS, build_agent
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def types(events: list[ev.Event]) -> list[str]:
+    return [e.type for e in events]
+
+
+async def test_worker_runs_posted_messages_once(tmp_path: Path) -> None:
+    log = SqliteEventLog(tmp_path / "log.db", partitions=PARTITIONS)
+    calls: list[str] = []
+    agents = AgentDirectory([build_agent(False, calls)])
+    producer = AgentSessions(log, agents, producer="gateway")
+    sids = [(await producer.create_session("agent", f"u{i}")).session_id for i in range(5)]
+    for sid in sids:
+        await producer.post_user_message(sid, "where is O-1?")
+    worker = TurnWorker(log, agents, worker_id="w1")
+    await worker.poll_once()
+    assert len(calls) == 5
+    for sid in sids:
+        events = await log.read_session(sid)
+        assert events[-1].type == "TurnFinished" and events[-1].producer == "w1"
+    for p in range(PARTITIONS):
+        assert await log.committed(GROUP, p) == await log.end_offset(p)
+
+    # redelivery: rewind the group to 0; every message is seen again, no turn runs twice
+    versions = [await log.session_version(sid) for sid in sids]
+    for p in range(PARTITIONS):
+        await log.commit(GROUP, p, 0)
+    await TurnWorker(log, agents, worker_id="w2").poll_once()
+    assert [await log.session_version(sid) for sid in sids] == versions
+    assert len(calls) == 5
+    await log.close()
+
+
+async def test_workers_split_partitions(tmp_path: Path) -> None:
+    log = SqliteEventLog(tmp_path / "log.db", partitions=PARTITIONS)
+    agents = AgentDirectory([build_agent(False, [])])
+    producer = AgentSessions(log, agents)
+    sids = [(await producer.create_session("agent", f"u{i}")).session_id for i in range(8)]
+    for sid in sids:
+        await producer.post_user_message(sid, "hi")
+    w0 = TurnWorker(log, agents, worker_id="w0", partitions=[0])
+    await w0.poll_once()
+    for sid in sids:
+        last = (await log.read_session(sid))[-1]
+        if log.partition_of(sid) == 0:
+            assert last.type == "TurnFinished" and last.producer == "w0"
+        else:
+            assert last.type == "UserMessageReceived"
+    await log.close()
+
+
+async def test_killed_worker_mid_turn_is_continued_by_its_successor(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    log = SqliteEventLog(path, partitions=PARTITIONS)
+    agents = AgentDirectory([build_agent(False, [])])
+    producer = AgentSessions(log, agents)
+    sid = (await producer.create_session("agent", "u1")).session_id
+    await producer.post_user_message(sid, "where is O-1?")
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "worker_proc.py"), str(path)], env=env)
+    try:
+        for _ in range(600):
+            if "ToolCallStarted" in types(await log.read_session(sid)):
+                break
+            assert proc.poll() is None, "the worker process died before reaching the tool"
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the worker never started the tool")
+    finally:
+        proc.kill()
+        proc.wait()
+    before = await log.read_session(sid)
+    assert types(before)[-1] == "ToolCallStarted"
+    partition = log.partition_of(sid)
+    records = await log.read_partition(partition, 0)
+    message_offset = next(r.offset for r in records if r.event.type == "UserMessageReceived")
+    assert await log.committed(GROUP, partition) == message_offset  # the message was not committed
+
+    calls: list[str] = []
+    successor_agents = AgentDirectory([build_agent(False, calls)])
+    successor = TurnWorker(log, successor_agents, worker_id="successor")
+    await successor.poll_once()
+
+    after = await log.read_session(sid)
+    assert [e.version for e in after] == list(range(1, len(after) + 1))
+    new = after[len(before):]
+    assert types(new) == ["ToolCallStarted", "ToolCallFinished", "StateChanged", "ModelCallStarted",
+                          "ModelCallFinished", "AssistantMessage", "StateChanged", "TurnFinished"]
+    assert calls == ["O-1"]  # the idempotent tool ran again, once
+    started, finished = new[0], new[1]
+    assert isinstance(started, ev.ToolCallStarted) and started.attempt == 2
+    assert isinstance(finished, ev.ToolCallFinished) and finished.status == "success" and finished.attempts == 2
+    model = successor_agents.get("agent").model
+    assert len(model.requests) == 1  # the recorded first model answer was reused, not asked again
+    assert all(e.producer == "successor" for e in new)
+    assert await log.committed(GROUP, partition) == await log.end_offset(partition)
+    await log.close()
