@@ -20,8 +20,16 @@ log = structlog.get_logger("turnlog.consumer")
 
 
 class GroupConsumer:
-    def __init__(self, log: EventLog, group: str, handler: Handler, *,
-                 partitions: Sequence[int] | None = None, batch: int = 200, idle_wait_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        group: str,
+        handler: Handler,
+        *,
+        partitions: Sequence[int] | None = None,
+        batch: int = 200,
+        idle_wait_s: float = 0.5,
+    ) -> None:
         self.log = log
         self.group = group
         self.handler = handler

@@ -24,9 +24,15 @@ log = structlog.get_logger("turnlog.worker")
 
 
 class TurnWorker:
-    def __init__(self, event_log: EventLog, agents: AgentDirectory, *, worker_id: str = "worker",
-                 partitions: Sequence[int] | None = None,
-                 on_item: Callable[[StreamItem], None] | None = None) -> None:
+    def __init__(
+        self,
+        event_log: EventLog,
+        agents: AgentDirectory,
+        *,
+        worker_id: str = "worker",
+        partitions: Sequence[int] | None = None,
+        on_item: Callable[[StreamItem], None] | None = None,
+    ) -> None:
         self.runner = TurnRunner(event_log, agents.get, producer=worker_id)
         self.on_item = on_item
         self.consumer = GroupConsumer(event_log, GROUP, self.handle, partitions=partitions)

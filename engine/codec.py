@@ -34,6 +34,9 @@ class _Codec:
     schema: Any
     fingerprint: bytes
     payload_fields: tuple[str, ...]
+    numeric_fields: tuple[tuple[str, type], ...]
+    """(name, int or float) of every long/double field: fastavro would silently truncate a float
+    written to a long and accept a bool as a number, so encode checks these itself."""
 
 
 def load_schema_json(name: str, schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
@@ -57,10 +60,36 @@ def _registry() -> tuple[dict[str, _Codec], dict[bytes, _Codec]]:
         parsed = parse_schema(load_schema_json(type_name), named_schemas=dict(named))
         fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
         fields = tuple(f.name for f in dataclasses.fields(cls) if f.name not in ENVELOPE_FIELDS)
-        codec = _Codec(cls, parsed, fp, fields)  # fastavro gives the little-endian bytes, as on the wire
+        codec = _Codec(
+            cls, parsed, fp, fields, _numeric_fields(load_schema_json(type_name))
+        )  # fastavro gives the little-endian bytes, as on the wire
         by_type[type_name] = codec
         by_fp[codec.fingerprint] = codec
     return by_type, by_fp
+
+
+_NUMERIC = {"long": int, "int": int, "double": float, "float": float}
+
+
+def _numeric_fields(schema: dict[str, Any]) -> tuple[tuple[str, type], ...]:
+    envelope = load_schema_json("Envelope")["fields"]
+    fields = [f for f in schema["fields"] if f["name"] != "envelope"] + envelope
+    return tuple(
+        (f["name"], _NUMERIC[f["type"]])
+        for f in fields
+        if isinstance(f["type"], str) and f["type"] in _NUMERIC
+    )
+
+
+def _check_numbers(event: Event, codec: _Codec) -> None:
+    for name, kind in codec.numeric_fields:
+        value = getattr(event, name)
+        ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+        if not ok or isinstance(value, bool):
+            raise EventEncodeError(
+                f"{event.type} v{event.version} does not fit its schema: field {name} must be "
+                f"{'an integer' if kind is int else 'a number'}, got {value!r}"
+            )
 
 
 def schema_fingerprint(event_type: str) -> bytes:
@@ -82,6 +111,7 @@ def encode(event: Event) -> bytes:
     codec = _registry()[0].get(event.type)
     if codec is None:
         raise EventEncodeError(f"{type(event).__name__} is not a registered event type")
+    _check_numbers(event, codec)
     buf = io.BytesIO()
     buf.write(MAGIC)
     buf.write(codec.fingerprint)

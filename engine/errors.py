@@ -77,17 +77,14 @@ class SessionError(TurnlogError):
 class SessionNotFoundError(SessionError):
     def __init__(self, session_id: str) -> None:
         super().__init__(
-            f"no session {session_id!r}; list sessions with `turnlog sessions` "
-            "or create one first"
+            f"no session {session_id!r}; list sessions with `turnlog sessions` or create one first"
         )
         self.session_id = session_id
 
 
 class SessionClosedError(SessionError):
     def __init__(self, session_id: str, reason: str) -> None:
-        super().__init__(
-            f"session {session_id} is closed ({reason}); start a new session to continue"
-        )
+        super().__init__(f"session {session_id} is closed ({reason}); start a new session to continue")
         self.session_id = session_id
 
 

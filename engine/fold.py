@@ -38,6 +38,8 @@ class TurnProgress:
     """Tool batches requested so far in this turn."""
     model_calls: int = 0
     """Model calls finished so far (ok or failed)."""
+    model_calls_started: int = 0
+    """Model calls begun, including one a crashed worker never finished; numbers the next step."""
     model_call_open: bool = False
     tool_calls: dict[str, ToolCallProgress] = field(default_factory=dict)
     """The current tool batch, in the order the model asked."""
@@ -137,7 +139,9 @@ def _state_changed(s: SessionState, e: ev.StateChanged) -> None:
 
 
 def _model_started(s: SessionState, e: ev.ModelCallStarted) -> None:
-    _turn(s, e).model_call_open = True
+    turn = _turn(s, e)
+    turn.model_call_open = True
+    turn.model_calls_started += 1
 
 
 def _model_finished(s: SessionState, e: ev.ModelCallFinished) -> None:

@@ -46,13 +46,27 @@ class AgentSessions:
         self.producer = producer
         self.runner = TurnRunner(log, agents.get, producer=producer)
 
-    async def create_session(self, agent_id: str, user_id: str, *, role: str = "user",
-                             session_id: str | None = None, metadata: dict[str, Any] | None = None) -> SessionInfo:
+    async def create_session(
+        self,
+        agent_id: str,
+        user_id: str,
+        *,
+        role: str = "user",
+        session_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionInfo:
         agent = self.agents.get(agent_id)
         sid = session_id or ev.new_id()
-        created = ev.SessionCreated(session_id=sid, version=1, agent_id=agent_id, user_id=user_id, role=role,
-                                    model=agent.model.name, metadata_json=json.dumps(metadata or {}),
-                                    producer=self.producer)
+        created = ev.SessionCreated(
+            session_id=sid,
+            version=1,
+            agent_id=agent_id,
+            user_id=user_id,
+            role=role,
+            model=agent.model.name,
+            metadata_json=json.dumps(metadata or {}),
+            producer=self.producer,
+        )
         await self.log.append([created], expected_version=0)
         return SessionInfo(sid, agent_id, user_id, role, str(SessionStatus.IDLE), 1)
 
@@ -61,9 +75,14 @@ class AgentSessions:
         for _ in range(APPEND_RETRIES):
             state = await self.runner.load(session_id)
             self._check_message(state, text)
-            event = ev.UserMessageReceived(session_id=session_id, version=state.version + 1,
-                                           message_id=ev.new_id(), text=text, user_id=state.user_id,
-                                           producer=self.producer)
+            event = ev.UserMessageReceived(
+                session_id=session_id,
+                version=state.version + 1,
+                message_id=ev.new_id(),
+                text=text,
+                user_id=state.user_id,
+                producer=self.producer,
+            )
             try:
                 await self.log.append([event], expected_version=state.version)
             except ConcurrencyError:
@@ -122,9 +141,17 @@ class AgentSessions:
                     w.transition(SessionStatus.FINISHED, Cause.ADMIN, detail=reason)
                 if state.turn is not None:
                     t = state.turn
-                    w.add(ev.TurnFinished, turn_id=t.turn_id, message_id=t.message_id, reason="forced",
-                          iterations=t.iterations, model_calls=t.model_calls, input_tokens=t.input_tokens,
-                          output_tokens=t.output_tokens, correlation_id=t.turn_id)
+                    w.add(
+                        ev.TurnFinished,
+                        turn_id=t.turn_id,
+                        message_id=t.message_id,
+                        reason="forced",
+                        iterations=t.iterations,
+                        model_calls=t.model_calls,
+                        input_tokens=t.input_tokens,
+                        output_tokens=t.output_tokens,
+                        correlation_id=t.turn_id,
+                    )
                 w.add(ev.SessionClosed, reason=reason, actor=actor)
                 try:
                     await w.commit()
@@ -136,6 +163,6 @@ class AgentSessions:
 
 
 def _info(state: SessionState) -> SessionInfo:
-    return SessionInfo(state.session_id, state.agent_id, state.user_id, state.role, str(state.status), state.version)
-
-
+    return SessionInfo(
+        state.session_id, state.agent_id, state.user_id, state.role, str(state.status), state.version
+    )

@@ -15,20 +15,23 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+import structlog
+
 from . import events as ev
 from .agent import Agent
-from .errors import ModelError, ModelTimeoutError, SessionNotFoundError
+from .errors import ConcurrencyError, ModelError, ModelTimeoutError, SessionNotFoundError
 from .fold import FINAL_TOOL_STATUSES, SessionState, ToolCallProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
 from .models.base import ModelRequest, ModelResponse, TextDelta
 from .states import Cause, SessionStatus
 from .stream import ModelDelta, StreamItem
-from .tools import execute as tool_exec
 from .tools import Tool
+from .tools import execute as tool_exec
 from .writer import SessionWriter
 
 S = SessionStatus
+log = structlog.get_logger("turnlog.turn")
 CLOSING_NOTE = (
     "You have used the maximum of {cap} tool steps for this request. Do not call any tool. "
     "Answer the user now from the results above, and say that the run was cut short to avoid a loop."
@@ -76,8 +79,14 @@ class TurnRunner:
     """Runs the turns of sessions on one log. Holds a bounded cache of folded sessions so a
     turn reads only the events appended since the last one (flat per-turn cost)."""
 
-    def __init__(self, log: EventLog, agents: Callable[[str], Agent], *, producer: str = "worker",
-                 cache_size: int = 1024) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        agents: Callable[[str], Agent],
+        *,
+        producer: str = "worker",
+        cache_size: int = 1024,
+    ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
@@ -113,6 +122,12 @@ class TurnRunner:
                 while not isinstance(step := next_step(state, agent), Done):
                     async for item in self._perform(step, writer, agent):
                         yield item
+            except ConcurrencyError:
+                self.forget(session_id)
+                if not (await self.load(session_id)).closed:
+                    raise
+                # an admin closed the session under us: their decision stands, stop quietly
+                log.info("turn.stopped_by_close", session=session_id)
             except BaseException:
                 self.forget(session_id)  # reload from the log next time
                 raise
@@ -128,8 +143,13 @@ class TurnRunner:
     async def _start_turn(self, step: StartTurn, w: SessionWriter) -> AsyncIterator[StreamItem]:
         inbound = w.state.inbox[0]
         turn_id = ev.new_id()
-        w.add(ev.TurnStarted, turn_id=turn_id, message_id=step.message_id,
-              causation_id=inbound.event_id, correlation_id=turn_id)
+        w.add(
+            ev.TurnStarted,
+            turn_id=turn_id,
+            message_id=step.message_id,
+            causation_id=inbound.event_id,
+            correlation_id=turn_id,
+        )
         w.transition(S.PROCESSING, Cause.USER_MESSAGE, detail=step.message_id, correlation_id=turn_id)
         for event in await w.commit():
             yield event
@@ -137,11 +157,17 @@ class TurnRunner:
     async def _call_model(self, step: CallModel, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
         turn = w.state.turn
         assert turn is not None
-        index = turn.model_calls
+        index = turn.model_calls_started
         request = self._request(w.state, agent, step.closing)
-        w.add(ev.ModelCallStarted, turn_id=turn.turn_id, step=index, model=agent.model.name,
-              message_count=len(request.messages), tools_offered=len(request.tools),
-              correlation_id=turn.turn_id)
+        w.add(
+            ev.ModelCallStarted,
+            turn_id=turn.turn_id,
+            step=index,
+            model=agent.model.name,
+            message_count=len(request.messages),
+            tools_offered=len(request.tools),
+            correlation_id=turn.turn_id,
+        )
         for event in await w.commit():
             yield event
         started = time.perf_counter()
@@ -173,19 +199,35 @@ class TurnRunner:
         tools = () if closing else agent.tools.specs()
         return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
 
-    def _record_model_failure(self, w: SessionWriter, agent: Agent, index: int, latency: float,
-                              error: Exception | None) -> None:
+    def _record_model_failure(
+        self, w: SessionWriter, agent: Agent, index: int, latency: float, error: Exception | None
+    ) -> None:
         turn = w.state.turn
         assert turn is not None
         reason = f"{type(error).__name__}: {error}" if error else "no response"
         tid = turn.turn_id
-        w.add(ev.ModelCallFinished, turn_id=tid, step=index, model=agent.model.name, status="failed",
-              latency_ms=latency, error=reason, correlation_id=tid)
+        w.add(
+            ev.ModelCallFinished,
+            turn_id=tid,
+            step=index,
+            model=agent.model.name,
+            status="failed",
+            latency_ms=latency,
+            error=reason,
+            correlation_id=tid,
+        )
         w.transition(S.ERROR, Cause.MODEL_ERROR, detail=reason, correlation_id=tid)
         self._finish_turn(w, "model_error", calls_now=1)
 
-    def _record_model_answer(self, w: SessionWriter, agent: Agent, index: int, latency: float,
-                             response: ModelResponse, closing: bool) -> None:
+    def _record_model_answer(
+        self,
+        w: SessionWriter,
+        agent: Agent,
+        index: int,
+        latency: float,
+        response: ModelResponse,
+        closing: bool,
+    ) -> None:
         turn = w.state.turn
         assert turn is not None
         tid = turn.turn_id
@@ -193,36 +235,71 @@ class TurnRunner:
         text = response.text
         if closing and not text.strip():
             text = _gathered_summary(w.state, agent.max_tool_iterations)
-        w.add(ev.ModelCallFinished, turn_id=tid, step=index, model=response.model or agent.model.name,
-              status="ok", input_tokens=response.usage.input_tokens,
-              output_tokens=response.usage.output_tokens, latency_ms=latency,
-              finish_reason=response.finish_reason, correlation_id=tid)
-        w.add(ev.AssistantMessage, turn_id=tid, message_id=ev.new_id(), text=text, tool_calls=calls,
-              correlation_id=tid)
+        w.add(
+            ev.ModelCallFinished,
+            turn_id=tid,
+            step=index,
+            model=response.model or agent.model.name,
+            status="ok",
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            latency_ms=latency,
+            finish_reason=response.finish_reason,
+            correlation_id=tid,
+        )
+        w.add(
+            ev.AssistantMessage,
+            turn_id=tid,
+            message_id=ev.new_id(),
+            text=text,
+            tool_calls=calls,
+            correlation_id=tid,
+        )
         if not calls:
             cause = Cause.ITERATION_CAP if closing else Cause.MODEL_ANSWER
             w.transition(S.FINISHED, cause, correlation_id=tid)
             usage = response.usage
-            self._finish_turn(w, "iteration_cap" if closing else "answered", calls_now=1,
-                              input_now=usage.input_tokens, output_now=usage.output_tokens)
+            self._finish_turn(
+                w,
+                "iteration_cap" if closing else "answered",
+                calls_now=1,
+                input_now=usage.input_tokens,
+                output_now=usage.output_tokens,
+            )
             return
         iteration = turn.iterations + 1
         for call in calls:
-            w.add(ev.ToolCallRequested, turn_id=tid, call_id=call.call_id, tool_name=call.name,
-                  arguments_json=call.arguments_json, iteration=iteration, correlation_id=tid)
+            w.add(
+                ev.ToolCallRequested,
+                turn_id=tid,
+                call_id=call.call_id,
+                tool_name=call.name,
+                arguments_json=call.arguments_json,
+                iteration=iteration,
+                correlation_id=tid,
+            )
         waiting = S.TOOL_WAIT if iteration == 1 else S.TOOL_LOOP
-        w.transition(waiting, Cause.MODEL_TOOL_CALL, detail=", ".join(c.name for c in calls),
-                     correlation_id=tid)
+        w.transition(
+            waiting, Cause.MODEL_TOOL_CALL, detail=", ".join(c.name for c in calls), correlation_id=tid
+        )
 
-    def _finish_turn(self, w: SessionWriter, reason: str, *, calls_now: int = 0, input_now: int = 0,
-                     output_now: int = 0) -> None:
+    def _finish_turn(
+        self, w: SessionWriter, reason: str, *, calls_now: int = 0, input_now: int = 0, output_now: int = 0
+    ) -> None:
         """Close the turn; ``*_now`` count the model call buffered in the same commit."""
         turn = w.state.turn
         assert turn is not None
-        w.add(ev.TurnFinished, turn_id=turn.turn_id, message_id=turn.message_id, reason=reason,
-              iterations=turn.iterations, model_calls=turn.model_calls + calls_now,
-              input_tokens=turn.input_tokens + input_now, output_tokens=turn.output_tokens + output_now,
-              correlation_id=turn.turn_id)
+        w.add(
+            ev.TurnFinished,
+            turn_id=turn.turn_id,
+            message_id=turn.message_id,
+            reason=reason,
+            iterations=turn.iterations,
+            model_calls=turn.model_calls + calls_now,
+            input_tokens=turn.input_tokens + input_now,
+            output_tokens=turn.output_tokens + output_now,
+            correlation_id=turn.turn_id,
+        )
 
     async def _run_tools(self, step: RunTools, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
         turn = w.state.turn
@@ -230,18 +307,28 @@ class TurnRunner:
         tid = turn.turn_id
         # (call, attempts made before this run, tool, arguments); the fold updates `call` on commit
         runnable: list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]] = []
+        results: dict[str, tuple[int, tool_exec.ToolOutcome]] = {}  # call_id -> (prior attempts, outcome)
         for call in step.calls:
             prepared = _precheck(call, agent)
-            if isinstance(prepared, tool_exec.ToolOutcome):
-                _add_finished(w, tid, call, prepared, prior_attempts=call.attempts)
+            if isinstance(prepared, tool_exec.ToolOutcome):  # rejected or interrupted: nothing to run
+                results[call.call_id] = (call.attempts, prepared)
             else:
                 runnable.append((call, call.attempts, *prepared))
-                w.add(ev.ToolCallStarted, turn_id=tid, call_id=call.call_id, tool_name=call.tool_name,
-                      attempt=call.attempts + 1, correlation_id=tid)
+                w.add(
+                    ev.ToolCallStarted,
+                    turn_id=tid,
+                    call_id=call.call_id,
+                    tool_name=call.tool_name,
+                    attempt=call.attempts + 1,
+                    correlation_id=tid,
+                )
         for event in await w.commit():
             yield event
         outcomes = await asyncio.gather(*(tool_exec.execute(t, args) for _, _, t, args in runnable))
-        for (call, prior, _, _), outcome in zip(runnable, outcomes):
+        for (call, prior, _, _), outcome in zip(runnable, outcomes, strict=True):
+            results[call.call_id] = (prior, outcome)
+        for call in step.calls:  # results go back in the order the model asked for them
+            prior, outcome = results[call.call_id]
             _add_finished(w, tid, call, outcome, prior_attempts=prior)
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
         for event in await w.commit():
@@ -256,15 +343,32 @@ def _precheck(call: ToolCallProgress, agent: Agent) -> tool_exec.ToolOutcome | t
     return tool_exec.prepare(agent.tools, call.tool_name, call.arguments_json)
 
 
-def _add_finished(w: SessionWriter, turn_id: str, call: ToolCallProgress, outcome: tool_exec.ToolOutcome,
-                  *, prior_attempts: int) -> None:
-    w.add(ev.ToolCallFinished, turn_id=turn_id, call_id=call.call_id, tool_name=call.tool_name,
-          status=str(outcome.status), content=outcome.content, output_json=outcome.output_json,
-          elapsed_ms=outcome.elapsed_ms, attempts=prior_attempts + outcome.attempts, error=outcome.error,
-          correlation_id=turn_id)
+def _add_finished(
+    w: SessionWriter,
+    turn_id: str,
+    call: ToolCallProgress,
+    outcome: tool_exec.ToolOutcome,
+    *,
+    prior_attempts: int,
+) -> None:
+    w.add(
+        ev.ToolCallFinished,
+        turn_id=turn_id,
+        call_id=call.call_id,
+        tool_name=call.tool_name,
+        status=str(outcome.status),
+        content=outcome.content,
+        output_json=outcome.output_json,
+        elapsed_ms=outcome.elapsed_ms,
+        attempts=prior_attempts + outcome.attempts,
+        error=outcome.error,
+        correlation_id=turn_id,
+    )
 
 
-async def _stream_with_timeouts(agent: Agent, request: ModelRequest) -> AsyncIterator[TextDelta | ModelResponse]:
+async def _stream_with_timeouts(
+    agent: Agent, request: ModelRequest
+) -> AsyncIterator[TextDelta | ModelResponse]:
     """The model's chunks, bounded by the first-chunk and total-response limits (seed §5.3)."""
     chunks = agent.model.stream(request).__aiter__()
     now = asyncio.get_running_loop().time()
@@ -296,7 +400,9 @@ async def _stream_with_timeouts(agent: Agent, request: ModelRequest) -> AsyncIte
 
 
 def _gathered_summary(state: SessionState, cap: int) -> str:
-    results = [m for m in state.messages[-2 * cap :] if m.role == "tool"]
+    # this turn's results: everything after its user message (a batch may hold several calls)
+    start = max((i for i, m in enumerate(state.messages) if m.role == "user"), default=-1) + 1
+    results = [m for m in state.messages[start:] if m.role == "tool"]
     lines = [f"- {m.name}: {m.content[:300]}" for m in results]
     return (
         f"I stopped after {cap} tool steps to avoid a loop, so this answer may be incomplete. "
@@ -304,4 +410,13 @@ def _gathered_summary(state: SessionState, cap: int) -> str:
     )
 
 
-__all__ = ["CallModel", "Done", "RunTools", "StartTurn", "Step", "TurnRunner", "next_step", "FINAL_TOOL_STATUSES"]
+__all__ = [
+    "CallModel",
+    "Done",
+    "RunTools",
+    "StartTurn",
+    "Step",
+    "TurnRunner",
+    "next_step",
+    "FINAL_TOOL_STATUSES",
+]

@@ -29,8 +29,14 @@ class SessionWriter:
         """The state after the buffered events."""
         return self._status
 
-    def add(self, cls: type[E], *, correlation_id: str | None = None, causation_id: str | None = None,
-            **payload: Any) -> E:
+    def add(
+        self,
+        cls: type[E],
+        *,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+        **payload: Any,
+    ) -> E:
         event = cls(
             session_id=self.state.session_id,
             version=self.state.version + len(self._pending) + 1,
@@ -42,11 +48,18 @@ class SessionWriter:
         self._pending.append(event)
         return event
 
-    def transition(self, to: SessionStatus, cause: Cause, *, detail: str = "",
-                   correlation_id: str | None = None) -> None:
+    def transition(
+        self, to: SessionStatus, cause: Cause, *, detail: str = "", correlation_id: str | None = None
+    ) -> None:
         check_transition(self._status, to, cause)
-        self.add(StateChanged, from_state=str(self._status), to_state=str(to), cause=str(cause),
-                 detail=detail, correlation_id=correlation_id)
+        self.add(
+            StateChanged,
+            from_state=str(self._status),
+            to_state=str(to),
+            cause=str(cause),
+            detail=detail,
+            correlation_id=correlation_id,
+        )
         self._status = to
 
     async def commit(self) -> Sequence[Event]:

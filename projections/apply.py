@@ -16,8 +16,9 @@ from engine.states import SessionStatus
 Statement = tuple[str, tuple[Any, ...]]
 
 
-def session_update(event: ev.Event, *, values: dict[str, Any] | None = None,
-                   exprs: dict[str, str] | None = None) -> Statement:
+def session_update(
+    event: ev.Event, *, values: dict[str, Any] | None = None, exprs: dict[str, str] | None = None
+) -> Statement:
     """Advance sessions.state_version with the optimistic lock of seed §7.3.
 
     ``values`` are bound parameters; ``exprs`` are trusted SQL expressions such as
@@ -34,26 +35,59 @@ def session_update(event: ev.Event, *, values: dict[str, Any] | None = None,
 
 
 def _created(e: ev.SessionCreated) -> list[Statement]:
-    return [(
-        "INSERT INTO sessions (session_id, user_id, agent_id, role, model_name, current_state, state_version, "
-        "start_time_ms, update_time_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (e.session_id, e.user_id, e.agent_id, e.role, e.model, str(SessionStatus.IDLE), e.version,
-         e.time_ms, e.time_ms),
-    )]
+    return [
+        (
+            "INSERT INTO sessions (session_id, user_id, agent_id, role, model_name, current_state, "
+            "state_version, "
+            "start_time_ms, update_time_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                e.session_id,
+                e.user_id,
+                e.agent_id,
+                e.role,
+                e.model,
+                str(SessionStatus.IDLE),
+                e.version,
+                e.time_ms,
+                e.time_ms,
+            ),
+        )
+    ]
 
 
-def _message(e: ev.Event, message_id: str, role: str, content: str, *, turn_id: str | None = None,
-             tool_calls_json: str | None = None, tool_call_id: str | None = None,
-             tool_name: str | None = None) -> list[Statement]:
+def _message(
+    e: ev.Event,
+    message_id: str,
+    role: str,
+    content: str,
+    *,
+    turn_id: str | None = None,
+    tool_calls_json: str | None = None,
+    tool_call_id: str | None = None,
+    tool_name: str | None = None,
+) -> list[Statement]:
     tokens = estimate_tokens(content) + (estimate_tokens(tool_calls_json) if tool_calls_json else 0)
     return [
         session_update(e, exprs={"message_count": "message_count + 1"}),
         (
-            "INSERT INTO messages (session_id, seq, message_id, role, content, tool_calls_json, tool_call_id, "
+            "INSERT INTO messages (session_id, seq, message_id, role, content, tool_calls_json, "
+            "tool_call_id, "
             "tool_name, token_count, turn_id, version, created_at_ms) "
             "SELECT ?, message_count, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM sessions WHERE session_id = ?",
-            (e.session_id, message_id, role, content, tool_calls_json, tool_call_id, tool_name, tokens,
-             turn_id, e.version, e.time_ms, e.session_id),
+            (
+                e.session_id,
+                message_id,
+                role,
+                content,
+                tool_calls_json,
+                tool_call_id,
+                tool_name,
+                tokens,
+                turn_id,
+                e.version,
+                e.time_ms,
+                e.session_id,
+            ),
         ),
     ]
 
@@ -63,83 +97,158 @@ def _user_message(e: ev.UserMessageReceived) -> list[Statement]:
 
 
 def _assistant(e: ev.AssistantMessage) -> list[Statement]:
-    calls = json.dumps([{"id": c.call_id, "name": c.name, "arguments": c.arguments_json} for c in e.tool_calls],
-                       ensure_ascii=False) if e.tool_calls else None
+    calls = (
+        json.dumps(
+            [{"id": c.call_id, "name": c.name, "arguments": c.arguments_json} for c in e.tool_calls],
+            ensure_ascii=False,
+        )
+        if e.tool_calls
+        else None
+    )
     return _message(e, e.message_id, "assistant", e.text, turn_id=e.turn_id, tool_calls_json=calls)
 
 
 def _turn_started(e: ev.TurnStarted) -> list[Statement]:
-    return [session_update(e), (
-        "INSERT INTO turns (session_id, turn_id, message_id, started_at_ms) VALUES (?, ?, ?, ?)",
-        (e.session_id, e.turn_id, e.message_id, e.time_ms),
-    )]
+    return [
+        session_update(e),
+        (
+            "INSERT INTO turns (session_id, turn_id, message_id, started_at_ms) VALUES (?, ?, ?, ?)",
+            (e.session_id, e.turn_id, e.message_id, e.time_ms),
+        ),
+    ]
 
 
 def _state_changed(e: ev.StateChanged) -> list[Statement]:
-    return [session_update(e, values={"current_state": e.to_state}), (
-        "INSERT INTO state_changes (session_id, version, from_state, to_state, cause, detail, at_ms) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (e.session_id, e.version, e.from_state, e.to_state, e.cause, e.detail, e.time_ms),
-    )]
+    return [
+        session_update(e, values={"current_state": e.to_state}),
+        (
+            "INSERT INTO state_changes (session_id, version, from_state, to_state, cause, detail, at_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (e.session_id, e.version, e.from_state, e.to_state, e.cause, e.detail, e.time_ms),
+        ),
+    ]
 
 
 def _model_started(e: ev.ModelCallStarted) -> list[Statement]:
-    return [session_update(e), (
-        "INSERT INTO model_calls (session_id, turn_id, step, model_name, status, message_count, started_at_ms) "
-        "VALUES (?, ?, ?, ?, 'running', ?, ?)",
-        (e.session_id, e.turn_id, e.step, e.model, e.message_count, e.time_ms),
-    )]
+    return [
+        session_update(e),
+        (  # a call still "running" when the next one starts was cut off by a crashed worker
+            "UPDATE model_calls SET status = 'abandoned' "
+            "WHERE session_id = ? AND turn_id = ? AND status = 'running'",
+            (e.session_id, e.turn_id),
+        ),
+        (
+            "INSERT INTO model_calls (session_id, turn_id, step, model_name, status, message_count, "
+            "started_at_ms) "
+            "VALUES (?, ?, ?, ?, 'running', ?, ?)",
+            (e.session_id, e.turn_id, e.step, e.model, e.message_count, e.time_ms),
+        ),
+    ]
 
 
 def _model_finished(e: ev.ModelCallFinished) -> list[Statement]:
     return [
-        session_update(e, exprs={"input_tokens": f"input_tokens + {int(e.input_tokens)}",
-                                 "output_tokens": f"output_tokens + {int(e.output_tokens)}"}),
+        session_update(
+            e,
+            exprs={
+                "input_tokens": f"input_tokens + {int(e.input_tokens)}",
+                "output_tokens": f"output_tokens + {int(e.output_tokens)}",
+            },
+        ),
         (
-            "UPDATE model_calls SET model_name = ?, status = ?, input_tokens = ?, output_tokens = ?, latency_ms = ?, "
-            "finish_reason = ?, error = ?, finished_at_ms = ? WHERE session_id = ? AND turn_id = ? AND step = ?",
-            (e.model, e.status, e.input_tokens, e.output_tokens, e.latency_ms, e.finish_reason, e.error,
-             e.time_ms, e.session_id, e.turn_id, e.step),
+            "UPDATE model_calls SET model_name = ?, status = ?, input_tokens = ?, output_tokens = ?, "
+            "latency_ms = ?, finish_reason = ?, error = ?, finished_at_ms = ? "
+            "WHERE session_id = ? AND turn_id = ? AND step = ?",
+            (
+                e.model,
+                e.status,
+                e.input_tokens,
+                e.output_tokens,
+                e.latency_ms,
+                e.finish_reason,
+                e.error,
+                e.time_ms,
+                e.session_id,
+                e.turn_id,
+                e.step,
+            ),
         ),
     ]
 
 
 def _tool_requested(e: ev.ToolCallRequested) -> list[Statement]:
-    return [session_update(e), (
-        "INSERT INTO tool_calls (session_id, call_id, turn_id, tool_name, iteration, input_json, status, "
-        "created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, 'requested', ?, ?)",
-        (e.session_id, e.call_id, e.turn_id, e.tool_name, e.iteration, e.arguments_json, e.time_ms, e.time_ms),
-    )]
+    return [
+        session_update(e),
+        (
+            "INSERT INTO tool_calls (session_id, call_id, turn_id, tool_name, iteration, input_json, status, "
+            "created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, 'requested', ?, ?)",
+            (
+                e.session_id,
+                e.call_id,
+                e.turn_id,
+                e.tool_name,
+                e.iteration,
+                e.arguments_json,
+                e.time_ms,
+                e.time_ms,
+            ),
+        ),
+    ]
 
 
 def _tool_started(e: ev.ToolCallStarted) -> list[Statement]:
-    return [session_update(e), (
-        "UPDATE tool_calls SET status = 'executing', attempts = ?, updated_at_ms = ? "
-        "WHERE session_id = ? AND call_id = ?",
-        (e.attempt, e.time_ms, e.session_id, e.call_id),
-    )]
+    return [
+        session_update(e),
+        (
+            "UPDATE tool_calls SET status = 'executing', attempts = ?, updated_at_ms = ? "
+            "WHERE session_id = ? AND call_id = ?",
+            (e.attempt, e.time_ms, e.session_id, e.call_id),
+        ),
+    ]
 
 
 def _tool_finished(e: ev.ToolCallFinished) -> list[Statement]:
     return [
-        *_message(e, e.event_id, "tool", e.content, turn_id=e.turn_id, tool_call_id=e.call_id,
-                  tool_name=e.tool_name),
+        *_message(
+            e, e.event_id, "tool", e.content, turn_id=e.turn_id, tool_call_id=e.call_id, tool_name=e.tool_name
+        ),
         (
             "UPDATE tool_calls SET status = ?, output_json = ?, content = ?, error = ?, attempts = ?, "
             "elapsed_time_ms = ?, updated_at_ms = ? WHERE session_id = ? AND call_id = ?",
-            (e.status, e.output_json, e.content, e.error, e.attempts, e.elapsed_ms, e.time_ms,
-             e.session_id, e.call_id),
+            (
+                e.status,
+                e.output_json,
+                e.content,
+                e.error,
+                e.attempts,
+                e.elapsed_ms,
+                e.time_ms,
+                e.session_id,
+                e.call_id,
+            ),
         ),
     ]
 
 
 def _turn_finished(e: ev.TurnFinished) -> list[Statement]:
-    return [session_update(e, exprs={"turns": "turns + 1"}), (
-        "UPDATE turns SET outcome = ?, iterations = ?, model_calls = ?, input_tokens = ?, output_tokens = ?, "
-        "finished_at_ms = ? WHERE session_id = ? AND turn_id = ?",
-        (e.reason, e.iterations, e.model_calls, e.input_tokens, e.output_tokens, e.time_ms, e.session_id,
-         e.turn_id),
-    )]
+    return [
+        session_update(e, exprs={"turns": "turns + 1"}),
+        (
+            "UPDATE turns SET outcome = ?, iterations = ?, model_calls = ?, input_tokens = ?, "
+            "output_tokens = ?, "
+            "finished_at_ms = ? WHERE session_id = ? AND turn_id = ?",
+            (
+                e.reason,
+                e.iterations,
+                e.model_calls,
+                e.input_tokens,
+                e.output_tokens,
+                e.time_ms,
+                e.session_id,
+                e.turn_id,
+            ),
+        ),
+    ]
 
 
 def _closed(e: ev.SessionClosed) -> list[Statement]:

@@ -11,8 +11,13 @@ from .store import ProjectionStore
 BATCH = 1000
 
 
-async def catch_up(log: EventLog, store: ProjectionStore, *, batch: int = BATCH,
-                   progress: Callable[[int], None] | None = None) -> int:
+async def catch_up(
+    log: EventLog,
+    store: ProjectionStore,
+    *,
+    batch: int = BATCH,
+    progress: Callable[[int], None] | None = None,
+) -> int:
     """Apply everything the log has beyond the store's offsets; return events applied."""
     total = 0
     for partition in range(log.partitions):
@@ -26,8 +31,9 @@ async def catch_up(log: EventLog, store: ProjectionStore, *, batch: int = BATCH,
     return total
 
 
-async def rebuild(log: EventLog, store: ProjectionStore, *,
-                  progress: Callable[[int], None] | None = None) -> int:
+async def rebuild(
+    log: EventLog, store: ProjectionStore, *, progress: Callable[[int], None] | None = None
+) -> int:
     """Reset the store and replay the whole log into it; return events applied."""
     store.reset()
     return await catch_up(log, store, progress=progress)

@@ -81,7 +81,8 @@ class ProjectionStore(abc.ABC):
         if event.version != current + 1:
             raise OutOfOrderError(
                 f"projection of session {event.session_id} is at version {current}; "
-                f"refusing {event.type} v{event.version} (missing v{current + 1}). Rebuild with `turnlog rebuild`."
+                f"refusing {event.type} v{event.version} (missing v{current + 1}). "
+                "Rebuild with `turnlog rebuild`."
             )
         statements: list[Statement] = statements_for(event)
         for i, (sql, params) in enumerate(statements):
@@ -110,7 +111,9 @@ class ProjectionStore(abc.ABC):
     def rows_of(self, name: str, session_id: str) -> list[Row]:
         if name not in ORDER_BY or name == "sessions":
             raise ValueError(f"unknown per-session read model {name!r}")
-        return self._query(f"SELECT * FROM {name} WHERE session_id = ? ORDER BY {ORDER_BY[name]}", (session_id,))
+        return self._query(
+            f"SELECT * FROM {name} WHERE session_id = ? ORDER BY {ORDER_BY[name]}", (session_id,)
+        )
 
     @abc.abstractmethod
     def close(self) -> None: ...

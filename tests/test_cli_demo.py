@@ -23,8 +23,14 @@ def turnlog(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
     for key in ("TURNLOG_BASE_URL", "OPENAI_BASE_URL", "TURNLOG_MODEL"):
         env.pop(key, None)
-    return subprocess.run([sys.executable, "-m", "turnlog", *args, "--home", str(home)], capture_output=True,
-                          text=True, env=env, timeout=120, cwd=home.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "turnlog", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=home.parent,
+    )
 
 
 def tables(home: Path) -> dict[str, list[dict]]:
@@ -40,7 +46,9 @@ def test_offline_demo_then_sessions_show_rebuild(tmp_path: Path) -> None:
     run = turnlog(home, "demo")
     assert run.returncode == 0, run.stderr
     out = run.stdout
-    assert out.splitlines()[0].startswith("turnlog demo · model scripted-demo: a deterministic offline script")
+    assert out.splitlines()[0].startswith(
+        "turnlog demo · model scripted-demo: a deterministic offline script"
+    )
     assert "end_date must be YYYY-MM-DD" in out  # the argument correction reached the user
     assert "send_notification failed" in out and "[FAILED]" in out
     assert "PROCESSING → TOOL_WAIT" in out and "TOOL_LOOP → PROCESSING" in out
@@ -61,8 +69,10 @@ def test_offline_demo_then_sessions_show_rebuild(tmp_path: Path) -> None:
 
     shown = turnlog(home, "show", sid)
     assert shown.returncode == 0
-    assert ("state path IDLE → PROCESSING → TOOL_WAIT → PROCESSING → TOOL_LOOP → PROCESSING → TOOL_LOOP → "
-            "PROCESSING → TOOL_LOOP → PROCESSING → FINISHED") in shown.stdout
+    assert (
+        "state path IDLE → PROCESSING → TOOL_WAIT → PROCESSING → TOOL_LOOP → PROCESSING → TOOL_LOOP → "
+        "PROCESSING → TOOL_LOOP → PROCESSING → FINISHED"
+    ) in shown.stdout
     assert "query_orders" in shown.stdout and "rejected" in shown.stdout
 
     rebuilt = turnlog(home, "rebuild")
@@ -79,14 +89,23 @@ def test_show_unknown_session_says_what_to_do(tmp_path: Path) -> None:
 
 def _endpoint_script(today: dt.date) -> list[FakeReply]:
     monday, sunday = last_week(today)
-    query = json.dumps({"start_date": monday.isoformat(), "end_date": sunday.isoformat(), "anomalies_only": True})
-    notify = [(f"call_n{i}", "send_notification",
-               json.dumps({"customer_id": c, "order_id": o, "message": "Sorry for the delay."}))
-              for i, (c, o) in enumerate([("C-104", "O-1005"), ("C-105", "O-1008")])]
+    query = json.dumps(
+        {"start_date": monday.isoformat(), "end_date": sunday.isoformat(), "anomalies_only": True}
+    )
+    notify = [
+        (
+            f"call_n{i}",
+            "send_notification",
+            json.dumps({"customer_id": c, "order_id": o, "message": "Sorry for the delay."}),
+        )
+        for i, (c, o) in enumerate([("C-104", "O-1005"), ("C-105", "O-1008")])
+    ]
     return [
         FakeReply(tool_calls=[("call_q", "query_orders", query)]),
         FakeReply(tool_calls=notify),
-        FakeReply(tool_calls=[("call_r", "save_report", json.dumps({"title": "Anomalies", "body": "two orders"}))]),
+        FakeReply(
+            tool_calls=[("call_r", "save_report", json.dumps({"title": "Anomalies", "body": "two orders"}))]
+        ),
         FakeReply(text="Two customers affected; one notice could not be sent. The report is saved."),
     ]
 
@@ -104,7 +123,11 @@ def test_demo_against_an_openai_compatible_endpoint(tmp_path: Path) -> None:
     assert first["model"] == "fake-model" and first["stream"] is True
     assert first["messages"][0]["role"] == "system" and "Today is" in first["messages"][0]["content"]
     assert first["messages"][1] == {"role": "user", "content": first["messages"][1]["content"]}
-    assert {t["function"]["name"] for t in first["tools"]} == {"query_orders", "send_notification", "save_report"}
+    assert {t["function"]["name"] for t in first["tools"]} == {
+        "query_orders",
+        "send_notification",
+        "save_report",
+    }
     tool_msgs = [m for m in last["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_msgs] == ["call_q", "call_n0", "call_n1", "call_r"]
     assert tool_msgs[2]["content"].startswith("[FAILED] send_notification customer C-105")

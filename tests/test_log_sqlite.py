@@ -26,7 +26,9 @@ def msg(session_id: str, version: int, text: str = "hello") -> ev.UserMessageRec
 
 
 def session_in(partition: int, partitions: int, prefix: str = "s") -> str:
-    return next(f"{prefix}{i}" for i in range(10_000) if partition_for(f"{prefix}{i}", partitions) == partition)
+    return next(
+        f"{prefix}{i}" for i in range(10_000) if partition_for(f"{prefix}{i}", partitions) == partition
+    )
 
 
 async def versions(log: SqliteEventLog, session_id: str) -> list[int]:
@@ -55,7 +57,9 @@ async def test_append_then_read_session_in_version_order(log: SqliteEventLog) ->
     assert offsets == sorted(set(offsets))
 
 
-async def test_stale_expected_version_raises_concurrency_error_and_writes_nothing(log: SqliteEventLog) -> None:
+async def test_stale_expected_version_raises_concurrency_error_and_writes_nothing(
+    log: SqliteEventLog,
+) -> None:
     first = msg("a", 1, "mine")
     await log.append([first], expected_version=0)
 
@@ -105,7 +109,12 @@ async def test_read_partition_returns_only_its_records_in_offset_order(log_path:
 
         zero = await log.read_partition(0, 0)
         assert [(r.event.session_id, r.event.version) for r in zero] == [
-            (s0, 1), (s0b, 1), (s0, 2), (s0b, 2), (s0, 3), (s0b, 3)
+            (s0, 1),
+            (s0b, 1),
+            (s0, 2),
+            (s0b, 2),
+            (s0, 3),
+            (s0b, 3),
         ]
         assert all(r.partition == 0 for r in zero)
         offsets = [r.offset for r in zero]
@@ -213,11 +222,16 @@ async def test_reopening_with_another_partition_count_raises(log_path: Path) -> 
         await same.close()
 
 
-@pytest.mark.parametrize(("options", "problem"), [
-    ({"partitions": 0}, "at least 1"),
-    ({"durability": "eventually"}, "durability must be"),
-])
-def test_bad_options_raise_configuration_error(log_path: Path, options: dict[str, object], problem: str) -> None:
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"partitions": 0}, "at least 1"),
+        ({"durability": "eventually"}, "durability must be"),
+    ],
+)
+def test_bad_options_raise_configuration_error(
+    log_path: Path, options: dict[str, object], problem: str
+) -> None:
     with pytest.raises(ConfigurationError, match=problem):
         SqliteEventLog(log_path, **options)  # type: ignore[arg-type]
 
@@ -225,14 +239,20 @@ def test_bad_options_raise_configuration_error(log_path: Path, options: dict[str
 # --- corruption ---------------------------------------------------------------------------------
 
 
-async def test_corrupt_row_raises_malformed_naming_partition_and_offset(log: SqliteEventLog, log_path: Path) -> None:
+async def test_corrupt_row_raises_malformed_naming_partition_and_offset(
+    log: SqliteEventLog, log_path: Path
+) -> None:
     records = await log.append([msg("a", 1), msg("a", 2), msg("a", 3)], expected_version=0)
     bad = records[1]
     with sqlite3.connect(log_path) as raw:
-        raw.execute("UPDATE events SET value = ? WHERE session_id = 'a' AND version = 2", (b"\x00garbage bytes",))
+        raw.execute(
+            "UPDATE events SET value = ? WHERE session_id = 'a' AND version = 2", (b"\x00garbage bytes",)
+        )
     raw.close()
 
-    with pytest.raises(MalformedEventError, match=rf"partition {bad.partition} offset {bad.offset}: not a turnlog"):
+    with pytest.raises(
+        MalformedEventError, match=rf"partition {bad.partition} offset {bad.offset}: not a turnlog"
+    ):
         await log.read_session("a")
     with pytest.raises(MalformedEventError, match=rf"partition {bad.partition} offset {bad.offset}"):
         await log.read_partition(bad.partition, 0)
@@ -258,7 +278,9 @@ async def main():
     version = await log.session_version(sid)
     while True:
         version += 1
-        event = ev.UserMessageReceived(session_id=sid, version=version, message_id=f"m{version}", text="x" * 200)
+        event = ev.UserMessageReceived(
+            session_id=sid, version=version, message_id=f"m{version}", text="x" * 200
+        )
         await log.append([event], expected_version=version - 1)
         print(version, flush=True)
 
@@ -287,7 +309,11 @@ def kill_writer_after(log_path: Path, session_id: str, *, at_least: int) -> list
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(log_path), session_id],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
     )
     watchdog = threading.Timer(120, proc.kill)  # a hung writer fails the test instead of hanging it
     watchdog.start()
@@ -297,7 +323,9 @@ def kill_writer_after(log_path: Path, session_id: str, *, at_least: int) -> list
         while len(printed) < at_least:
             line = proc.stdout.readline()
             if not line:
-                raise AssertionError(f"writer exited early: {proc.wait()} {proc.stderr.read() if proc.stderr else ''}")
+                raise AssertionError(
+                    f"writer exited early: {proc.wait()} {proc.stderr.read() if proc.stderr else ''}"
+                )
             printed.append(int(line))
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -8,10 +8,20 @@ from pathlib import Path
 import pytest
 
 from consumers import Projector
-from engine import Agent, AgentDirectory, AgentSessions, FunctionModel, ModelRequest, OutOfOrderError, call, reply
+from engine import (
+    Agent,
+    AgentDirectory,
+    AgentSessions,
+    FunctionModel,
+    ModelRequest,
+    OutOfOrderError,
+    ToolFailure,
+    call,
+    reply,
+    tool,
+)
 from engine import events as ev
 from engine.log.sqlite import SqliteEventLog
-from engine import ToolFailure, tool
 from projections import SqliteProjectionStore, rebuild
 from projections.rebuild import catch_up
 from projections.schema import READ_MODELS

@@ -98,7 +98,9 @@ def test_unknown_state_or_cause_strings_raise(from_state: str, to_state: str, ca
 
 
 def test_resting_states_are_exactly_those_a_user_message_moves_to_processing() -> None:
-    starts_turn = {a for (a, b), causes in TRANSITIONS.items() if b == S.PROCESSING and C.USER_MESSAGE in causes}
+    starts_turn = {
+        a for (a, b), causes in TRANSITIONS.items() if b == S.PROCESSING and C.USER_MESSAGE in causes
+    }
     assert RESTING == starts_turn
     assert RESTING == {S.IDLE, S.FINISHED, S.ERROR, S.CANCELLED}
 

@@ -11,7 +11,16 @@ from typing import Any, Literal
 import pytest
 
 from engine.errors import ConfigurationError, ToolFailure
-from engine.tools import MARKERS, ArgumentProblem, Tool, ToolRegistry, ToolStatus, parse_arguments, run_tool_call, tool
+from engine.tools import (
+    MARKERS,
+    ArgumentProblem,
+    Tool,
+    ToolRegistry,
+    ToolStatus,
+    parse_arguments,
+    run_tool_call,
+    tool,
+)
 
 
 @tool(idempotent=True)
@@ -64,22 +73,36 @@ def test_decorator_options_override_name_and_description() -> None:
     async def ping() -> str:
         return "pong"
 
-    assert (ping.name, ping.description, ping.timeout_s, ping.idempotent) == ("ping-v2", "Check the service.", 1.5, False)
+    assert (ping.name, ping.description, ping.timeout_s, ping.idempotent) == (
+        "ping-v2",
+        "Check the service.",
+        1.5,
+        False,
+    )
     assert ping.parameters["properties"] == {}
 
 
 def test_explicit_json_schema_tool() -> None:
     schema = {
         "type": "object",
-        "properties": {"order_id": {"type": "string", "pattern": "^A-[0-9]+$"}, "when": {"type": "string", "format": "date"}},
+        "properties": {
+            "order_id": {"type": "string", "pattern": "^A-[0-9]+$"},
+            "when": {"type": "string", "format": "date"},
+        },
         "required": ["order_id"],
         "additionalProperties": False,
     }
-    lookup = Tool(name="lookup_order", description="Find an order.", parameters=schema, handler=lambda **kw: kw)
+    lookup = Tool(
+        name="lookup_order", description="Find an order.", parameters=schema, handler=lambda **kw: kw
+    )
     assert lookup.spec() == {"name": "lookup_order", "description": "Find an order.", "parameters": schema}
-    assert parse_arguments(lookup, '{"order_id": "A-17"}') == {"order_id": "A-17"}  # raw JSON values, no model
+    assert parse_arguments(lookup, '{"order_id": "A-17"}') == {
+        "order_id": "A-17"
+    }  # raw JSON values, no model
     assert describe(lookup, {"order_id": "B-1"}) == "order_id must match the pattern ^A-[0-9]+$, got 'B-1'"
-    assert describe(lookup, {"order_id": "A-1", "when": "tomorrow"}) == "when must be YYYY-MM-DD, got 'tomorrow'"
+    assert (
+        describe(lookup, {"order_id": "A-1", "when": "tomorrow"}) == "when must be YYYY-MM-DD, got 'tomorrow'"
+    )
 
 
 @pytest.mark.parametrize(
@@ -91,7 +114,9 @@ def test_explicit_json_schema_tool() -> None:
         ({"properties": {"x": {"type": "string"}}}, "must be an object schema"),
     ],
 )
-def test_invalid_or_non_object_schema_raises_configuration_error(parameters: dict[str, Any], problem: str) -> None:
+def test_invalid_or_non_object_schema_raises_configuration_error(
+    parameters: dict[str, Any], problem: str
+) -> None:
     with pytest.raises(ConfigurationError, match=f"tool broken: .*{problem}"):
         Tool(name="broken", description="", parameters=parameters, handler=lambda: None)
 
@@ -114,7 +139,9 @@ def test_bad_tool_names_and_functions_raise_configuration_error() -> None:
 
 
 def test_duplicate_tool_names_raise() -> None:
-    other = Tool(name="sales_report", description="another", parameters={"type": "object"}, handler=lambda: None)
+    other = Tool(
+        name="sales_report", description="another", parameters={"type": "object"}, handler=lambda: None
+    )
     with pytest.raises(ConfigurationError, match="'sales_report' is registered twice"):
         ToolRegistry([sales_report, other])
     registry = ToolRegistry([sales_report])
@@ -160,14 +187,18 @@ def test_valid_arguments_become_typed_python_values() -> None:
         ({"end_date": "2025-01-15"}, "missing required argument start_date"),
         ({}, "missing required argument start_date, end_date"),
         ("", "missing required argument start_date, end_date"),  # no arguments at all
-        ({**GOOD, "colour": "red"},
-         "unknown argument colour; allowed arguments are start_date, end_date, region, limit, note"),
+        (
+            {**GOOD, "colour": "red"},
+            "unknown argument colour; allowed arguments are start_date, end_date, region, limit, note",
+        ),
         ({**GOOD, "limit": "ten"}, "limit must be an integer, got 'ten'"),
         ({**GOOD, "limit": True}, "limit must be an integer, got True"),
         ({**GOOD, "region": "asia"}, "region must be one of 'eu', 'us', got 'asia'"),
     ],
 )
-def test_validation_messages_name_the_field_and_what_was_sent(arguments: dict[str, Any] | str, message: str) -> None:
+def test_validation_messages_name_the_field_and_what_was_sent(
+    arguments: dict[str, Any] | str, message: str
+) -> None:
     assert describe(sales_report, arguments) == message
 
 
@@ -189,7 +220,9 @@ def test_very_long_invalid_json_is_quoted_truncated() -> None:
     assert f"you sent: {sent[:200]}..." in text and sent not in text
 
 
-@pytest.mark.parametrize(("sent", "kind"), [("[1, 2]", "list"), ('"2025-01-15"', "str"), ("42", "int"), ("null", "NoneType")])
+@pytest.mark.parametrize(
+    ("sent", "kind"), [("[1, 2]", "list"), ('"2025-01-15"', "str"), ("42", "int"), ("null", "NoneType")]
+)
 def test_non_object_json_is_refused(sent: str, kind: str) -> None:
     assert describe(sales_report, sent) == f"arguments must be a JSON object, got {kind}"
 
@@ -254,7 +287,10 @@ async def test_a_failing_formatter_still_reports_success_with_the_raw_result() -
 
     outcome = await run_tool_call(ToolRegistry([data]), "data", "{}")
     assert outcome.status == ToolStatus.SUCCESS
-    assert outcome.content.startswith("(formatter failed: KeyError: 'missing')") and '{"a": 1}' in outcome.content
+    assert (
+        outcome.content.startswith("(formatter failed: KeyError: 'missing')")
+        and '{"a": 1}' in outcome.content
+    )
 
 
 async def test_tool_failure_is_a_failed_result_with_the_marker() -> None:
@@ -278,7 +314,9 @@ async def test_other_exception_is_failed_naming_the_exception_type() -> None:
 
     outcome = await run_tool_call(ToolRegistry([divide]), "divide", '{"a": 1, "b": 0}')
     assert outcome.status == ToolStatus.FAILED
-    assert outcome.content.startswith(f"{MARKERS[ToolStatus.FAILED]} divide ZeroDivisionError: division by zero")
+    assert outcome.content.startswith(
+        f"{MARKERS[ToolStatus.FAILED]} divide ZeroDivisionError: division by zero"
+    )
 
 
 async def test_timeout_is_reported_with_the_timeout_marker() -> None:
@@ -375,7 +413,11 @@ async def test_explicit_schema_tool_executes_with_raw_arguments() -> None:
         received.append(kwargs)
         return "ok"
 
-    t = Tool(name="echo", description="Echo.", parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
-             handler=handler)
+    t = Tool(
+        name="echo",
+        description="Echo.",
+        parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
+        handler=handler,
+    )
     outcome = await run_tool_call(ToolRegistry([t]), "echo", '{"n": 3}')
     assert outcome.status == ToolStatus.SUCCESS and received == [{"n": 3}]

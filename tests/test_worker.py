@@ -102,13 +102,23 @@ async def test_killed_worker_mid_turn_is_continued_by_its_successor(tmp_path: Pa
 
     after = await log.read_session(sid)
     assert [e.version for e in after] == list(range(1, len(after) + 1))
-    new = after[len(before):]
-    assert types(new) == ["ToolCallStarted", "ToolCallFinished", "StateChanged", "ModelCallStarted",
-                          "ModelCallFinished", "AssistantMessage", "StateChanged", "TurnFinished"]
+    new = after[len(before) :]
+    assert types(new) == [
+        "ToolCallStarted",
+        "ToolCallFinished",
+        "StateChanged",
+        "ModelCallStarted",
+        "ModelCallFinished",
+        "AssistantMessage",
+        "StateChanged",
+        "TurnFinished",
+    ]
     assert calls == ["O-1"]  # the idempotent tool ran again, once
     started, finished = new[0], new[1]
     assert isinstance(started, ev.ToolCallStarted) and started.attempt == 2
-    assert isinstance(finished, ev.ToolCallFinished) and finished.status == "success" and finished.attempts == 2
+    assert (
+        isinstance(finished, ev.ToolCallFinished) and finished.status == "success" and finished.attempts == 2
+    )
     model = successor_agents.get("agent").model
     assert len(model.requests) == 1  # the recorded first model answer was reused, not asked again
     assert all(e.producer == "successor" for e in new)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import sys
-import datetime as dt
 from pathlib import Path
 from typing import Annotated, Any, Coroutine
 
@@ -22,10 +22,15 @@ from .app import EmbeddedApp
 from .config import ModelSettings, home_dir
 from .render import LiveRenderer, print_timeline, sessions_table
 
-app = typer.Typer(help="turnlog: an event-sourced session engine for LLM agents.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="turnlog: an event-sourced session engine for LLM agents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 console = Console()
-HomeOption = Annotated[Path | None, typer.Option("--home", help="Data folder (env TURNLOG_HOME, default ./.turnlog).")]
+HomeOption = Annotated[
+    Path | None, typer.Option("--home", help="Data folder (env TURNLOG_HOME, default ./.turnlog).")
+]
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> None:
@@ -40,8 +45,12 @@ def _run(coro: Coroutine[Any, Any, int]) -> None:
 @app.command()
 def demo(
     home: HomeOption = None,
-    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint (env TURNLOG_BASE_URL).")] = None,
-    api_key: Annotated[str | None, typer.Option(help="API key (env TURNLOG_API_KEY or OPENAI_API_KEY).")] = None,
+    base_url: Annotated[
+        str | None, typer.Option(help="OpenAI-compatible endpoint (env TURNLOG_BASE_URL).")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="API key (env TURNLOG_API_KEY or OPENAI_API_KEY).")
+    ] = None,
     model: Annotated[str | None, typer.Option(help="Model name (env TURNLOG_MODEL).")] = None,
     user: Annotated[str, typer.Option(help="User id the session belongs to.")] = "demo-user",
 ) -> None:
@@ -57,9 +66,12 @@ async def _demo(home: Path, settings: ModelSettings, user: str) -> int:
         console.print(f"turnlog demo · model [bold]{model.name}[/] at {settings.base_url}", highlight=False)
     else:
         model = demo_model()
-        console.print("turnlog demo · model [bold]scripted-demo[/]: a deterministic offline script, not a real "
-                      "model. Set TURNLOG_BASE_URL and TURNLOG_MODEL (or --base-url/--model) to run it against "
-                      "an OpenAI-compatible endpoint.", highlight=False)
+        console.print(
+            "turnlog demo · model [bold]scripted-demo[/]: a deterministic offline script, not a real "
+            "model. Set TURNLOG_BASE_URL and TURNLOG_MODEL (or --base-url/--model) to run it against "
+            "an OpenAI-compatible endpoint.",
+            highlight=False,
+        )
     backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
     app_ = EmbeddedApp(home, [build_agent(model, backend)])
     projector = asyncio.create_task(app_.projector.run())
@@ -78,10 +90,14 @@ async def _demo(home: Path, settings: ModelSettings, user: str) -> int:
         await projector
         await app_.projector.catch_up()
         await app_.close()
-    console.print(f"\nNext: [bold]turnlog show {session.session_id}[/] · turnlog sessions · turnlog rebuild",
-                  highlight=False)
+    console.print(
+        f"\nNext: [bold]turnlog show {session.session_id}[/] · turnlog sessions · turnlog rebuild",
+        highlight=False,
+    )
     if outcome == "model_error":
-        console.print("[red]The model call failed; see the error above. Check the endpoint, key and model name.[/]")
+        console.print(
+            "[red]The model call failed; see the error above. Check the endpoint, key and model name.[/]"
+        )
         return 1
     return 0
 
@@ -119,8 +135,13 @@ async def _show(home: Path, session_id: str) -> int:
         if row is None:
             console.print(f"[red]no session {session_id}[/]; list them with [bold]turnlog sessions[/]")
             return 1
-        print_timeline(console, row, store.rows_of("messages", session_id), store.rows_of("state_changes", session_id),
-                       store.rows_of("tool_calls", session_id))
+        print_timeline(
+            console,
+            row,
+            store.rows_of("messages", session_id),
+            store.rows_of("state_changes", session_id),
+            store.rows_of("tool_calls", session_id),
+        )
         return 0
     finally:
         await app_.close()
@@ -135,7 +156,9 @@ def rebuild_cmd(home: HomeOption = None) -> None:
 async def _rebuild(home: Path) -> int:
     app_ = EmbeddedApp(home)
     try:
-        with Progress(TextColumn("rebuilding projections"), BarColumn(), MofNCompleteColumn(), console=console) as bar:
+        with Progress(
+            TextColumn("rebuilding projections"), BarColumn(), MofNCompleteColumn(), console=console
+        ) as bar:
             task = bar.add_task("rebuild", total=None)
             applied = await rebuild(app_.log, app_.store, progress=lambda n: bar.advance(task, n))
             bar.update(task, total=bar.tasks[0].completed)
@@ -147,7 +170,9 @@ async def _rebuild(home: Path) -> int:
 
 
 @app.callback()
-def _configure(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engine's own logs.")] = False) -> None:
+def _configure(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engine's own logs.")] = False,
+) -> None:
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO if verbose else logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),

@@ -17,7 +17,9 @@ class ModelSettings:
     model: str | None
 
     @staticmethod
-    def from_env(base_url: str | None = None, api_key: str | None = None, model: str | None = None) -> ModelSettings:
+    def from_env(
+        base_url: str | None = None, api_key: str | None = None, model: str | None = None
+    ) -> ModelSettings:
         env = os.environ.get
         return ModelSettings(
             base_url=base_url or env("TURNLOG_BASE_URL") or env("OPENAI_BASE_URL"),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from .. import codec
-from ..errors import ConcurrencyError, ConfigurationError, LogError, MalformedEventError
+from ..errors import ConcurrencyError, ConfigurationError, EventError, LogError
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
 
@@ -86,8 +86,7 @@ class SqliteEventLog(EventLog):
                 raise ConcurrencyError(session_id, expected_version, actual)
             positions = [
                 db.execute(
-                    "INSERT INTO events (partition, session_id, version, type, value) "
-                    "VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO events (partition, session_id, version, type, value) VALUES (?, ?, ?, ?, ?)",
                     row,
                 ).lastrowid
                 for row in rows
@@ -97,7 +96,7 @@ class SqliteEventLog(EventLog):
             db.execute("ROLLBACK")
             raise
         self._notify()
-        return [LogRecord(partition, pos, e) for pos, e in zip(positions, events)]  # type: ignore[arg-type]
+        return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]  # type: ignore[arg-type]
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -169,5 +168,5 @@ class SqliteEventLog(EventLog):
 def _decode(partition: int, position: int, value: bytes) -> Event:
     try:
         return codec.decode(value)
-    except MalformedEventError as exc:
-        raise MalformedEventError(f"partition {partition} offset {position}: {exc}") from exc
+    except EventError as exc:
+        raise type(exc)(f"partition {partition} offset {position}: {exc}") from exc

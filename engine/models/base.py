@@ -59,6 +59,7 @@ class Model(abc.ABC):
 
     async def aclose(self) -> None:
         """Release connections; the default has none."""
+        return None
 
 
 def estimate_tokens(text: str) -> int:

@@ -29,8 +29,13 @@ def reply(text: str = "", *calls: ToolCallSpec) -> ModelResponse:
 class FunctionModel(Model):
     """Answers with ``fn(request)``: a ModelResponse, a string, or an exception to raise."""
 
-    def __init__(self, fn: Callable[[ModelRequest], ModelResponse | str], *, name: str = "function",
-                 chunk_chars: int = 0) -> None:
+    def __init__(
+        self,
+        fn: Callable[[ModelRequest], ModelResponse | str],
+        *,
+        name: str = "function",
+        chunk_chars: int = 0,
+    ) -> None:
         self.fn = fn
         self.name = name
         self.chunk_chars = chunk_chars
@@ -55,7 +60,9 @@ class FunctionModel(Model):
 class ScriptedModel(FunctionModel):
     """Plays back responses in order; raises ModelError when the script runs out."""
 
-    def __init__(self, responses: Iterable[ModelResponse | str | Exception], *, name: str = "scripted") -> None:
+    def __init__(
+        self, responses: Iterable[ModelResponse | str | Exception], *, name: str = "scripted"
+    ) -> None:
         self.script: deque[ModelResponse | str | Exception] = deque(responses)
         super().__init__(self._next, name=name)
 

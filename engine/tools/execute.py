@@ -48,7 +48,9 @@ class ToolOutcome:
 
 
 def rejected(content: str, error: str) -> ToolOutcome:
-    return ToolOutcome(ToolStatus.REJECTED, f"{MARKERS[ToolStatus.REJECTED]} {content}", error=error, attempts=0)
+    return ToolOutcome(
+        ToolStatus.REJECTED, f"{MARKERS[ToolStatus.REJECTED]} {content}", error=error, attempts=0
+    )
 
 
 def unknown_tool(name: str, registry: ToolRegistry) -> ToolOutcome:
@@ -66,7 +68,9 @@ def interrupted(t_name: str) -> ToolOutcome:
     )
 
 
-def prepare(registry: ToolRegistry, name: str, arguments_json: str) -> tuple[Tool, dict[str, Any]] | ToolOutcome:
+def prepare(
+    registry: ToolRegistry, name: str, arguments_json: str
+) -> tuple[Tool, dict[str, Any]] | ToolOutcome:
     """The tool and its validated arguments, or the rejection the model gets instead."""
     t = registry.get(name)
     if t is None:
@@ -99,8 +103,14 @@ async def execute(t: Tool, args: dict[str, Any]) -> ToolOutcome:
         except TimeoutError:
             if attempt < max_attempts:
                 continue
-            return _failure(ToolStatus.TIMEOUT, t, f"did not finish within {t.timeout_s:g} s", started, attempt,
-                            hint="it may or may not have taken effect")
+            return _failure(
+                ToolStatus.TIMEOUT,
+                t,
+                f"did not finish within {t.timeout_s:g} s",
+                started,
+                attempt,
+                hint="it may or may not have taken effect",
+            )
         except ToolFailure as exc:
             return _failure(ToolStatus.FAILED, t, str(exc), started, attempt)
         except Exception as exc:  # a tool bug is a result the model sees, not a crashed turn
@@ -127,7 +137,9 @@ def _success(t: Tool, result: Any, started: float, attempts: int) -> ToolOutcome
     return ToolOutcome(ToolStatus.SUCCESS, content, output, _elapsed_ms(started), attempts)
 
 
-def _failure(status: ToolStatus, t: Tool, message: str, started: float, attempts: int, hint: str = "") -> ToolOutcome:
+def _failure(
+    status: ToolStatus, t: Tool, message: str, started: float, attempts: int, hint: str = ""
+) -> ToolOutcome:
     suffix = f"; {hint}" if hint else ""
     content = f"{MARKERS[status]} {t.name} {message}{suffix}. Do not tell the user it succeeded."
     return ToolOutcome(status, content, None, _elapsed_ms(started), attempts, error=message)

@@ -56,7 +56,9 @@ class Tool:
             cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
             cls.check_schema(schema)
         except jsonschema.SchemaError as exc:
-            raise ConfigurationError(f"tool {self.name}: parameters are not a valid JSON Schema: {exc.message}") from exc
+            raise ConfigurationError(
+                f"tool {self.name}: parameters are not a valid JSON Schema: {exc.message}"
+            ) from exc
         if schema.get("type") != "object":
             raise ConfigurationError(f"tool {self.name}: parameters must be an object schema")
         object.__setattr__(self, "validator", cls(schema, format_checker=cls.FORMAT_CHECKER))

@@ -40,7 +40,8 @@ class LogisticsBackend:
     def find_orders(self, start: dt.date, end: dt.date, anomalies_only: bool) -> list[dict[str, Any]]:
         lo, hi = start.isoformat(), end.isoformat()
         return [
-            o for o in self.orders
+            o
+            for o in self.orders
             if lo <= o["order_date"] <= hi and (not anomalies_only or o["logistics_status"] in ANOMALIES)
         ]
 

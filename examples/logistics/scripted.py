@@ -28,24 +28,56 @@ def _decide(today: dt.date, request: ModelRequest) -> ModelResponse:
     monday, sunday = last_week(today)
     results = _turn_results(request)
     if not results:
-        return reply("", call("query_orders", {"start_date": monday.strftime("%Y/%m/%d"),
-                                               "end_date": sunday.strftime("%Y/%m/%d"),
-                                               "anomalies_only": True}, "call_query_1"))
+        return reply(
+            "",
+            call(
+                "query_orders",
+                {
+                    "start_date": monday.strftime("%Y/%m/%d"),
+                    "end_date": sunday.strftime("%Y/%m/%d"),
+                    "anomalies_only": True,
+                },
+                "call_query_1",
+            ),
+        )
     last = results[-1]
     if last.name == "query_orders" and last.content.startswith("[REJECTED]"):
-        return reply("", call("query_orders", {"start_date": monday.isoformat(), "end_date": sunday.isoformat(),
-                                               "anomalies_only": True}, "call_query_2"))
+        return reply(
+            "",
+            call(
+                "query_orders",
+                {"start_date": monday.isoformat(), "end_date": sunday.isoformat(), "anomalies_only": True},
+                "call_query_2",
+            ),
+        )
     if last.name == "query_orders":
         orders = ORDER_LINE.findall(last.content)
-        return reply("", *(
-            call("send_notification", {"customer_id": cust, "order_id": oid, "message":
-                 f"We are sorry: your order {oid} is {status.replace('_', ' ')}. We are on it and will "
-                 "update you within 24 hours."}, f"call_notify_{oid}")
-            for oid, cust, status in orders
-        ))
+        return reply(
+            "",
+            *(
+                call(
+                    "send_notification",
+                    {
+                        "customer_id": cust,
+                        "order_id": oid,
+                        "message": f"We are sorry: your order {oid} is {status.replace('_', ' ')}. "
+                        "We are on it and will "
+                        "update you within 24 hours.",
+                    },
+                    f"call_notify_{oid}",
+                )
+                for oid, cust, status in orders
+            ),
+        )
     if last.name == "send_notification":
-        return reply("", call("save_report", {"title": f"Logistics anomalies {monday} to {sunday}",
-                                              "body": _report(results)}, "call_report"))
+        return reply(
+            "",
+            call(
+                "save_report",
+                {"title": f"Logistics anomalies {monday} to {sunday}", "body": _report(results)},
+                "call_report",
+            ),
+        )
     return reply(_answer(results))
 
 
@@ -58,8 +90,14 @@ def _notifications(results: list[ChatMessage]) -> tuple[list[str], list[str]]:
 def _report(results: list[ChatMessage]) -> str:
     query = next(m.content for m in reversed(results) if m.name == "query_orders")
     sent, failed = _notifications(results)
-    lines = ["## Orders with logistics anomalies", query, "", "## Apology notices",
-             f"- sent: {len(sent)}", f"- failed: {len(failed)}"]
+    lines = [
+        "## Orders with logistics anomalies",
+        query,
+        "",
+        "## Apology notices",
+        f"- sent: {len(sent)}",
+        f"- failed: {len(failed)}",
+    ]
     lines += [f"  - {f}" for f in failed]
     return "\n".join(lines)
 
@@ -68,13 +106,17 @@ def _answer(results: list[ChatMessage]) -> str:
     query = next(m.content for m in reversed(results) if m.name == "query_orders")
     orders = ORDER_LINE.findall(query)
     sent, failed = _notifications(results)
-    saved = next((m.content for m in reversed(results) if m.name == "save_report"), "the report was not saved")
+    saved = next(
+        (m.content for m in reversed(results) if m.name == "save_report"), "the report was not saved"
+    )
     failed_customers = [c for f in failed for c in re.findall(r"customer (C-\d+)", f)]
     listed = ", ".join(f"{oid} {status.replace('_', ' ')}" for oid, _, status in orders)
     outcome = f"I sent {len(sent)} apology notices."
     if failed:
-        outcome += (f" {len(failed)} could not be sent (customer {', '.join(failed_customers)}: no email "
-                    "address on file), so that customer still needs to be contacted another way.")
+        outcome += (
+            f" {len(failed)} could not be sent (customer {', '.join(failed_customers)}: no email "
+            "address on file), so that customer still needs to be contacted another way."
+        )
     return f"Last week had {len(orders)} orders with logistics anomalies ({listed}). {outcome} {saved}"
 
 

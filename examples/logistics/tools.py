@@ -49,7 +49,12 @@ def build_tools(backend: LogisticsBackend) -> list[Tool]:
             raise ToolFailure(f"no customer {customer_id}")
         if not customer.get("email"):
             raise ToolFailure(f"customer {customer_id} has no email address on file; nothing was sent")
-        entry = {"to": customer["email"], "customer_id": customer_id, "order_id": order_id, "message": message}
+        entry = {
+            "to": customer["email"],
+            "customer_id": customer_id,
+            "order_id": order_id,
+            "message": message,
+        }
         backend.outbox.append(entry)
         return {"sent": True, "to": customer["email"], "order_id": order_id}
 
