@@ -19,6 +19,7 @@ import pytest
 from engine import AgentDirectory, AgentSessions, FunctionModel, SqliteEventLog
 from engine import events as ev
 from engine.tools import MARKERS, ToolStatus
+from projections import SqliteProjectionStore
 from tests.crash_worker import PARTITIONS, QUESTION, answer, build_agent, tool_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -217,3 +218,13 @@ async def test_killed_during_the_model_call_the_call_is_made_again(log_path: Pat
     assert [e.version for e in events] == list(range(1, len(events) + 1))
     assert state.status == "FINISHED" and state.turn is None
     assert state.messages[-1].content == "Done: order A-17 is packed"
+    started = [e.step for e in events if isinstance(e, ev.ModelCallStarted)]
+    assert started == [0, 1, 2]  # the cut-off call keeps its number; steps stay unique
+
+    store = SqliteProjectionStore(":memory:")
+    try:
+        store.apply_events(events)
+        calls = [(m["step"], m["status"]) for m in store.rows_of("model_calls", SID)]
+    finally:
+        store.close()
+    assert calls == [(0, "abandoned"), (1, "ok"), (2, "ok")]

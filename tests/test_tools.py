@@ -421,3 +421,12 @@ async def test_explicit_schema_tool_executes_with_raw_arguments() -> None:
     )
     outcome = await run_tool_call(ToolRegistry([t]), "echo", '{"n": 3}')
     assert outcome.status == ToolStatus.SUCCESS and received == [{"n": 3}]
+
+
+def test_type_hint_that_cannot_be_resolved_raises_configuration_error() -> None:
+    def lookup(order: NotDefinedAnywhere) -> str:  # type: ignore[name-defined]  # noqa: F821
+        """Look up."""
+        return ""
+
+    with pytest.raises(ConfigurationError, match="tool lookup: a type hint names something not importable"):
+        tool(lookup)

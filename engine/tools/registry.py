@@ -103,7 +103,13 @@ def tool(
 
 def _arguments_model(func: Handler) -> type[pydantic.BaseModel]:
     fields: dict[str, Any] = {}
-    hints = inspect.get_annotations(func, eval_str=True)
+    try:
+        hints = inspect.get_annotations(func, eval_str=True)
+    except NameError as exc:
+        raise ConfigurationError(
+            f"tool {func.__name__}: a type hint names something not importable at module level ({exc}); "
+            "import the type at the top of the module"
+        ) from exc
     for pname, param in inspect.signature(func).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(f"tool {func.__name__}: *args/**kwargs cannot be described to a model")
