@@ -18,6 +18,7 @@ from typing import Any
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
+from .avro import Writer, compile_writer
 from .errors import EventEncodeError, MalformedEventError, UnknownSchemaError
 from .events import EVENT_TYPES, Event, ToolCallSpec
 
@@ -26,17 +27,18 @@ HEADER_LEN = 10
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 ENVELOPE_FIELDS = tuple(f.name for f in dataclasses.fields(Event))
 _SHARED = ("Envelope", "ToolCallSpec")
+_INLINE = frozenset({"turnlog.events.Envelope"})
+"""The envelope's fields are attributes of the event itself, not of a nested object."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Codec:
     cls: type[Event]
     schema: Any
+    """fastavro's parsed schema, for reading."""
     fingerprint: bytes
-    payload_fields: tuple[str, ...]
-    numeric_fields: tuple[tuple[str, type], ...]
-    """(name, int or float) of every long/double field: fastavro would silently truncate a float
-    written to a long and accept a bool as a number, so encode checks these itself."""
+    writer: Writer
+    """The compiled encoder (engine.avro), for writing."""
 
 
 def load_schema_json(name: str, schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
@@ -52,44 +54,23 @@ def load_schema_json(name: str, schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]
 @cache
 def _registry() -> tuple[dict[str, _Codec], dict[bytes, _Codec]]:
     named: dict[str, Any] = {}
+    named_json: dict[str, Any] = {}
     for shared in _SHARED:
-        parse_schema(load_schema_json(shared), named_schemas=named)
+        raw = load_schema_json(shared)
+        parse_schema(raw, named_schemas=named)
+        named_json[f"{raw['namespace']}.{raw['name']}"] = raw
     by_type: dict[str, _Codec] = {}
     by_fp: dict[bytes, _Codec] = {}
     for type_name, cls in EVENT_TYPES.items():
-        parsed = parse_schema(load_schema_json(type_name), named_schemas=dict(named))
+        raw = load_schema_json(type_name)
+        parsed = parse_schema(raw, named_schemas=dict(named))
+        # fastavro gives the fingerprint in little-endian byte order, as it goes on the wire
         fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
-        fields = tuple(f.name for f in dataclasses.fields(cls) if f.name not in ENVELOPE_FIELDS)
-        codec = _Codec(
-            cls, parsed, fp, fields, _numeric_fields(load_schema_json(type_name))
-        )  # fastavro gives the little-endian bytes, as on the wire
+        writer = compile_writer(raw, dict(named_json), inline_records=_INLINE)
+        codec = _Codec(cls, parsed, fp, writer)
         by_type[type_name] = codec
         by_fp[codec.fingerprint] = codec
     return by_type, by_fp
-
-
-_NUMERIC = {"long": int, "int": int, "double": float, "float": float}
-
-
-def _numeric_fields(schema: dict[str, Any]) -> tuple[tuple[str, type], ...]:
-    envelope = load_schema_json("Envelope")["fields"]
-    fields = [f for f in schema["fields"] if f["name"] != "envelope"] + envelope
-    return tuple(
-        (f["name"], _NUMERIC[f["type"]])
-        for f in fields
-        if isinstance(f["type"], str) and f["type"] in _NUMERIC
-    )
-
-
-def _check_numbers(event: Event, codec: _Codec) -> None:
-    for name, kind in codec.numeric_fields:
-        value = getattr(event, name)
-        ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
-        if not ok or isinstance(value, bool):
-            raise EventEncodeError(
-                f"{event.type} v{event.version} does not fit its schema: field {name} must be "
-                f"{'an integer' if kind is int else 'a number'}, got {value!r}"
-            )
 
 
 def schema_fingerprint(event_type: str) -> bytes:
@@ -97,29 +78,18 @@ def schema_fingerprint(event_type: str) -> bytes:
     return _registry()[0][event_type].fingerprint
 
 
-def _to_record(event: Event, codec: _Codec) -> dict[str, Any]:
-    record: dict[str, Any] = {name: getattr(event, name) for name in codec.payload_fields}
-    record["envelope"] = {name: getattr(event, name) for name in ENVELOPE_FIELDS}
-    calls = record.get("tool_calls")
-    if calls is not None:
-        record["tool_calls"] = [dataclasses.asdict(c) for c in calls]
-    return record
-
-
 def encode(event: Event) -> bytes:
     """Encode an event as an Avro single-object record."""
     codec = _registry()[0].get(event.type)
-    if codec is None:
+    if codec is None or type(event) is not codec.cls:
         raise EventEncodeError(f"{type(event).__name__} is not a registered event type")
-    _check_numbers(event, codec)
-    buf = io.BytesIO()
-    buf.write(MAGIC)
-    buf.write(codec.fingerprint)
+    out = bytearray(MAGIC)
+    out += codec.fingerprint
     try:
-        fastavro.schemaless_writer(buf, codec.schema, _to_record(event, codec))
-    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int beyond Avro long
+        codec.writer(out, event)
+    except (TypeError, OverflowError) as exc:
         raise EventEncodeError(f"{event.type} v{event.version} does not fit its schema: {exc}") from exc
-    return buf.getvalue()
+    return bytes(out)
 
 
 def decode(data: bytes) -> Event:

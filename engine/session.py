@@ -156,8 +156,11 @@ class AgentSessions:
                 try:
                     await w.commit()
                 except ConcurrencyError:
-                    self.runner.forget(session_id)
+                    self.runner.forget(session_id)  # the writer folded ahead of the log
                     continue
+                except BaseException:
+                    self.runner.forget(session_id)
+                    raise
                 return _info(state)
         raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
 

@@ -122,6 +122,8 @@ class TurnRunner:
                 while not isinstance(step := next_step(state, agent), Done):
                     async for item in self._perform(step, writer, agent):
                         yield item
+                for event in await writer.commit():
+                    yield event
             except ConcurrencyError:
                 self.forget(session_id)
                 if not (await self.load(session_id)).closed:
@@ -132,15 +134,21 @@ class TurnRunner:
                 self.forget(session_id)  # reload from the log next time
                 raise
 
-    def _perform(self, step: Step, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
+    async def _perform(self, step: Step, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
+        """One step. Events are folded as they are added and committed right before each side
+        effect (calling the model, running tools) and when the loop ends."""
         if isinstance(step, StartTurn):
-            return self._start_turn(step, w)
-        if isinstance(step, RunTools):
-            return self._run_tools(step, w, agent)
-        assert isinstance(step, CallModel)
-        return self._call_model(step, w, agent)
+            self._start_turn(step, w)
+            return
+        steps = (
+            self._run_tools(step, w, agent)
+            if isinstance(step, RunTools)
+            else self._call_model(step, w, agent)
+        )
+        async for item in steps:
+            yield item
 
-    async def _start_turn(self, step: StartTurn, w: SessionWriter) -> AsyncIterator[StreamItem]:
+    def _start_turn(self, step: StartTurn, w: SessionWriter) -> None:
         inbound = w.state.inbox[0]
         turn_id = ev.new_id()
         w.add(
@@ -151,8 +159,6 @@ class TurnRunner:
             correlation_id=turn_id,
         )
         w.transition(S.PROCESSING, Cause.USER_MESSAGE, detail=step.message_id, correlation_id=turn_id)
-        for event in await w.commit():
-            yield event
 
     async def _call_model(self, step: CallModel, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
         turn = w.state.turn
@@ -188,8 +194,6 @@ class TurnRunner:
             self._record_model_failure(w, agent, index, latency, error)
         else:
             self._record_model_answer(w, agent, index, latency, response, step.closing)
-        for event in await w.commit():
-            yield event
 
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
         messages = [ChatMessage.system(agent.system_prompt)] if agent.system_prompt else []
@@ -217,7 +221,7 @@ class TurnRunner:
             correlation_id=tid,
         )
         w.transition(S.ERROR, Cause.MODEL_ERROR, detail=reason, correlation_id=tid)
-        self._finish_turn(w, "model_error", calls_now=1)
+        self._finish_turn(w, "model_error")
 
     def _record_model_answer(
         self,
@@ -235,6 +239,7 @@ class TurnRunner:
         text = response.text
         if closing and not text.strip():
             text = _gathered_summary(w.state, agent.max_tool_iterations)
+        iteration = turn.iterations + 1
         w.add(
             ev.ModelCallFinished,
             turn_id=tid,
@@ -258,16 +263,8 @@ class TurnRunner:
         if not calls:
             cause = Cause.ITERATION_CAP if closing else Cause.MODEL_ANSWER
             w.transition(S.FINISHED, cause, correlation_id=tid)
-            usage = response.usage
-            self._finish_turn(
-                w,
-                "iteration_cap" if closing else "answered",
-                calls_now=1,
-                input_now=usage.input_tokens,
-                output_now=usage.output_tokens,
-            )
+            self._finish_turn(w, "iteration_cap" if closing else "answered")
             return
-        iteration = turn.iterations + 1
         for call in calls:
             w.add(
                 ev.ToolCallRequested,
@@ -283,10 +280,7 @@ class TurnRunner:
             waiting, Cause.MODEL_TOOL_CALL, detail=", ".join(c.name for c in calls), correlation_id=tid
         )
 
-    def _finish_turn(
-        self, w: SessionWriter, reason: str, *, calls_now: int = 0, input_now: int = 0, output_now: int = 0
-    ) -> None:
-        """Close the turn; ``*_now`` count the model call buffered in the same commit."""
+    def _finish_turn(self, w: SessionWriter, reason: str) -> None:
         turn = w.state.turn
         assert turn is not None
         w.add(
@@ -295,9 +289,9 @@ class TurnRunner:
             message_id=turn.message_id,
             reason=reason,
             iterations=turn.iterations,
-            model_calls=turn.model_calls + calls_now,
-            input_tokens=turn.input_tokens + input_now,
-            output_tokens=turn.output_tokens + output_now,
+            model_calls=turn.model_calls,
+            input_tokens=turn.input_tokens,
+            output_tokens=turn.output_tokens,
             correlation_id=turn.turn_id,
         )
 
@@ -305,7 +299,7 @@ class TurnRunner:
         turn = w.state.turn
         assert turn is not None
         tid = turn.turn_id
-        # (call, attempts made before this run, tool, arguments); the fold updates `call` on commit
+        # (call, attempts made before this run, tool, arguments); the fold updates `call` as events are added
         runnable: list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]] = []
         results: dict[str, tuple[int, tool_exec.ToolOutcome]] = {}  # call_id -> (prior attempts, outcome)
         for call in step.calls:
@@ -324,15 +318,16 @@ class TurnRunner:
                 )
         for event in await w.commit():
             yield event
-        outcomes = await asyncio.gather(*(tool_exec.execute(t, args) for _, _, t, args in runnable))
+        if len(runnable) == 1:  # no task per call when there is nothing to run concurrently
+            outcomes = [await tool_exec.execute(runnable[0][2], runnable[0][3])]
+        else:
+            outcomes = await asyncio.gather(*(tool_exec.execute(t, args) for _, _, t, args in runnable))
         for (call, prior, _, _), outcome in zip(runnable, outcomes, strict=True):
             results[call.call_id] = (prior, outcome)
         for call in step.calls:  # results go back in the order the model asked for them
             prior, outcome = results[call.call_id]
             _add_finished(w, tid, call, outcome, prior_attempts=prior)
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
-        for event in await w.commit():
-            yield event
 
 
 def _precheck(call: ToolCallProgress, agent: Agent) -> tool_exec.ToolOutcome | tuple[Tool, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Appends one session's events and keeps its folded state in step with the log."""
+"""Appends one session's events and keeps its folded state in step with them."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ from typing import Any, Sequence
 from .events import E, Event, StateChanged
 from .fold import SessionState
 from .log.base import EventLog
-from .states import Cause, SessionStatus, check_transition
+from .states import Cause, SessionStatus
 
 
 class SessionWriter:
-    """Buffers events for the session's next versions; ``commit`` appends them atomically.
+    """Folds each new event into the state at once and appends the pending ones on ``commit``.
 
-    The state is only changed by folding events that the log accepted, so it never runs ahead
-    of what is durable. A ConcurrencyError from the log means another writer owns the session.
+    The state runs ahead of the log only between an ``add`` and the next ``commit``, inside one
+    step of one turn. If a commit fails the state no longer matches the log: the caller must drop
+    it and fold again from the log (TurnRunner.run and AgentSessions do). Callers commit right
+    before every side effect (a model call, running tools) and at the end, so everything a
+    model or a tool acted on is durable first.
     """
 
     def __init__(self, log: EventLog, state: SessionState, producer: str) -> None:
@@ -22,12 +25,6 @@ class SessionWriter:
         self.state = state
         self.producer = producer
         self._pending: list[Event] = []
-        self._status = state.status
-
-    @property
-    def status(self) -> SessionStatus:
-        """The state after the buffered events."""
-        return self._status
 
     def add(
         self,
@@ -37,41 +34,34 @@ class SessionWriter:
         causation_id: str | None = None,
         **payload: Any,
     ) -> E:
+        """Create the session's next event, fold it in, and queue it for the next commit."""
         event = cls(
             session_id=self.state.session_id,
-            version=self.state.version + len(self._pending) + 1,
+            version=self.state.version + 1,
             producer=self.producer,
             correlation_id=correlation_id,
             causation_id=causation_id,
             **payload,
         )
+        self.state.apply(event)  # validates order and the transition table
         self._pending.append(event)
         return event
 
     def transition(
         self, to: SessionStatus, cause: Cause, *, detail: str = "", correlation_id: str | None = None
     ) -> None:
-        check_transition(self._status, to, cause)
         self.add(
             StateChanged,
-            from_state=str(self._status),
+            from_state=str(self.state.status),
             to_state=str(to),
             cause=str(cause),
             detail=detail,
             correlation_id=correlation_id,
         )
-        self._status = to
 
     async def commit(self) -> Sequence[Event]:
-        """Append the buffered events (durable on return) and fold them into the state."""
+        """Append the pending events as one atomic batch; durable when this returns."""
         batch, self._pending = self._pending, []
-        if not batch:
-            return batch
-        try:
-            await self.log.append(batch, expected_version=self.state.version)
-        except BaseException:
-            self._status = self.state.status
-            raise
-        for event in batch:
-            self.state.apply(event)
+        if batch:
+            await self.log.append(batch, expected_version=batch[0].version - 1)
         return batch

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -865,3 +866,38 @@ async def test_invoke_tool_validates_and_runs_without_touching_the_log(log: Sqli
     assert unknown.status == ToolStatus.REJECTED and "available tools are: get_weather" in unknown.content
     assert weather_calls == ["Lima"]
     assert await log.session_version(h.sid) == version
+
+
+async def test_what_a_model_or_tool_acts_on_is_durable_before_it_acts(
+    log: SqliteEventLog, log_path: Any
+) -> None:
+    """Read the log from a second connection at the moment of each side effect."""
+    seen: list[tuple[str, list[str]]] = []
+
+    def on_disk() -> list[str]:
+        with sqlite3.connect(log_path) as db:
+            return [t for (t,) in db.execute("SELECT type FROM events ORDER BY position")]
+
+    @tool(idempotent=True)
+    async def lookup(order_id: str) -> str:
+        """Look up an order."""
+        seen.append(("tool", on_disk()))
+        return f"{order_id}: delayed"
+
+    def model_fn(request: ModelRequest) -> ModelResponse | str:
+        seen.append(("model", on_disk()))
+        done = len(tool_messages(request))
+        return "all done" if done == 2 else reply("", call("lookup", {"order_id": f"A{done}"}, f"c{done}"))
+
+    h = await harness(log, FunctionModel(model_fn), [lookup])
+    await h.send("check two orders")
+
+    kinds = [k for k, _ in seen]
+    assert kinds == ["model", "tool", "model", "tool", "model"]
+    for kind, on_log in seen:
+        if kind == "model":  # every earlier tool result and the call's own start are on disk
+            assert on_log[-1] == "ModelCallStarted"
+            assert on_log.count("ToolCallFinished") == on_log.count("ToolCallRequested")
+        else:  # the model's request for the tool and the tool's start are on disk
+            assert on_log[-1] == "ToolCallStarted" and on_log[-3:-1] == ["ToolCallRequested", "StateChanged"]
+    assert types(await h.events())[-1] == "TurnFinished"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from ..errors import LogError
@@ -51,6 +52,7 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@lru_cache(maxsize=65536)
 def partition_for(session_id: str, partitions: int) -> int:
     """Stable partition of a session: Kafka's default keyed partitioner on the session id."""
     return (murmur2(session_id.encode()) & 0x7FFFFFFF) % partitions

@@ -45,6 +45,13 @@ CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
+_HEADS = (
+    "SELECT (SELECT COALESCE(MAX(version), 0) FROM events WHERE session_id = ?), "
+    "(SELECT COALESCE(MAX(position), 0) FROM events)"
+)
+"""The session's last version and the log's last position, read under the write lock."""
+
+
 class SqliteEventLog(EventLog):
     def __init__(self, path: str | Path, *, partitions: int = 8, durability: Durability = "process"):
         if durability not in ("process", "power"):
@@ -75,28 +82,28 @@ class SqliteEventLog(EventLog):
     async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
-        rows = [(partition, session_id, e.version, e.type, codec.encode(e)) for e in events]
+        values = [codec.encode(e) for e in events]
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
+        db.execute("BEGIN IMMEDIATE")  # the write lock: versions and positions cannot move under us
         try:
-            (actual,) = db.execute(
-                "SELECT COALESCE(MAX(version), 0) FROM events WHERE session_id = ?", (session_id,)
-            ).fetchone()
+            actual, last = db.execute(_HEADS, (session_id,)).fetchone()
             if actual != expected_version:
                 raise ConcurrencyError(session_id, expected_version, actual)
-            positions = [
-                db.execute(
-                    "INSERT INTO events (partition, session_id, version, type, value) VALUES (?, ?, ?, ?, ?)",
-                    row,
-                ).lastrowid
-                for row in rows
-            ]
+            positions = range(last + 1, last + 1 + len(events))
+            db.executemany(
+                "INSERT INTO events (position, partition, session_id, version, type, value) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (pos, partition, session_id, e.version, e.type, value)
+                    for pos, e, value in zip(positions, events, values, strict=True)
+                ],
+            )
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         self._notify()
-        return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]  # type: ignore[arg-type]
+        return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []

@@ -98,9 +98,13 @@ async def execute(t: Tool, args: dict[str, Any]) -> ToolOutcome:
     attempt = 0
     while True:
         attempt += 1
+        limit = asyncio.timeout(t.timeout_s)
         try:
-            result = await asyncio.wait_for(_invoke(t, args), t.timeout_s)
+            async with limit:
+                result = await _invoke(t, args)
         except TimeoutError:
+            if not limit.expired():  # the tool itself raised TimeoutError: a failure, not our limit
+                return _failure(ToolStatus.FAILED, t, "TimeoutError raised by the tool", started, attempt)
             if attempt < max_attempts:
                 continue
             return _failure(

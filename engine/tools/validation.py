@@ -42,7 +42,17 @@ class ArgumentProblem:
 
 
 def parse_arguments(t: Tool, arguments_json: str) -> dict[str, Any] | ArgumentProblem:
-    """Parse and validate; return keyword arguments for the handler or the problems found."""
+    """Parse and validate; return keyword arguments for the handler or the problems found.
+
+    Tools built from typed functions take a fast path: pydantic parses and validates the JSON
+    in one strict pass. Only when that fails is the slower JSON Schema validation run, to phrase
+    the problems for the model.
+    """
+    if t.arguments_model is not None:
+        try:
+            return dict(t.arguments_model.model_validate_json(arguments_json or "{}", strict=True))
+        except pydantic.ValidationError:
+            pass
     try:
         raw = json.loads(arguments_json) if arguments_json.strip() else {}
     except json.JSONDecodeError as exc:
