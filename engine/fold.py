@@ -15,8 +15,9 @@ from . import events as ev
 from .errors import OutOfOrderError
 from .messages import ChatMessage
 from .states import SessionStatus, check_transition
+from .tools.execute import ToolStatus
 
-FINAL_TOOL_STATUSES = frozenset({"success", "failed", "timeout", "rejected", "interrupted"})
+FINAL_TOOL_STATUSES = frozenset(str(status) for status in ToolStatus)
 
 
 @dataclass(slots=True)

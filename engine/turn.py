@@ -20,7 +20,7 @@ import structlog
 from . import events as ev
 from .agent import Agent
 from .errors import ConcurrencyError, ModelError, ModelTimeoutError, SessionNotFoundError
-from .fold import FINAL_TOOL_STATUSES, SessionState, ToolCallProgress, fold
+from .fold import SessionState, ToolCallProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
 from .models.base import ModelRequest, ModelResponse, TextDelta
@@ -413,5 +413,4 @@ __all__ = [
     "Step",
     "TurnRunner",
     "next_step",
-    "FINAL_TOOL_STATUSES",
 ]
