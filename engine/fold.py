@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from . import events as ev
 from .errors import OutOfOrderError
@@ -204,7 +204,7 @@ def _call(s: SessionState, e: ev.ToolCallStarted | ev.ToolCallFinished) -> ToolC
     return call
 
 
-_HANDLERS = {
+_HANDLERS: dict[type[ev.Event], Callable[[SessionState, Any], None]] = {
     ev.SessionCreated: _created,
     ev.UserMessageReceived: _user_message,
     ev.TurnStarted: _turn_started,

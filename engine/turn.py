@@ -134,7 +134,9 @@ class TurnRunner:
                 self.forget(session_id)  # reload from the log next time
                 raise
 
-    async def _perform(self, step: Step, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
+    async def _perform(
+        self, step: StartTurn | CallModel | RunTools, w: SessionWriter, agent: Agent
+    ) -> AsyncIterator[StreamItem]:
         """One step. Events are folded as they are added and committed right before each side
         effect (calling the model, running tools) and when the loop ends."""
         if isinstance(step, StartTurn):

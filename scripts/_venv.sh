@@ -12,8 +12,13 @@ ensure_venv() {
     stamp="$(sha256sum pyproject.toml | cut -c1-16)${extras}"
     if ! grep -qxF "$stamp" .venv/.turnlog-installed 2>/dev/null; then
         echo "installing turnlog${extras} into .venv ..." >&2
-        .venv/bin/python -m pip install --quiet --upgrade pip >&2
-        .venv/bin/python -m pip install --quiet -e ".${extras}" >&2
+        if ! { .venv/bin/python -m pip install --upgrade pip \
+                && .venv/bin/python -m pip install -e ".${extras}"; } > .venv/install.log 2>&1; then
+            tail -n 30 .venv/install.log >&2
+            echo "installing turnlog failed (full log: .venv/install.log); check the network access to the" \
+                 "package index and that Python has pip and venv (Debian: apt-get install python3-venv)" >&2
+            exit 1
+        fi
         echo "$stamp" >> .venv/.turnlog-installed
     fi
 }

@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 ensure_venv "[test]"
 .venv/bin/ruff check .
+.venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"
