@@ -102,10 +102,22 @@ class AgentSessions:
             raise MessageTooLargeError(size, limit)
 
     async def send_user_message(self, session_id: str, text: str) -> AsyncIterator[StreamItem]:
-        """Append a user message and stream its turn (and any turns queued before it)."""
-        yield await self.post_user_message(session_id, text)
-        async for item in self.runner.run(session_id):
-            yield item
+        """Append a user message and stream its turn (and any turns queued before it).
+
+        The message is committed with the start of its turn; the first item streamed is its
+        UserMessageReceived event, durable by then.
+        """
+        for _ in range(APPEND_RETRIES):
+            streamed = False
+            try:
+                async for item in self.runner.run(session_id, message=text, check=self._check_message):
+                    streamed = True
+                    yield item
+                return
+            except ConcurrencyError:
+                if streamed:  # the message was taken; the conflict came later in the turn
+                    raise
+        raise ConcurrencyError(session_id, -1, await self.log.session_version(session_id))
 
     async def run_pending(self, session_id: str) -> AsyncIterator[StreamItem]:
         """Stream the turns of messages already on the log that no turn has taken up yet."""

@@ -85,8 +85,14 @@ RESTING = frozenset({S.IDLE, S.FINISHED, S.ERROR, S.CANCELLED})
 """States in which no turn is running; a new user message may start one."""
 
 
+_LEGAL = frozenset((str(a), str(b), str(c)) for (a, b), causes in TRANSITIONS.items() for c in causes)
+"""Every legal (from, to, cause) as plain strings: the check on every event, one set lookup."""
+
+
 def check_transition(from_state: str, to_state: str, cause: str) -> None:
     """Raise IllegalTransitionError unless ``from -> to`` because of ``cause`` is in the table."""
+    if (from_state, to_state, cause) in _LEGAL:
+        return
     try:
         edge = (SessionStatus(from_state), SessionStatus(to_state))
         why = Cause(cause)

@@ -31,6 +31,8 @@ from .tools import execute as tool_exec
 from .writer import SessionWriter
 
 S = SessionStatus
+MessageCheck = Callable[[SessionState, str], None]
+"""Accepts a new user message for a session or raises (too large, session closed...)."""
 log = structlog.get_logger("turnlog.turn")
 CLOSING_NOTE = (
     "You have used the maximum of {cap} tool steps for this request. Do not call any tool. "
@@ -112,21 +114,37 @@ class TurnRunner:
     def lock(self, session_id: str) -> asyncio.Lock:
         return self._locks.setdefault(session_id, asyncio.Lock())
 
-    async def run(self, session_id: str) -> AsyncIterator[StreamItem]:
-        """Advance the session until nothing is left to do, streaming what happens."""
+    async def run(
+        self, session_id: str, *, message: str | None = None, check: MessageCheck | None = None
+    ) -> AsyncIterator[StreamItem]:
+        """Advance the session until nothing is left to do, streaming what happens.
+
+        With ``message``, a new user message is added first (after ``check`` accepts it) and
+        committed together with the start of its turn: one commit fewer than appending it alone.
+        Every item streamed follows a successful commit, so once one has been yielded the
+        message is durable; a ConcurrencyError before that means it was not taken.
+        """
         async with self.lock(session_id):
+            streamed = False
             try:
                 state = await self.load(session_id)
                 agent = self.agents(state.agent_id)
                 writer = SessionWriter(self.log, state, self.producer)
+                if message is not None:
+                    if check is not None:
+                        check(state, message)
+                    writer.add(
+                        ev.UserMessageReceived, message_id=ev.new_id(), text=message, user_id=state.user_id
+                    )
                 while not isinstance(step := next_step(state, agent), Done):
                     async for item in self._perform(step, writer, agent):
+                        streamed = True
                         yield item
                 for event in await writer.commit():
                     yield event
             except ConcurrencyError:
                 self.forget(session_id)
-                if not (await self.load(session_id)).closed:
+                if (message is not None and not streamed) or not (await self.load(session_id)).closed:
                     raise
                 # an admin closed the session under us: their decision stands, stop quietly
                 log.info("turn.stopped_by_close", session=session_id)

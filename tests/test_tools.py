@@ -289,7 +289,7 @@ async def test_a_failing_formatter_still_reports_success_with_the_raw_result() -
     assert outcome.status == ToolStatus.SUCCESS
     assert (
         outcome.content.startswith("(formatter failed: KeyError: 'missing')")
-        and '{"a": 1}' in outcome.content
+        and '{"a":1}' in outcome.content
     )
 
 

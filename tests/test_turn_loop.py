@@ -894,6 +894,7 @@ async def test_what_a_model_or_tool_acts_on_is_durable_before_it_acts(
 
     kinds = [k for k, _ in seen]
     assert kinds == ["model", "tool", "model", "tool", "model"]
+    assert seen[0][1][-4:] == ["UserMessageReceived", "TurnStarted", "StateChanged", "ModelCallStarted"]
     for kind, on_log in seen:
         if kind == "model":  # every earlier tool result and the call's own start are on disk
             assert on_log[-1] == "ModelCallStarted"
@@ -901,3 +902,36 @@ async def test_what_a_model_or_tool_acts_on_is_durable_before_it_acts(
         else:  # the model's request for the tool and the tool's start are on disk
             assert on_log[-1] == "ToolCallStarted" and on_log[-3:-1] == ["ToolCallRequested", "StateChanged"]
     assert types(await h.events())[-1] == "TurnFinished"
+
+
+async def test_a_message_that_loses_a_race_with_another_producer_is_retried(log: SqliteEventLog) -> None:
+    """Another producer appends to the session between our read and our first commit: our
+    message is not lost, and the two are answered one after the other in log order."""
+    answers = iter(["first answer", "second answer"])
+    h = await harness(log, FunctionModel(lambda request: next(answers)))
+    other = AgentSessions(log, h.api.agents, producer="other-gateway")
+    real_append = log.append
+    raced = False
+
+    async def append_after_a_rival(events: Sequence[ev.Event], *, expected_version: int) -> Any:
+        nonlocal raced
+        if not raced:
+            raced = True
+            await other.post_user_message(h.sid, "the rival's message")
+        return await real_append(events, expected_version=expected_version)
+
+    log.append = append_after_a_rival  # type: ignore[method-assign]
+    items = await h.send("my message")
+
+    events = await h.events()
+    received = [e.text for e in of(events, ev.UserMessageReceived)]
+    assert received == ["the rival's message", "my message"]
+    assert [e.producer for e in of(events, ev.UserMessageReceived)] == ["other-gateway", "api"]
+    assert [m.content for m in await h.history()] == [
+        "the rival's message",
+        "first answer",
+        "my message",
+        "second answer",
+    ]
+    assert of(items, ev.UserMessageReceived)[0].text == "my message"
+    assert [e.version for e in events] == list(range(1, len(events) + 1))

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..errors import ToolFailure
-from .registry import Tool, ToolRegistry
+from .registry import Tool, ToolRegistry, default_formatter
 from .validation import ArgumentProblem, parse_arguments
 
 
@@ -133,11 +133,14 @@ def _elapsed_ms(started: float) -> float:
 
 
 def _success(t: Tool, result: Any, started: float, attempts: int) -> ToolOutcome:
-    try:
-        content = t.formatter(result)
-    except Exception as exc:
-        content = f"(formatter failed: {type(exc).__name__}: {exc}) " + json.dumps(result, default=str)[:2000]
-    output = json.dumps(result, ensure_ascii=False, default=str)
+    output = json.dumps(result, ensure_ascii=False, separators=(",", ":"), default=str)
+    if t.formatter is default_formatter:  # the compact JSON is the default text: encode it once
+        content = result if isinstance(result, str) else output
+    else:
+        try:
+            content = t.formatter(result)
+        except Exception as exc:
+            content = f"(formatter failed: {type(exc).__name__}: {exc}) {output[:2000]}"
     return ToolOutcome(ToolStatus.SUCCESS, content, output, _elapsed_ms(started), attempts)
 
 
