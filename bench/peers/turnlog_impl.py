@@ -1,0 +1,121 @@
+"""turnlog adapter for the shared peers benchmark (shared/peers-bench).
+
+It belongs in ``shared/peers-bench/frameworks/turnlog_impl.py`` but shared/ is laid out
+read-only, so it lives here and ``bench/peers/run_peers.py`` registers it with the unchanged
+peers harness (``REGISTRY["turnlog"] = "turnlog_impl:TurnlogAdapter"``).
+
+Native pattern: one ``engine.Agent`` (no system prompt) with one async idempotent tool
+``lookup``, one ``AgentSessions`` front door on an ``EventLog``; a turn is
+``async for item in api.send_user_message(session_id, text)``, which appends the user
+message and then drives ``TurnRunner`` until the turn is finished. Each turn sends only the new
+user message; the history is the session folded from the log (the runner keeps a cache of
+folded sessions and reads only the events appended since, as in production).
+
+Fake model: a ``engine.models.base.Model`` subclass whose ``stream()`` does what the peers
+README asks: await ``workload.model_latency``, count tool results after the last user message
+in ``request.messages``, ``workload.decide(...)``, and yield one ``ModelResponse`` with one
+tool call or the final text, with ``usage`` set (the engine never estimates usage for a custom
+Model anyway; set so nothing else could).
+
+Persistence: every step commits its events as one SQLite transaction, right before each side
+effect (a model call, a tool batch) and at the end of the turn. With the engine measured here that
+is 2K+2 commits per user turn with K tool steps: the user message + turn start + model call
+started; per tool step: model answer + tool call requested + started, then tool result + next
+model call started; finally answer + turn finished. The fsync pass (--count-fsyncs) counts them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import AsyncIterator
+
+import workload as W
+from frameworks.base import FrameworkAdapter
+
+from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, fold, tool
+from engine.events import AssistantMessage, ToolCallSpec
+from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage
+
+AGENT_ID = "support"
+USER_ID = "bench-user"
+HISTORY_ROLES = frozenset({"user", "assistant", "tool"})
+
+
+class PeersFakeModel(Model):
+    """The peers workload's fake model, plugged in through turnlog's Model hook."""
+
+    name = "peers-fake"
+
+    def __init__(self, k: int, delay_s: float) -> None:
+        self.k = k
+        self.delay_s = delay_s
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        await W.model_latency(self.delay_s)
+        messages = request.messages
+        n_tool = 0
+        for m in reversed(messages):
+            if m.role == "tool":
+                n_tool += 1
+            elif m.role == "user":
+                break
+        d = W.decide(n_tool, len(messages), self.k)
+        if d.kind == "tool":
+            call = ToolCallSpec(d.call_id, d.tool_name, json.dumps(d.args))
+            yield ModelResponse(text="", tool_calls=(call,), usage=Usage(1, 1), finish_reason="tool_calls")
+        else:
+            yield ModelResponse(text=d.text, usage=Usage(1, 1), finish_reason="stop")
+
+
+# workload.lookup is `async def lookup(order_id: str) -> dict` with a docstring: the schema and
+# description come from it; idempotent because it is a read-only lookup.
+lookup_tool = tool(W.lookup, idempotent=True)
+
+
+class TurnlogAdapter(FrameworkAdapter):
+    name = "turnlog"
+    packages = ("fastavro", "jsonschema", "pydantic", "pydantic-core")
+    persistence_notes = {
+        "sqlite": "engine.SqliteEventLog(file, durability='power'): WAL, synchronous=FULL; every step "
+        "commits its events as one transaction (one WAL fsync) right before each side effect "
+        "and at turn end: 2K+2 commits per user turn (user message + turn start + model call "
+        "started; per tool step: answer + tool call requested/started, then tool result + next "
+        "model call started; final answer + turn finished). Sync sqlite3 on the event-loop "
+        "thread, Avro-encoded events",
+        "sqlite_normal": "same log with durability='process' (synchronous=NORMAL: no fsync per commit)",
+        "memory": "engine.SqliteEventLog(':memory:'): the same event log and Avro codec in an in-memory "
+        "SQLite database (turnlog has no pure-Python in-memory store)",
+    }
+
+    async def open(self, persistence: str, db_path: str | None) -> None:
+        if persistence == "sqlite":
+            self.log = SqliteEventLog(db_path, durability="power")
+        elif persistence == "sqlite_normal":
+            self.log = SqliteEventLog(db_path, durability="process")
+        elif persistence == "memory":
+            self.log = SqliteEventLog(":memory:")
+        else:
+            raise ValueError(persistence)
+        agent = Agent(AGENT_ID, PeersFakeModel(self.k, self.model_delay_s), tools=[lookup_tool])
+        self.api = AgentSessions(self.log, AgentDirectory([agent]))
+        self._created: set[str] = set()
+
+    async def run_turn(self, session_id: str, user_text: str) -> str:
+        if session_id not in self._created:
+            await self.api.create_session(AGENT_ID, USER_ID, session_id=session_id)
+            self._created.add(session_id)
+        final: str | None = None
+        async for item in self.api.send_user_message(session_id, user_text):
+            if isinstance(item, AssistantMessage) and not item.tool_calls:
+                final = item.text
+        if final is None:
+            raise RuntimeError(f"{session_id}: the turn ended without a final assistant message")
+        return final
+
+    async def stored_history_len(self, session_id: str) -> int:
+        # fold the session from the log itself (not the runner's cache of folded sessions)
+        state = fold(session_id, await self.log.read_session(session_id))
+        return sum(1 for m in state.messages if m.role in HISTORY_ROLES)
+
+    async def close(self) -> None:
+        await self.log.close()
