@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
@@ -94,7 +95,9 @@ class TurnRunner:
         self.producer = producer
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
-        self._locks: dict[str, asyncio.Lock] = {}
+        # one lock per session while someone holds or waits for it; dropped after, so a worker
+        # that sees millions of sessions does not keep millions of locks
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def load(self, session_id: str) -> SessionState:
         """The session's state, caught up with the log."""
@@ -112,7 +115,12 @@ class TurnRunner:
         self._cache.pop(session_id, None)
 
     def lock(self, session_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(session_id, asyncio.Lock())
+        """Serialises this process's writers of one session (the log's version check guards
+        against writers in other processes)."""
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
 
     async def run(
         self, session_id: str, *, message: str | None = None, check: MessageCheck | None = None
