@@ -54,6 +54,7 @@ import engine_version  # noqa: E402
 
 from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, fold, tool  # noqa: E402
 from engine.events import AssistantMessage, ToolCallSpec  # noqa: E402
+from engine.messages import turn_tool_results  # noqa: E402
 from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage  # noqa: E402
 
 PERSISTENCE = ("memory", "process", "power")
@@ -87,12 +88,7 @@ class FreeModel(Model):
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         COUNTERS.model_calls += 1
         messages = request.messages
-        n_tool = 0
-        for m in reversed(messages):
-            if m.role == "tool":
-                n_tool += 1
-            elif m.role == "user":
-                break
+        n_tool = len(turn_tool_results(messages))
         if n_tool == 0 and COUNTERS.first_call_history is not None:
             COUNTERS.first_call_history.append(len(messages))
         if n_tool < self.k:
@@ -492,6 +488,21 @@ def _table(hdr: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
         print(" | ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True)))
 
 
+def run_growth(a: argparse.Namespace, p: str, rep: int, doc: dict, *, cold: bool) -> dict:
+    """One growth run (one long session), with its stats; cold drops the fold cache every turn."""
+    r = asyncio.run(run_case(p, a.db_dir, 1, a.growth_turns, a.growth_k, per_turn=True, cold=cold))
+    r["part"], r["rep"] = ("growth_cold" if cold else "growth"), rep
+    r.update(growth_stats(r["per_turn_ms"], a.growth_k))
+    doc["raw"].append(r)
+    label = "cold    " if cold else "growth  "
+    print(
+        f"[rep {rep}] {label} {p:8s} t1-10 {r['turns_1_10_ms']:.3f}ms t91-100 {r['turns_91_100_ms']:.3f}ms",
+        file=sys.stderr,
+        flush=True,
+    )
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -576,31 +587,9 @@ def main() -> None:
                     flush=True,
                 )
             if "growth" not in a.skip:
-                r = asyncio.run(run_case(p, a.db_dir, 1, a.growth_turns, a.growth_k, per_turn=True))
-                r["part"], r["rep"] = "growth", rep
-                r.update(growth_stats(r["per_turn_ms"], a.growth_k))
-                gr_runs[p].append(r)
-                doc["raw"].append(r)
-                print(
-                    f"[rep {rep}] growth   {p:8s} t1-10 {r['turns_1_10_ms']:.3f}ms "
-                    f"t91-100 {r['turns_91_100_ms']:.3f}ms",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                gr_runs[p].append(run_growth(a, p, rep, doc, cold=False))
             if a.cold and "growth" not in a.skip:
-                r = asyncio.run(
-                    run_case(p, a.db_dir, 1, a.growth_turns, a.growth_k, per_turn=True, cold=True)
-                )
-                r["part"], r["rep"] = "growth_cold", rep
-                r.update(growth_stats(r["per_turn_ms"], a.growth_k))
-                cold_runs[p].append(r)
-                doc["raw"].append(r)
-                print(
-                    f"[rep {rep}] cold     {p:8s} t1-10 {r['turns_1_10_ms']:.3f}ms "
-                    f"t91-100 {r['turns_91_100_ms']:.3f}ms",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                cold_runs[p].append(run_growth(a, p, rep, doc, cold=True))
     for p in a.persistence:
         if ov_runs[p]:
             doc["overhead"][p] = median_of(ov_runs[p], keys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,3 +29,18 @@ class ChatMessage:
     @staticmethod
     def user(text: str) -> ChatMessage:
         return ChatMessage("user", text)
+
+
+def turn_tool_results(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """The tool results after the last user message: what the current turn has gathered.
+
+    Scans back from the end, so its cost is the current turn's length, not the history's.
+    """
+    results: list[ChatMessage] = []
+    for message in reversed(messages):
+        if message.role == "user":
+            break
+        if message.role == "tool":
+            results.append(message)
+    results.reverse()
+    return results

@@ -34,6 +34,7 @@ from frameworks.base import FrameworkAdapter
 
 from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, fold, tool
 from engine.events import AssistantMessage, ToolCallSpec
+from engine.messages import turn_tool_results
 from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage
 
 AGENT_ID = "support"
@@ -53,12 +54,7 @@ class PeersFakeModel(Model):
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         await W.model_latency(self.delay_s)
         messages = request.messages
-        n_tool = 0
-        for m in reversed(messages):
-            if m.role == "tool":
-                n_tool += 1
-            elif m.role == "user":
-                break
+        n_tool = len(turn_tool_results(messages))  # tool results after the last user message
         d = W.decide(n_tool, len(messages), self.k)
         if d.kind == "tool":
             call = ToolCallSpec(d.call_id, d.tool_name, json.dumps(d.args))

@@ -12,21 +12,16 @@ import datetime as dt
 import re
 
 from engine import FunctionModel, ModelRequest, ModelResponse, call, reply
-from engine.messages import ChatMessage
+from engine.messages import ChatMessage, turn_tool_results
 
 from .backend import last_week
 
 ORDER_LINE = re.compile(r"- (O-\d+) \(customer (C-\d+), [^)]*\): (\w+)")
 
 
-def _turn_results(request: ModelRequest) -> list[ChatMessage]:
-    start = max(i for i, m in enumerate(request.messages) if m.role == "user")
-    return [m for m in request.messages[start + 1 :] if m.role == "tool"]
-
-
 def _decide(today: dt.date, request: ModelRequest) -> ModelResponse:
     monday, sunday = last_week(today)
-    results = _turn_results(request)
+    results = turn_tool_results(request.messages)
     if not results:
         return reply(
             "",
