@@ -107,6 +107,7 @@ class AgentSessions:
         The message is committed with the start of its turn; the first item streamed is its
         UserMessageReceived event, durable by then.
         """
+        conflict: ConcurrencyError | None = None
         for _ in range(APPEND_RETRIES):
             streamed = False
             try:
@@ -114,10 +115,12 @@ class AgentSessions:
                     streamed = True
                     yield item
                 return
-            except ConcurrencyError:
+            except ConcurrencyError as exc:
                 if streamed:  # the message was taken; the conflict came later in the turn
                     raise
-        raise ConcurrencyError(session_id, -1, await self.log.session_version(session_id))
+                conflict = exc
+        assert conflict is not None
+        raise conflict
 
     async def run_pending(self, session_id: str) -> AsyncIterator[StreamItem]:
         """Stream the turns of messages already on the log that no turn has taken up yet."""

@@ -17,20 +17,27 @@ Statement = tuple[str, tuple[Any, ...]]
 
 
 def session_update(
-    event: ev.Event, *, values: dict[str, Any] | None = None, exprs: dict[str, str] | None = None
+    event: ev.Event, *, values: dict[str, Any] | None = None, increments: dict[str, int] | None = None
 ) -> Statement:
     """Advance sessions.state_version with the optimistic lock of seed §7.3.
 
-    ``values`` are bound parameters; ``exprs`` are trusted SQL expressions such as
-    ``turns + 1``.
+    ``values`` set columns; ``increments`` add to them. Both are bound parameters.
     """
     values = values or {}
+    increments = increments or {}
     sets = "".join(f", {name} = ?" for name in values)
-    sets += "".join(f", {name} = {expr}" for name, expr in (exprs or {}).items())
+    sets += "".join(f", {name} = {name} + ?" for name in increments)
     return (
         f"UPDATE sessions SET state_version = ?, update_time_ms = ?{sets} "
         "WHERE session_id = ? AND state_version = ?",
-        (event.version, event.time_ms, *values.values(), event.session_id, event.version - 1),
+        (
+            event.version,
+            event.time_ms,
+            *values.values(),
+            *increments.values(),
+            event.session_id,
+            event.version - 1,
+        ),
     )
 
 
@@ -68,7 +75,7 @@ def _message(
 ) -> list[Statement]:
     tokens = estimate_tokens(content) + (estimate_tokens(tool_calls_json) if tool_calls_json else 0)
     return [
-        session_update(e, exprs={"message_count": "message_count + 1"}),
+        session_update(e, increments={"message_count": 1}),
         (
             "INSERT INTO messages (session_id, seq, message_id, role, content, tool_calls_json, "
             "tool_call_id, "
@@ -150,10 +157,7 @@ def _model_finished(e: ev.ModelCallFinished) -> list[Statement]:
     return [
         session_update(
             e,
-            exprs={
-                "input_tokens": f"input_tokens + {int(e.input_tokens)}",
-                "output_tokens": f"output_tokens + {int(e.output_tokens)}",
-            },
+            increments={"input_tokens": e.input_tokens, "output_tokens": e.output_tokens},
         ),
         (
             "UPDATE model_calls SET model_name = ?, status = ?, input_tokens = ?, output_tokens = ?, "
@@ -232,7 +236,7 @@ def _tool_finished(e: ev.ToolCallFinished) -> list[Statement]:
 
 def _turn_finished(e: ev.TurnFinished) -> list[Statement]:
     return [
-        session_update(e, exprs={"turns": "turns + 1"}),
+        session_update(e, increments={"turns": 1}),
         (
             "UPDATE turns SET outcome = ?, iterations = ?, model_calls = ?, input_tokens = ?, "
             "output_tokens = ?, "
