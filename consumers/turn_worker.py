@@ -39,8 +39,8 @@ class TurnWorker:
 
     async def handle(self, record: LogRecord) -> None:
         event = record.event
-        if not isinstance(event, ev.UserMessageReceived):
-            return
+        if not isinstance(event, (ev.UserMessageReceived, ev.ApprovalDecided)):
+            return  # a decision resumes a paused turn (post_tool_decision)
         async for item in self.runner.run(event.session_id):
             if self.on_item is not None:
                 self.on_item(item)

@@ -12,9 +12,11 @@
     ├── SessionError
     │   ├── SessionNotFoundError
     │   ├── SessionClosedError
-    │   └── IllegalTransitionError
+    │   ├── IllegalTransitionError
+    │   └── ApprovalError         no such tool call waits for the user's decision
     ├── InputError                a caller's input is unusable (too large, empty)
-    │   └── MessageTooLargeError
+    │   ├── MessageTooLargeError
+    │   └── InvalidArgumentsError edited tool arguments fail the tool's schema
     ├── ModelError                a model call failed; the turn records it
     │   └── ModelTimeoutError
     └── ToolFailure               raised *by a tool* to report a business error to the model
@@ -92,6 +94,10 @@ class IllegalTransitionError(SessionError):
     """The state machine has no edge for this (from, to, cause): a bug, never silently ignored."""
 
 
+class ApprovalError(SessionError):
+    """A decision names a tool call that is not waiting for one."""
+
+
 class InputError(TurnlogError):
     """A caller's input cannot be accepted as it is."""
 
@@ -104,6 +110,17 @@ class MessageTooLargeError(InputError):
         )
         self.size = size
         self.limit = limit
+
+
+class InvalidArgumentsError(InputError):
+    """Arguments given for a tool call (an approval's edit) do not fit the tool's schema."""
+
+    def __init__(self, tool_name: str, problems: str) -> None:
+        super().__init__(
+            f"arguments for {tool_name} were not accepted: {problems}. Fix them and decide again."
+        )
+        self.tool_name = tool_name
+        self.problems = problems
 
 
 class ModelError(TurnlogError):

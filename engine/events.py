@@ -187,6 +187,72 @@ class SessionClosed(Event):
     type: ClassVar[str] = "SessionClosed"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalRequested(Event):
+    """A call of a tool marked ``requires_approval`` waits for the user (the session pauses)."""
+
+    turn_id: str
+    call_id: str
+    tool_name: str
+    arguments_json: str
+    """The validated arguments the user is asked to approve."""
+    sensitivity: str
+    reason: str = ""
+    type: ClassVar[str] = "ApprovalRequested"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalDecided(Event):
+    turn_id: str
+    call_id: str
+    decision: str
+    """approved | edited | rejected."""
+    arguments_json: str
+    """The arguments the call runs with (the user's edit, validated again, or the original)."""
+    actor: str = "user"
+    note: str = ""
+    """The user's reason; a rejection's note reaches the model."""
+    type: ClassVar[str] = "ApprovalDecided"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopGuardTriggered(Event):
+    turn_id: str
+    guard: str
+    """iteration_cap | repeated_call | unchanged_result (engine.tools.guards.Guard)."""
+    reason: str
+    tool_name: str = ""
+    type: ClassVar[str] = "LoopGuardTriggered"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResultSuperseded(Event):
+    """A later call of the same turn (same tool, near-equal arguments) has a fresher result;
+    context management may shorten this one."""
+
+    turn_id: str
+    call_id: str
+    superseded_by: str
+    type: ClassVar[str] = "ToolResultSuperseded"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolInvoked(Event):
+    """A tool run directly through ``AgentSessions.invoke_tool``; not part of the conversation."""
+
+    call_id: str
+    tool_name: str
+    arguments_json: str
+    actor: str
+    status: str
+    content: str
+    output_json: str | None = None
+    elapsed_ms: float = 0.0
+    attempts: int = 1
+    error: str | None = None
+    type: ClassVar[str] = "ToolInvoked"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
@@ -202,6 +268,11 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ToolCallFinished,
         TurnFinished,
         SessionClosed,
+        ApprovalRequested,
+        ApprovalDecided,
+        LoopGuardTriggered,
+        ToolResultSuperseded,
+        ToolInvoked,
     )
 }
 

@@ -16,6 +16,7 @@ from .errors import OutOfOrderError
 from .messages import ChatMessage
 from .states import SessionStatus, check_transition
 from .tools.execute import ToolStatus
+from .tools.guards import CallRecord
 
 FINAL_TOOL_STATUSES = frozenset(str(status) for status in ToolStatus)
 
@@ -28,6 +29,10 @@ class ToolCallProgress:
     status: str = "requested"
     """requested | started | one of FINAL_TOOL_STATUSES."""
     attempts: int = 0
+    iteration: int = 0
+    approval: str = ""
+    """"" (none needed) | pending | approved | edited | rejected."""
+    approval_note: str = ""
 
 
 @dataclass(slots=True)
@@ -48,6 +53,11 @@ class TurnProgress:
     """Text of the last assistant message without tool calls."""
     input_tokens: int = 0
     output_tokens: int = 0
+    history: list[CallRecord] = field(default_factory=list)
+    """Every finished call of the turn, in the order asked: what the loop guards look at."""
+    guard: str = ""
+    """The loop guard that stopped this turn's tool loop, if one did."""
+    guard_reason: str = ""
 
     def unfinished_calls(self) -> list[ToolCallProgress]:
         return [c for c in self.tool_calls.values() if c.status not in FINAL_TOOL_STATUSES]
@@ -79,12 +89,21 @@ class SessionState:
     close_reason: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
+    superseded: dict[str, str] = field(default_factory=dict)
+    """call_id -> the later call whose result replaces it (context management may shorten it)."""
     created_ms: int = 0
     updated_ms: int = 0
 
     @property
     def exists(self) -> bool:
         return self.version > 0
+
+    @property
+    def pending_approvals(self) -> list[ToolCallProgress]:
+        """Tool calls waiting for the user's decision, in the order the model asked."""
+        if self.turn is None:
+            return []
+        return [c for c in self.turn.tool_calls.values() if c.approval == "pending"]
 
     def apply(self, event: ev.Event) -> SessionState:
         """Apply the next event in place and return self; refuses gaps and replays."""
@@ -166,7 +185,9 @@ def _assistant(s: SessionState, e: ev.AssistantMessage) -> None:
 
 
 def _tool_requested(s: SessionState, e: ev.ToolCallRequested) -> None:
-    _turn(s, e).tool_calls[e.call_id] = ToolCallProgress(e.call_id, e.tool_name, e.arguments_json)
+    _turn(s, e).tool_calls[e.call_id] = ToolCallProgress(
+        e.call_id, e.tool_name, e.arguments_json, iteration=e.iteration
+    )
 
 
 def _tool_started(s: SessionState, e: ev.ToolCallStarted) -> None:
@@ -178,7 +199,35 @@ def _tool_started(s: SessionState, e: ev.ToolCallStarted) -> None:
 def _tool_finished(s: SessionState, e: ev.ToolCallFinished) -> None:
     call = _call(s, e)
     call.status = e.status
+    result = e.output_json if e.output_json is not None else e.content
+    _turn(s, e).history.append(
+        CallRecord(
+            e.call_id, e.tool_name, call.arguments_json, call.iteration, e.status, f"{e.status}:{result}"
+        )
+    )
     s.messages.append(ChatMessage("tool", e.content, tool_call_id=e.call_id, name=e.tool_name))
+
+
+def _approval_requested(s: SessionState, e: ev.ApprovalRequested) -> None:
+    _call(s, e).approval = "pending"
+
+
+def _approval_decided(s: SessionState, e: ev.ApprovalDecided) -> None:
+    call = _call(s, e)
+    if call.approval != "pending":
+        raise OutOfOrderError(f"session {s.session_id}: decision on call {e.call_id}, which awaits none")
+    call.approval = e.decision
+    call.approval_note = e.note
+    call.arguments_json = e.arguments_json
+
+
+def _guard(s: SessionState, e: ev.LoopGuardTriggered) -> None:
+    turn = _turn(s, e)
+    turn.guard, turn.guard_reason = e.guard, e.reason
+
+
+def _superseded(s: SessionState, e: ev.ToolResultSuperseded) -> None:
+    s.superseded[e.call_id] = e.superseded_by
 
 
 def _turn_finished(s: SessionState, e: ev.TurnFinished) -> None:
@@ -197,7 +246,9 @@ def _turn(s: SessionState, e: ev.Event) -> TurnProgress:
     return s.turn
 
 
-def _call(s: SessionState, e: ev.ToolCallStarted | ev.ToolCallFinished) -> ToolCallProgress:
+def _call(
+    s: SessionState, e: ev.ToolCallStarted | ev.ToolCallFinished | ev.ApprovalRequested | ev.ApprovalDecided
+) -> ToolCallProgress:
     call = _turn(s, e).tool_calls.get(e.call_id)
     if call is None:
         raise OutOfOrderError(f"session {s.session_id}: {e.type} for unrequested call {e.call_id}")
@@ -217,4 +268,8 @@ _HANDLERS: dict[type[ev.Event], Callable[[SessionState, Any], None]] = {
     ev.ToolCallFinished: _tool_finished,
     ev.TurnFinished: _turn_finished,
     ev.SessionClosed: _closed,
+    ev.ApprovalRequested: _approval_requested,
+    ev.ApprovalDecided: _approval_decided,
+    ev.LoopGuardTriggered: _guard,
+    ev.ToolResultSuperseded: _superseded,
 }

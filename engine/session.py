@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from . import events as ev
-from .agent import Agent, AgentDirectory
+from .agent import AgentDirectory
 from .errors import ConcurrencyError, InputError, MessageTooLargeError, SessionClosedError
 from .fold import SessionState
 from .log.base import EventLog
 from .messages import ChatMessage
 from .states import Cause, SessionStatus
 from .stream import StreamItem
-from .tools import ToolOutcome, run_tool_call
+from .tools import ToolOutcome, approvals, invoke
+from .tools.permissions import tools_for_role
 from .turn import TurnRunner
 from .writer import SessionWriter
 
@@ -135,14 +136,82 @@ class AgentSessions:
         state = await self.runner.load(session_id)
         return list(state.messages[-limit:]) if limit > 0 else []
 
-    async def invoke_tool(self, session_id: str, tool_name: str, arguments: dict[str, Any]) -> ToolOutcome:
-        """Run one of the session's agent's tools directly, with validation and timeout.
+    async def invoke_tool(
+        self,
+        session_id: str,
+        tool_name: str,
+        arguments: dict[str, Any],
+        *,
+        actor: str = "api",
+        confirmed: bool = False,
+    ) -> ToolOutcome:
+        """Run one of the session's tools directly: role filter, validation, timeout, retries.
 
-        Not recorded on the log and not part of the conversation: an operator's probe.
+        Recorded on the log as one ``ToolInvoked`` event (after the run, whatever its outcome);
+        not part of the conversation the model sees. A tool outside the session's role is
+        answered as unknown; a tool that requires approval runs only with ``confirmed=True``
+        (the caller asked the user).
         """
         state = await self.runner.load(session_id)
-        agent: Agent = self.agents.get(state.agent_id)
-        return await run_tool_call(agent.tools, tool_name, json.dumps(arguments))
+        registry = tools_for_role(self.agents.get(state.agent_id).tools, state.role)
+        outcome = await invoke.run_direct(registry, tool_name, arguments, confirmed=confirmed)
+        await self._append(session_id, lambda w: invoke.add_invoked(w, tool_name, arguments, actor, outcome))
+        return outcome
+
+    async def decide_tool_call(
+        self,
+        session_id: str,
+        call_id: str,
+        decision: approvals.Decision,
+        *,
+        arguments: dict[str, Any] | None = None,
+        note: str = "",
+        actor: str = "user",
+    ) -> AsyncIterator[StreamItem]:
+        """Approve, edit (with ``arguments``, validated again) or reject a call waiting in
+        PAUSED_FOR_USER, then stream the rest of the turn from exactly that point."""
+        for event in await self.post_tool_decision(
+            session_id, call_id, decision, arguments=arguments, note=note, actor=actor
+        ):
+            yield event
+        async for item in self.runner.run(session_id):
+            yield item
+
+    async def post_tool_decision(
+        self,
+        session_id: str,
+        call_id: str,
+        decision: approvals.Decision,
+        *,
+        arguments: dict[str, Any] | None = None,
+        note: str = "",
+        actor: str = "user",
+    ) -> Sequence[ev.Event]:
+        """Append the decision only (a TurnWorker continues the turn); returns what was written."""
+        state = await self.runner.load(session_id)
+        registry = tools_for_role(self.agents.get(state.agent_id).tools, state.role)
+        return await self._append(
+            session_id,
+            lambda w: approvals.add_decision(
+                w, registry, call_id, decision, arguments=arguments, note=note, actor=actor
+            ),
+        )
+
+    async def _append(self, session_id: str, build: Callable[[SessionWriter], None]) -> Sequence[ev.Event]:
+        """Add events with ``build`` on the current state and commit; rebuild on a conflict."""
+        async with self.runner.lock(session_id):
+            for _ in range(APPEND_RETRIES):
+                state = await self.runner.load(session_id)
+                w = SessionWriter(self.log, state, self.producer)
+                try:
+                    build(w)
+                    return await w.commit()
+                except ConcurrencyError:
+                    self.runner.forget(session_id)
+                except BaseException:
+                    self.runner.forget(session_id)  # the writer may have folded ahead of the log
+                    raise
+        raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
 
     async def force_finish(self, session_id: str, reason: str, *, actor: str = "admin") -> SessionInfo:
         """Stop whatever the session is doing and close it (seed §6.2 force_finish)."""

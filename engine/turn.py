@@ -21,24 +21,21 @@ import structlog
 from . import events as ev
 from .agent import Agent
 from .errors import ConcurrencyError, ModelError, ModelTimeoutError, SessionNotFoundError
-from .fold import SessionState, ToolCallProgress, fold
+from .fold import SessionState, ToolCallProgress, TurnProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
 from .models.base import ModelRequest, ModelResponse, TextDelta
 from .states import Cause, SessionStatus
 from .stream import ModelDelta, StreamItem
-from .tools import Tool
+from .tools import Tool, ToolRegistry, guards
 from .tools import execute as tool_exec
+from .tools.permissions import tools_for_role
 from .writer import SessionWriter
 
 S = SessionStatus
 MessageCheck = Callable[[SessionState, str], None]
 """Accepts a new user message for a session or raises (too large, session closed...)."""
 log = structlog.get_logger("turnlog.turn")
-CLOSING_NOTE = (
-    "You have used the maximum of {cap} tool steps for this request. Do not call any tool. "
-    "Answer the user now from the results above, and say that the run was cut short to avoid a loop."
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +46,7 @@ class StartTurn:
 @dataclass(frozen=True, slots=True)
 class CallModel:
     closing: bool
-    """True once the iteration cap is reached: the model is called without tools."""
+    """True once a loop guard stopped the tool loop: the model is called without tools."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +69,12 @@ def next_step(state: SessionState, agent: Agent) -> Step:
         if state.inbox and not state.closed:
             return StartTurn(state.inbox[0].message_id)
         return Done()
+    if state.status is S.PAUSED_FOR_USER:  # a tool call waits for the user's approval
+        return Done()
     pending = turn.unfinished_calls()
     if pending:
         return RunTools(tuple(pending))
-    return CallModel(closing=turn.iterations >= agent.max_tool_iterations)
+    return CallModel(closing=bool(turn.guard) or turn.iterations >= agent.max_tool_iterations)
 
 
 class TurnRunner:
@@ -226,9 +225,11 @@ class TurnRunner:
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
         messages = [ChatMessage.system(agent.system_prompt)] if agent.system_prompt else []
         messages += state.messages
-        if closing:
-            messages.append(ChatMessage.system(CLOSING_NOTE.format(cap=agent.max_tool_iterations)))
-        tools = () if closing else agent.tools.specs()
+        turn = state.turn
+        if closing and turn is not None:
+            guard, reason = _stop_reason(turn, agent.max_tool_iterations)
+            messages.append(ChatMessage.system(guards.closing_note(guard, reason, agent.max_tool_iterations)))
+        tools = () if closing else tools_for_role(agent.tools, state.role).specs()
         return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
 
     def _record_model_failure(
@@ -265,8 +266,9 @@ class TurnRunner:
         tid = turn.turn_id
         calls = () if closing else response.tool_calls
         text = response.text
+        guard, reason = _stop_reason(turn, agent.max_tool_iterations)
         if closing and not text.strip():
-            text = _gathered_summary(w.state, agent.max_tool_iterations)
+            text = _gathered_summary(w.state, reason)
         iteration = turn.iterations + 1
         w.add(
             ev.ModelCallFinished,
@@ -289,9 +291,14 @@ class TurnRunner:
             correlation_id=tid,
         )
         if not calls:
-            cause = Cause.ITERATION_CAP if closing else Cause.MODEL_ANSWER
-            w.transition(S.FINISHED, cause, correlation_id=tid)
-            self._finish_turn(w, "iteration_cap" if closing else "answered")
+            if not closing:
+                w.transition(S.FINISHED, Cause.MODEL_ANSWER, correlation_id=tid)
+                self._finish_turn(w, "answered")
+                return
+            # the cap keeps its own cause; the other guards are `guard`, named in the detail
+            cause = Cause.ITERATION_CAP if guard == guards.Guard.ITERATION_CAP else Cause.GUARD
+            w.transition(S.FINISHED, cause, detail=f"{guard}: {reason}", correlation_id=tid)
+            self._finish_turn(w, guard)
             return
         for call in calls:
             w.add(
@@ -327,12 +334,16 @@ class TurnRunner:
         turn = w.state.turn
         assert turn is not None
         tid = turn.turn_id
+        plan = _plan_batch(step.calls, tools_for_role(agent.tools, w.state.role), turn.history)
+        if plan.approvals and plan.trip is None:
+            _request_approvals(w, tid, plan.approvals)
+            return
         # (call, attempts made before this run, tool, arguments); the fold updates `call` as events are added
         runnable: list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]] = []
         results: dict[str, tuple[int, tool_exec.ToolOutcome]] = {}  # call_id -> (prior attempts, outcome)
         for call in step.calls:
-            prepared = _precheck(call, agent)
-            if isinstance(prepared, tool_exec.ToolOutcome):  # rejected or interrupted: nothing to run
+            prepared = plan.prepared[call.call_id]
+            if isinstance(prepared, tool_exec.ToolOutcome):  # rejected, declined, interrupted: nothing to run
                 results[call.call_id] = (call.attempts, prepared)
             else:
                 runnable.append((call, call.attempts, *prepared))
@@ -355,15 +366,114 @@ class TurnRunner:
         for call in step.calls:  # results go back in the order the model asked for them
             prior, outcome = results[call.call_id]
             _add_finished(w, tid, call, outcome, prior_attempts=prior)
+        _after_batch(w, tid, len(step.calls), plan.trip, agent.max_tool_iterations)
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
 
 
-def _precheck(call: ToolCallProgress, agent: Agent) -> tool_exec.ToolOutcome | tuple[Tool, dict[str, Any]]:
-    """The tool and arguments of a call that may run now, or the outcome that replaces running it."""
-    t = agent.tools.get(call.tool_name)
+Prepared = tool_exec.ToolOutcome | tuple[Tool, dict[str, Any]]
+
+
+@dataclass(slots=True)
+class _BatchPlan:
+    prepared: dict[str, Prepared]
+    """call_id -> the tool and arguments to run, or the outcome that replaces running it."""
+    approvals: list[tuple[ToolCallProgress, Tool]]
+    """Calls that must wait for the user's decision before the batch runs."""
+    trip: guards.Trip | None = None
+
+
+def _plan_batch(
+    calls: tuple[ToolCallProgress, ...], registry: ToolRegistry, history: list[guards.CallRecord]
+) -> _BatchPlan:
+    """Decide per call, in the order asked: refuse, stop by the repeated-call guard, wait for
+    approval, or run. Pure over the folded state, so a resumed turn decides the same."""
+    plan = _BatchPlan({}, [])
+    seen = list(history)
+    for call in calls:
+        prepared = _precheck(call, registry)
+        if not isinstance(prepared, tool_exec.ToolOutcome):
+            trip = guards.repeated_call(seen, call.tool_name, call.arguments_json)
+            if trip is not None:
+                plan.trip = plan.trip or trip
+                prepared = tool_exec.rejected(
+                    f"{call.tool_name} was not run: {trip.reason}. Stop calling tools and answer.",
+                    f"loop guard: {trip.guard}",
+                )
+            elif prepared[0].requires_approval and not call.approval:
+                plan.approvals.append((call, prepared[0]))
+        plan.prepared[call.call_id] = prepared
+        seen.append(
+            guards.CallRecord(call.call_id, call.tool_name, call.arguments_json, call.iteration, "", "")
+        )
+    if plan.trip is not None:  # the turn stops: nothing waits for an approval it will not use
+        for call, _ in plan.approvals:
+            plan.prepared[call.call_id] = tool_exec.rejected(
+                f"{call.tool_name} was not run: the loop guard stopped this turn.", "loop guard"
+            )
+    return plan
+
+
+def _request_approvals(w: SessionWriter, tid: str, pending: list[tuple[ToolCallProgress, Tool]]) -> None:
+    for call, t in pending:
+        w.add(
+            ev.ApprovalRequested,
+            turn_id=tid,
+            call_id=call.call_id,
+            tool_name=call.tool_name,
+            arguments_json=call.arguments_json,
+            sensitivity=str(t.sensitivity),
+            reason=f"{t.name} requires the user's approval ({t.sensitivity} sensitivity)",
+            correlation_id=tid,
+        )
+    names = ", ".join(c.tool_name for c, _ in pending)
+    w.transition(S.PAUSED_FOR_USER, Cause.APPROVAL_REQUIRED, detail=names, correlation_id=tid)
+
+
+def _after_batch(w: SessionWriter, tid: str, count: int, trip: guards.Trip | None, cap: int) -> None:
+    """Mark results this batch superseded, then check the loop guards on the turn's calls."""
+    turn = w.state.turn
+    assert turn is not None
+    history = turn.history
+    earlier = history[:-count]
+    for record in history[-count:]:
+        for old in guards.superseded(earlier, record):
+            if old not in w.state.superseded:
+                w.add(
+                    ev.ToolResultSuperseded,
+                    turn_id=tid,
+                    call_id=old,
+                    superseded_by=record.call_id,
+                    correlation_id=tid,
+                )
+    trip = trip or guards.unchanged_result(history) or guards.iteration_cap(turn.iterations, cap)
+    if trip is not None:
+        w.add(
+            ev.LoopGuardTriggered,
+            turn_id=tid,
+            guard=str(trip.guard),
+            reason=trip.reason,
+            tool_name=trip.tool_name,
+            correlation_id=tid,
+        )
+
+
+def _stop_reason(turn: TurnProgress, cap: int) -> tuple[str, str]:
+    """The guard that stopped the loop and why (logs written before guard events: the cap)."""
+    if turn.guard:
+        return turn.guard, turn.guard_reason
+    return str(guards.Guard.ITERATION_CAP), f"the turn used its maximum of {cap} tool steps"
+
+
+def _precheck(call: ToolCallProgress, registry: ToolRegistry) -> Prepared:
+    """The tool and arguments of a call that may run now, or the outcome that replaces running it.
+
+    ``registry`` is the session role's view: a tool outside it is unknown, whatever the route."""
+    t = registry.get(call.tool_name)
     if t is not None and call.status == "started" and not t.idempotent:
         return tool_exec.interrupted(call.tool_name)
-    return tool_exec.prepare(agent.tools, call.tool_name, call.arguments_json)
+    if t is not None and call.approval == "rejected":
+        return tool_exec.declined(call.tool_name, call.approval_note)
+    return tool_exec.prepare(registry, call.tool_name, call.arguments_json)
 
 
 def _add_finished(
@@ -422,13 +532,13 @@ async def _stream_with_timeouts(
             await aclose()
 
 
-def _gathered_summary(state: SessionState, cap: int) -> str:
+def _gathered_summary(state: SessionState, reason: str) -> str:
     # this turn's results: everything after its user message (a batch may hold several calls)
     start = max((i for i, m in enumerate(state.messages) if m.role == "user"), default=-1) + 1
     results = [m for m in state.messages[start:] if m.role == "tool"]
     lines = [f"- {m.name}: {m.content[:300]}" for m in results]
     return (
-        f"I stopped after {cap} tool steps to avoid a loop, so this answer may be incomplete. "
+        f"I stopped to avoid a loop ({reason}), so this answer may be incomplete. "
         "Here is what I found so far:\n" + "\n".join(lines)
     )
 

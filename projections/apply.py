@@ -259,6 +259,76 @@ def _closed(e: ev.SessionClosed) -> list[Statement]:
     return [session_update(e, values={"closed": True, "close_reason": e.reason})]
 
 
+def _approval_requested(e: ev.ApprovalRequested) -> list[Statement]:
+    return [
+        session_update(e),
+        (
+            "UPDATE tool_calls SET status = 'awaiting_approval', approval = 'pending', updated_at_ms = ? "
+            "WHERE session_id = ? AND call_id = ?",
+            (e.time_ms, e.session_id, e.call_id),
+        ),
+    ]
+
+
+def _approval_decided(e: ev.ApprovalDecided) -> list[Statement]:
+    return [
+        session_update(e),
+        (
+            "UPDATE tool_calls SET status = 'requested', approval = ?, approved_json = ?, updated_at_ms = ? "
+            "WHERE session_id = ? AND call_id = ?",
+            (e.decision, e.arguments_json, e.time_ms, e.session_id, e.call_id),
+        ),
+    ]
+
+
+def _guard(e: ev.LoopGuardTriggered) -> list[Statement]:
+    return [
+        session_update(e),
+        (
+            "UPDATE turns SET guard = ?, guard_reason = ? WHERE session_id = ? AND turn_id = ?",
+            (e.guard, e.reason, e.session_id, e.turn_id),
+        ),
+    ]
+
+
+def _superseded(e: ev.ToolResultSuperseded) -> list[Statement]:
+    return [
+        session_update(e),
+        (
+            "UPDATE tool_calls SET superseded_by = ? WHERE session_id = ? AND call_id = ?",
+            (e.superseded_by, e.session_id, e.call_id),
+        ),
+    ]
+
+
+def _invoked(e: ev.ToolInvoked) -> list[Statement]:
+    """A direct invocation is a tool call without a turn (turn_id '', iteration 0)."""
+    return [
+        session_update(e),
+        (
+            "INSERT INTO tool_calls (session_id, call_id, turn_id, tool_name, iteration, input_json, "
+            "status, output_json, content, error, attempts, elapsed_time_ms, invoked_by, created_at_ms, "
+            "updated_at_ms) "
+            "VALUES (?, ?, '', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                e.session_id,
+                e.call_id,
+                e.tool_name,
+                e.arguments_json,
+                e.status,
+                e.output_json,
+                e.content,
+                e.error,
+                e.attempts,
+                e.elapsed_ms,
+                e.actor,
+                e.time_ms,
+                e.time_ms,
+            ),
+        ),
+    ]
+
+
 _RULES: dict[type[ev.Event], Callable[[Any], list[Statement]]] = {
     ev.SessionCreated: _created,
     ev.UserMessageReceived: _user_message,
@@ -272,6 +342,11 @@ _RULES: dict[type[ev.Event], Callable[[Any], list[Statement]]] = {
     ev.ToolCallFinished: _tool_finished,
     ev.TurnFinished: _turn_finished,
     ev.SessionClosed: _closed,
+    ev.ApprovalRequested: _approval_requested,
+    ev.ApprovalDecided: _approval_decided,
+    ev.LoopGuardTriggered: _guard,
+    ev.ToolResultSuperseded: _superseded,
+    ev.ToolInvoked: _invoked,
 }
 
 

@@ -55,6 +55,10 @@ TABLES: dict[str, str] = {
             error           TEXT,
             attempts        BIGINT NOT NULL DEFAULT 0,
             elapsed_time_ms DOUBLE PRECISION,
+            approval        TEXT,
+            approved_json   TEXT,
+            superseded_by   TEXT,
+            invoked_by      TEXT,
             created_at_ms   BIGINT NOT NULL,
             updated_at_ms   BIGINT NOT NULL,
             PRIMARY KEY (session_id, call_id)
@@ -97,6 +101,8 @@ TABLES: dict[str, str] = {
             model_calls    BIGINT NOT NULL DEFAULT 0,
             input_tokens   BIGINT NOT NULL DEFAULT 0,
             output_tokens  BIGINT NOT NULL DEFAULT 0,
+            guard          TEXT,
+            guard_reason   TEXT,
             started_at_ms  BIGINT NOT NULL,
             finished_at_ms BIGINT,
             PRIMARY KEY (session_id, turn_id)

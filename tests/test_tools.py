@@ -184,12 +184,23 @@ def test_valid_arguments_become_typed_python_values() -> None:
     [
         ({**GOOD, "end_date": "2025/1/15"}, "end_date must be YYYY-MM-DD, got '2025/1/15'"),
         ({**GOOD, "start_date": "2025-02-30"}, "start_date must be YYYY-MM-DD, got '2025-02-30'"),
-        ({"end_date": "2025-01-15"}, "missing required argument start_date"),
-        ({}, "missing required argument start_date, end_date"),
-        ("", "missing required argument start_date, end_date"),  # no arguments at all
+        (
+            {"end_date": "2025-01-15"},
+            "missing required argument start_date (YYYY-MM-DD); arguments you sent: end_date",
+        ),
+        (
+            {},
+            "missing required argument start_date (YYYY-MM-DD), end_date (YYYY-MM-DD); "
+            "arguments you sent: none",
+        ),
+        (  # no arguments at all
+            "",
+            "missing required argument start_date (YYYY-MM-DD), end_date (YYYY-MM-DD); "
+            "arguments you sent: none",
+        ),
         (
             {**GOOD, "colour": "red"},
-            "unknown argument colour; allowed arguments are start_date, end_date, region, limit, note",
+            "unknown argument colour='red'; allowed arguments are start_date, end_date, region, limit, note",
         ),
         ({**GOOD, "limit": "ten"}, "limit must be an integer, got 'ten'"),
         ({**GOOD, "limit": True}, "limit must be an integer, got True"),
@@ -221,10 +232,16 @@ def test_very_long_invalid_json_is_quoted_truncated() -> None:
 
 
 @pytest.mark.parametrize(
-    ("sent", "kind"), [("[1, 2]", "list"), ('"2025-01-15"', "str"), ("42", "int"), ("null", "NoneType")]
+    ("sent", "kind"),
+    [
+        ("[1, 2]", "list [1, 2]"),
+        ('"2025-01-15"', "str '2025-01-15'"),
+        ("42", "int 42"),
+        ("null", "NoneType None"),
+    ],
 )
 def test_non_object_json_is_refused(sent: str, kind: str) -> None:
-    assert describe(sales_report, sent) == f"arguments must be a JSON object, got {kind}"
+    assert describe(sales_report, sent) == f"arguments must be a JSON object of named arguments, got {kind}"
 
 
 async def test_rejected_call_is_not_executed_and_tells_the_model_how_to_fix_it() -> None:

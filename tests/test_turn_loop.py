@@ -527,7 +527,12 @@ async def test_iteration_cap_forces_a_closing_answer_without_tools(log: SqliteEv
         "StateChanged",
         "TurnFinished",
     ]
-    assert types(events) == START + (ask_tools(1) + run_tools(1)) * 3 + closing_answer
+    guarded_last_step = ["ToolCallStarted", "ToolCallFinished", "LoopGuardTriggered", "StateChanged"]
+    assert types(events) == (
+        START + (ask_tools(1) + run_tools(1)) * 2 + ask_tools(1) + guarded_last_step + closing_answer
+    )
+    (guard,) = of(events, ev.LoopGuardTriggered)
+    assert (guard.guard, guard.reason) == ("iteration_cap", "the turn used its maximum of 3 tool steps")
     assert [e.iteration for e in of(events, ev.ToolCallRequested)] == [1, 2, 3]
     assert len(weather_calls) == 3
     assert len(model.requests) == 4
@@ -563,7 +568,7 @@ async def test_iteration_cap_with_no_closing_text_lists_what_was_gathered(
     results = of(events, ev.ToolCallFinished)
     assert len(results) == 3 * per_step
     answer = of(events, ev.AssistantMessage)[-1].text
-    assert answer.startswith("I stopped after 3 tool steps to avoid a loop")
+    assert answer.startswith("I stopped to avoid a loop (the turn used its maximum of 3 tool steps)")
     listed = [line for line in answer.splitlines() if line.startswith("- ")]
     assert listed == [f"- get_weather: {r.content}" for r in results], "every result of the turn is listed"
     assert of(events, ev.TurnFinished)[0].reason == "iteration_cap"
@@ -852,7 +857,9 @@ async def test_force_finish_mid_turn_from_another_process(log: SqliteEventLog, l
         await h.api.post_user_message(h.sid, "and now?")
 
 
-async def test_invoke_tool_validates_and_runs_without_touching_the_log(log: SqliteEventLog) -> None:
+async def test_invoke_tool_validates_runs_and_is_recorded_outside_the_conversation(
+    log: SqliteEventLog,
+) -> None:
     h = await harness(log, ScriptedModel([]), [get_weather])
     version = await log.session_version(h.sid)
 
@@ -865,7 +872,13 @@ async def test_invoke_tool_validates_and_runs_without_touching_the_log(log: Sqli
     unknown = await h.api.invoke_tool(h.sid, "get_time", {})
     assert unknown.status == ToolStatus.REJECTED and "available tools are: get_weather" in unknown.content
     assert weather_calls == ["Lima"]
-    assert await log.session_version(h.sid) == version
+    invoked = (await h.events())[version:]
+    assert [(e.type, e.tool_name, e.status, e.actor) for e in invoked] == [  # type: ignore[attr-defined]
+        ("ToolInvoked", "get_weather", "success", "api"),
+        ("ToolInvoked", "get_weather", "rejected", "api"),
+        ("ToolInvoked", "get_time", "rejected", "api"),
+    ]
+    assert await h.history() == [], "direct invocations are not part of the conversation"
 
 
 async def test_what_a_model_or_tool_acts_on_is_durable_before_it_acts(

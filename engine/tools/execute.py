@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import ToolFailure
 from .registry import Tool, ToolRegistry, default_formatter
+from .shaping import truncate
 from .validation import ArgumentProblem, parse_arguments
 
 
@@ -26,6 +27,8 @@ class ToolStatus(StrEnum):
     """Never executed: unknown tool or invalid arguments."""
     INTERRUPTED = "interrupted"
     """Started before a crash, not idempotent, so not run again: outcome unknown."""
+    DECLINED = "declined"
+    """The user rejected the call when asked to approve it; never executed."""
 
 
 MARKERS = {
@@ -33,6 +36,7 @@ MARKERS = {
     ToolStatus.TIMEOUT: "[FAILED: TIMEOUT]",
     ToolStatus.REJECTED: "[REJECTED]",
     ToolStatus.INTERRUPTED: "[FAILED: INTERRUPTED, OUTCOME UNKNOWN]",
+    ToolStatus.DECLINED: "[DECLINED BY USER]",
 }
 
 
@@ -92,8 +96,21 @@ async def run_tool_call(registry: ToolRegistry, name: str, arguments_json: str) 
     return await execute(*prepared)
 
 
+def declined(t_name: str, note: str) -> ToolOutcome:
+    reason = f" Their reason: {note}." if note.strip() else ""
+    return ToolOutcome(
+        ToolStatus.DECLINED,
+        f"{MARKERS[ToolStatus.DECLINED]} the user did not approve {t_name}, so it was not run.{reason} "
+        "Tell the user it was not done and ask how they want to proceed.",
+        attempts=0,
+        error=f"declined by user: {note}" if note.strip() else "declined by user",
+    )
+
+
 async def execute(t: Tool, args: dict[str, Any]) -> ToolOutcome:
-    max_attempts = 2 if t.idempotent else 1
+    """Run with the tool's timeout; retry per its policy (``Tool.max_attempts``) after a timeout
+    or a crash, never after a ToolFailure (a business answer, not a glitch)."""
+    max_attempts = t.max_attempts
     started = time.perf_counter()
     attempt = 0
     while True:
@@ -118,6 +135,8 @@ async def execute(t: Tool, args: dict[str, Any]) -> ToolOutcome:
         except ToolFailure as exc:
             return _failure(ToolStatus.FAILED, t, str(exc), started, attempt)
         except Exception as exc:  # a tool bug is a result the model sees, not a crashed turn
+            if attempt < max_attempts:
+                continue
             return _failure(ToolStatus.FAILED, t, f"{type(exc).__name__}: {exc}", started, attempt)
         return _success(t, result, started, attempt)
 
@@ -141,6 +160,7 @@ def _success(t: Tool, result: Any, started: float, attempts: int) -> ToolOutcome
             content = t.formatter(result)
         except Exception as exc:
             content = f"(formatter failed: {type(exc).__name__}: {exc}) {output[:2000]}"
+    content = truncate(content, t.max_result_chars)
     return ToolOutcome(ToolStatus.SUCCESS, content, output, _elapsed_ms(started), attempts)
 
 

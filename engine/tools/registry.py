@@ -9,7 +9,8 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from enum import StrEnum
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping
 
 import jsonschema
 import pydantic
@@ -20,6 +21,16 @@ Handler = Callable[..., Any | Awaitable[Any]]
 Formatter = Callable[[Any], str]
 
 DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_RESULT_CHARS = 4000
+"""Longest result text the model reads; longer ones are cut with a note (the log keeps it all)."""
+
+
+class Sensitivity(StrEnum):
+    """How much harm a wrong call can do (seed §4.1); shown with approval requests."""
+
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
 
 
 def default_formatter(result: Any) -> str:
@@ -44,9 +55,26 @@ class Tool:
     """Turns the structured result into the text the model reads."""
     arguments_model: type[pydantic.BaseModel] | None = None
     """When built from a function: converts validated JSON into typed Python arguments."""
+    roles: frozenset[str] = frozenset()
+    """Session roles that may use the tool; empty means every role. A session whose role is not
+    listed never sees the tool, and a call naming it is answered as for an unknown tool."""
+    sensitivity: Sensitivity = Sensitivity.LOW
+    requires_approval: bool = False
+    """Each call waits in PAUSED_FOR_USER until the user approves, edits or rejects it."""
+    retries: int | None = None
+    """Extra attempts after a timeout or crash; None means one for idempotent tools, else none."""
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
     validator: jsonschema.protocols.Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "roles", frozenset(self.roles))
+        object.__setattr__(self, "sensitivity", Sensitivity(self.sensitivity))
+        if self.retries is not None and self.retries < 0:
+            raise ConfigurationError(f"tool {self.name}: retries must be >= 0")
+        if self.max_result_chars < 500:
+            raise ConfigurationError(
+                f"tool {self.name}: max_result_chars must be >= 500 (the truncation note alone is ~170)"
+            )
         if not self.name.replace("_", "").replace("-", "").isalnum():
             raise ConfigurationError(
                 f"tool name {self.name!r} must be letters, digits, '_' or '-' (providers reject others)"
@@ -64,6 +92,13 @@ class Tool:
         object.__setattr__(self, "validator", cls(schema, format_checker=cls.FORMAT_CHECKER))
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
 
+    @property
+    def max_attempts(self) -> int:
+        return 1 + (self.retries if self.retries is not None else int(self.idempotent))
+
+    def allows(self, role: str) -> bool:
+        return not self.roles or role in self.roles
+
     def spec(self) -> dict[str, Any]:
         """The definition a model is shown."""
         return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
@@ -77,6 +112,11 @@ def tool(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     idempotent: bool = False,
     formatter: Formatter = default_formatter,
+    roles: Iterable[str] = (),
+    sensitivity: Sensitivity | str = Sensitivity.LOW,
+    requires_approval: bool = False,
+    retries: int | None = None,
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
 ) -> Any:
     """Make a Tool from a typed function; usable as ``@tool`` or ``@tool(idempotent=True)``."""
 
@@ -96,6 +136,11 @@ def tool(
             idempotent=idempotent,
             formatter=formatter,
             arguments_model=model,
+            roles=frozenset(roles),
+            sensitivity=Sensitivity(sensitivity),
+            requires_approval=requires_approval,
+            retries=retries,
+            max_result_chars=max_result_chars,
         )
 
     return build(fn) if fn is not None else build
@@ -149,3 +194,6 @@ class ToolRegistry:
 
     def __len__(self) -> int:
         return len(self._tools)
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(list(self._tools.values()))

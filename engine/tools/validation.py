@@ -60,9 +60,17 @@ def parse_arguments(t: Tool, arguments_json: str) -> dict[str, Any] | ArgumentPr
         return ArgumentProblem(
             (f"arguments are not valid JSON ({exc.msg} at position {exc.pos}); you sent: {shown}",)
         )
+    except RecursionError:
+        return ArgumentProblem(
+            (f"arguments are nested too deeply to read; you sent: {arguments_json[:200]}...",)
+        )
     if not isinstance(raw, dict):
-        return ArgumentProblem((f"arguments must be a JSON object, got {type(raw).__name__}",))
-    errors = sorted(t.validator.iter_errors(raw), key=lambda e: (list(e.absolute_path), e.validator))
+        return ArgumentProblem(
+            (f"arguments must be a JSON object of named arguments, got {type(raw).__name__} {_short(raw)}",)
+        )
+    errors = sorted(
+        t.validator.iter_errors(raw), key=lambda e: ([str(p) for p in e.absolute_path], str(e.validator))
+    )
     if errors:
         # one 'required' error per missing name, each describing all of them: keep one copy
         return ArgumentProblem(tuple(dict.fromkeys(describe_error(e, t) for e in errors)))
@@ -72,7 +80,7 @@ def parse_arguments(t: Tool, arguments_json: str) -> dict[str, Any] | ArgumentPr
         return dict(t.arguments_model.model_validate(raw))
     except pydantic.ValidationError as exc:
         return ArgumentProblem(
-            tuple(f"{_loc(err['loc'])}: {err['msg']}, got {err.get('input')!r}" for err in exc.errors())
+            tuple(f"{_loc(err['loc'])}: {err['msg']}, got {_short(err.get('input'))}" for err in exc.errors())
         )
 
 
@@ -80,22 +88,50 @@ def describe_error(error: jsonschema.ValidationError, t: Tool) -> str:
     path = _loc(error.absolute_path) or "arguments"
     kind, value, spec = error.validator, error.instance, error.validator_value
     if kind == "format":
-        return f"{path} must be {FORMAT_HINTS.get(str(spec), 'a valid ' + str(spec))}, got {value!r}"
+        return f"{path} must be {FORMAT_HINTS.get(str(spec), 'a valid ' + str(spec))}, got {_short(value)}"
     if kind == "required":
         missing = [name for name in spec if isinstance(value, dict) and name not in value]
-        return "missing required argument " + ", ".join(missing)
+        props = error.schema.get("properties", {})
+        wanted = ", ".join(f"{name} ({_expected(props.get(name))})" for name in missing)
+        sent = ", ".join(map(str, value)) if isinstance(value, dict) and value else "none"
+        return f"missing required argument {wanted}; arguments you sent: {sent}"
     if kind == "additionalProperties":
         allowed = ", ".join(t.parameters.get("properties", {})) or "none"
         extra = sorted(set(value) - set(error.schema.get("properties", {})))
-        return f"unknown argument {', '.join(extra)}; allowed arguments are {allowed}"
+        sent = ", ".join(f"{name}={_short(value[name])}" for name in extra)
+        return f"unknown argument {sent}; allowed arguments are {allowed}"
     if kind == "type":
         wanted = " or ".join(TYPE_NAMES.get(s, s) for s in ([spec] if isinstance(spec, str) else spec))
-        return f"{path} must be {wanted}, got {value!r}"
+        return f"{path} must be {wanted}, got {_short(value)}"
     if kind == "enum":
-        return f"{path} must be one of {', '.join(map(repr, spec))}, got {value!r}"
+        return f"{path} must be one of {', '.join(map(repr, spec))}, got {_short(value)}"
     if kind == "pattern":
-        return f"{path} must match the pattern {spec}, got {value!r}"
+        return f"{path} must match the pattern {spec}, got {_short(value)}"
     return f"{path}: {error.message}"
+
+
+def _expected(schema: Any) -> str:
+    """What a property schema asks for, in words: "YYYY-MM-DD", "one of 'eu', 'us'", "a string"."""
+    if not isinstance(schema, dict):
+        return "any value"
+    if "format" in schema:
+        return FORMAT_HINTS.get(str(schema["format"]), f"a valid {schema['format']}")
+    if "enum" in schema:
+        return "one of " + ", ".join(map(repr, schema["enum"]))
+    kinds = schema.get("type")
+    if isinstance(kinds, str):
+        return TYPE_NAMES.get(kinds, kinds)
+    if isinstance(kinds, list):
+        return " or ".join(TYPE_NAMES.get(str(k), str(k)) for k in kinds)
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(options, list):
+        return " or ".join(_expected(o) for o in options)
+    return "any value"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _loc(parts: Any) -> str:

@@ -1,0 +1,77 @@
+"""Approvals: a tool marked ``requires_approval`` pauses the turn until the user decides.
+
+The turn loop writes ``ApprovalRequested`` per waiting call and moves the session to
+PAUSED_FOR_USER; the fold keeps the waiting calls (``SessionState.pending_approvals``). A
+decision is one ``ApprovalDecided`` event: approve (run as asked), edit (run with new arguments,
+validated again first: bad ones raise InvalidArgumentsError and nothing is written) or reject
+(the model gets a ``[DECLINED BY USER]`` result it can explain). The last decision of a batch
+moves the session back to TOOL_WAIT/TOOL_LOOP, and the turn continues from exactly there, in
+this process or in any worker after a restart, because all of it is on the log.
+
+Not imported by ``engine.tools`` itself: it needs the writer and the fold, which import tools.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from .. import events as ev
+from ..errors import ApprovalError, InvalidArgumentsError
+from ..states import Cause, SessionStatus
+from ..writer import SessionWriter
+from .execute import ToolOutcome, prepare
+from .registry import ToolRegistry
+
+Decision = Literal["approve", "edit", "reject"]
+_RECORDED = {"approve": "approved", "edit": "edited", "reject": "rejected"}
+
+
+def add_decision(
+    w: SessionWriter,
+    registry: ToolRegistry,
+    call_id: str,
+    decision: Decision,
+    *,
+    arguments: dict[str, Any] | None = None,
+    note: str = "",
+    actor: str = "user",
+) -> None:
+    """Add the decision (and, if it was the last one waiting, the resume transition) to ``w``.
+
+    ``registry`` is the session role's view of the tools. Raises ApprovalError for a call that
+    waits for nothing, InvalidArgumentsError for an edit that fails validation."""
+    state = w.state
+    waiting = {c.call_id: c for c in state.pending_approvals}
+    call = waiting.get(call_id)
+    if call is None or state.turn is None:
+        names = ", ".join(f"{c.call_id} ({c.tool_name})" for c in waiting.values()) or "none"
+        raise ApprovalError(
+            f"session {state.session_id}: tool call {call_id!r} is not waiting for approval; "
+            f"waiting: {names}"
+        )
+    if decision not in _RECORDED:
+        raise ApprovalError(f"decision must be one of approve, edit, reject; got {decision!r}")
+    arguments_json = call.arguments_json
+    if decision == "edit":
+        if arguments is None:
+            raise InvalidArgumentsError(call.tool_name, "an edit needs the new arguments")
+        arguments_json = json.dumps(arguments, ensure_ascii=False)
+        checked = prepare(registry, call.tool_name, arguments_json)
+        if isinstance(checked, ToolOutcome):
+            raise InvalidArgumentsError(call.tool_name, checked.error or checked.content)
+    tid = state.turn.turn_id
+    w.add(
+        ev.ApprovalDecided,
+        turn_id=tid,
+        call_id=call_id,
+        decision=_RECORDED[decision],
+        arguments_json=arguments_json,
+        actor=actor,
+        note=note,
+        correlation_id=tid,
+    )
+    if not w.state.pending_approvals:
+        back = SessionStatus.TOOL_WAIT if call.iteration <= 1 else SessionStatus.TOOL_LOOP
+        detail = f"{call.tool_name}: {_RECORDED[decision]}"
+        w.transition(back, Cause.USER_APPROVAL, detail=detail, correlation_id=tid)

@@ -1,0 +1,173 @@
+"""Loop guards (seed §4.3): near-equal arguments defined and tested at its edges, and each of
+the three guards stopping a real turn with its own event, reason, cause and closing call."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from engine import FunctionModel, ModelRequest, ToolStatus, call, reply, tool
+from engine import events as ev
+from engine.tools.guards import CallRecord, canonical_arguments, near_equal, repeated_call, unchanged_result
+from tests.tool_harness import of, open_session, path, since_user, tool_results
+
+# --- near-equal arguments -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ('{"city": "Oslo", "days": 3}', '{"days": 3, "city": "Oslo"}'),  # key order
+        ('{"city": "Oslo"}', '{"city": "  oslo "}'),  # case and surrounding space
+        ('{"q": "new   york\\tcity"}', '{"q": "New York City"}'),  # inner whitespace runs
+        ('{"days": 3}', '{"days": 3.0}'),  # number formatting
+        ('{"days": 30}', '{"days": 3e1}'),
+        ('{"a": {"b": [1, "X"]}}', '{"a": {"b": [1.0, "x"]}}'),  # nested
+        ("", "{}"),  # no arguments
+        ('{ "city" : "Oslo" }', '{"city":"Oslo"}'),  # JSON whitespace
+        ("not json  AT all", "Not JSON at all"),  # unparseable text is compared as one string
+    ],
+)
+def test_near_equal(a: str, b: str) -> None:
+    assert near_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ('{"days": 1}', '{"days": "1"}'),  # a number is not its string
+        ('{"flag": true}', '{"flag": 1}'),  # true is not 1
+        ('{"flag": false}', '{"flag": 0}'),
+        ('{"x": null}', '{"x": "null"}'),
+        ('{"ids": [1, 2]}', '{"ids": [2, 1]}'),  # list order matters
+        ('{"city": "Oslo"}', '{"city": "Oslo", "days": 1}'),  # an extra argument
+        ('{"q": "newyork"}', '{"q": "new york"}'),  # whitespace is collapsed, not removed
+        ('{"n": 0.1}', '{"n": 0.10000001}'),  # near in value is not near-equal
+    ],
+)
+def test_not_near_equal(a: str, b: str) -> None:
+    assert not near_equal(a, b)
+
+
+def test_canonical_form_survives_nasty_input() -> None:
+    deep = "[" * 5000 + "]" * 5000
+    assert canonical_arguments(deep)  # does not raise
+    assert canonical_arguments('{"n": NaN}') == canonical_arguments('{"n": NaN}')
+    assert canonical_arguments(str(2**80)) != canonical_arguments(str(2**80 + 1)), "big ints keep precision"
+
+
+def rec(name: str, args: str, step: int, result: str = "r") -> CallRecord:
+    return CallRecord(f"c{step}-{name}-{args}", name, args, step, "success", result)
+
+
+def test_repeated_call_counts_consecutive_calls_only() -> None:
+    a, b = '{"city": "Oslo"}', '{"city": " OSLO"}'
+    assert repeated_call([rec("w", a, 1), rec("w", b, 2)], "w", a) is not None
+    assert repeated_call([rec("w", a, 1)], "w", a) is None, "two in a row is allowed"
+    assert repeated_call([rec("w", a, 1), rec("x", "{}", 2), rec("w", a, 3)], "w", a) is None, "not in a row"
+    assert repeated_call([rec("w", a, 1), rec("w", a, 2)], "v", a) is None, "another tool"
+    assert repeated_call([rec("w", a, 1), rec("w", a, 2)], "w", '{"city": "Bergen"}') is None
+
+
+def test_unchanged_result_needs_three_steps_in_a_row_and_ignores_one_step() -> None:
+    same = [rec("w", f'{{"p": {i}}}', i, "same") for i in (1, 2, 3)]
+    trip = unchanged_result(same)
+    assert trip is not None and trip.tool_name == "w" and "steps 1-3" in trip.reason
+    assert unchanged_result(same[:2]) is None, "unchanged once is allowed"
+    one_step = [rec("w", f'{{"p": {i}}}', 1, "same") for i in range(5)]
+    assert unchanged_result(one_step) is None, "equal results of parallel calls are not a loop"
+    changed = [*same[:2], rec("w", '{"p": 3}', 3, "new")]
+    assert unchanged_result(changed) is None
+    gap = [same[0], same[1], rec("x", "{}", 3), rec("w", '{"p": 4}', 4, "same")]
+    assert unchanged_result(gap) is None, "step 3 did not call w: not in a row"
+
+
+# --- the guards in a real turn -----------------------------------------------------------------
+
+counter = itertools.count()
+
+
+@tool(idempotent=True)
+def search(query: str) -> str:
+    """Search the catalogue."""
+    return f"hit #{next(counter)} for {query}"  # always a new result
+
+
+@tool(idempotent=True)
+def stock(item: str) -> str:
+    """Stock level of an item."""
+    return "12 in stock"  # never changes
+
+
+def model_calling(make_args: Any, tool_name: str) -> FunctionModel:
+    def fn(request: ModelRequest) -> Any:
+        if not request.tools:
+            return "Here is what I have so far."
+        n = len(tool_results(since_user(request.messages)))
+        return reply("", call(tool_name, make_args(n), f"c{n}"))
+
+    return FunctionModel(fn)
+
+
+async def test_repeated_call_guard_stops_before_the_third_near_equal_call(log: Any) -> None:
+    queries = ["Red Shoes", "red shoes ", "RED  shoes"]
+    s = await open_session(log, model_calling(lambda n: {"query": queries[n]}, "search"), [search])
+    await s.send("find red shoes")
+    events = await s.events()
+    finished = of(events, ev.ToolCallFinished)
+    assert [f.status for f in finished] == ["success", "success", "rejected"]
+    assert finished[2].content.startswith(
+        "[REJECTED] search was not run: search was asked for 3 times in a row"
+    )
+    assert not [e for e in of(events, ev.ToolCallStarted) if e.call_id == "c2"], "the third call never ran"
+    (guard,) = of(events, ev.LoopGuardTriggered)
+    assert (guard.guard, guard.tool_name) == ("repeated_call", "search")
+    assert path(events)[-1] == ("PROCESSING", "FINISHED", "guard")
+    finished_turn = of(events, ev.TurnFinished)[0]
+    assert finished_turn.reason == "repeated_call"
+    closing = s.model.requests[-1]
+    assert list(closing.tools) == [] and "near-equal arguments" in closing.messages[-1].content
+    assert "cut short to avoid a loop" in closing.messages[-1].content
+    assert of(events, ev.AssistantMessage)[-1].text == "Here is what I have so far."
+
+
+async def test_unchanged_result_guard_stops_after_the_same_result_three_steps_running(log: Any) -> None:
+    s = await open_session(log, model_calling(lambda n: {"item": f"sku-{n}"}, "stock"), [stock])
+    await s.send("stock?")
+    events = await s.events()
+    assert len(of(events, ev.ToolCallFinished)) == 3
+    (guard,) = of(events, ev.LoopGuardTriggered)
+    assert guard.guard == "unchanged_result" and "3 tool steps in a row" in guard.reason
+    assert of(events, ev.TurnFinished)[0].reason == "unchanged_result"
+    assert path(events)[-1] == ("PROCESSING", "FINISHED", "guard")
+    assert "same result" in s.model.requests[-1].messages[-1].content
+
+
+async def test_new_results_and_new_arguments_run_until_the_iteration_cap(log: Any) -> None:
+    s = await open_session(
+        log, model_calling(lambda n: {"query": f"page {n}"}, "search"), [search], max_tool_iterations=5
+    )
+    await s.send("browse")
+    events = await s.events()
+    assert len(of(events, ev.ToolCallFinished)) == 5
+    assert [g.guard for g in of(events, ev.LoopGuardTriggered)] == ["iteration_cap"]
+    assert path(events)[-1] == ("PROCESSING", "FINISHED", "iteration_cap")
+    assert of(events, ev.TurnFinished)[0].reason == "iteration_cap"
+
+
+async def test_guard_counts_restart_with_each_turn(log: Any) -> None:
+    s = await open_session(
+        log,
+        FunctionModel(
+            lambda r: reply("", call("stock", {"item": "a"}, "c")) if r.messages[-1].role == "user" else "12"
+        ),
+        [stock],
+    )
+    for _ in range(3):
+        await s.send("stock of a?")
+    events = await s.events()
+    assert of(events, ev.LoopGuardTriggered) == []
+    assert [t.reason for t in of(events, ev.TurnFinished)] == ["answered"] * 3
+    assert all(f.status == ToolStatus.SUCCESS for f in of(events, ev.ToolCallFinished))
