@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 ensure_venv "[test]"
+ensure_mcp_servers
 .venv/bin/ruff check .
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"
