@@ -225,3 +225,17 @@ async def test_two_calls_in_one_batch_resume_after_the_last_decision(log: Sqlite
         ("l1", "success"),
         ("m2", "declined"),
     ]
+
+
+async def test_force_finish_while_paused_closes_the_turn_without_running_the_call(
+    log: SqliteEventLog,
+) -> None:
+    api, sid, refunds = await paused_session(log)
+    await api.force_finish(sid, "customer hung up")
+    events = await log.read_session(sid)
+    assert path(events)[-1] == ("PAUSED_FOR_USER", "FINISHED", "admin")
+    assert of(events, ev.TurnFinished)[-1].reason == "forced"
+    assert (await api.get_state(sid)).pending_approvals == []
+    with pytest.raises(ApprovalError, match="waiting: none"):
+        await api.post_tool_decision(sid, "call_refund", "approve")
+    assert refunds == []

@@ -16,6 +16,7 @@ not JSON is compared the same way as one string.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -57,6 +58,7 @@ class Trip:
     tool_name: str = ""
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_arguments(arguments_json: str) -> str:
     """The normal form under which two argument sets are near-equal (see the module doc)."""
     try:
