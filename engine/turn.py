@@ -27,7 +27,7 @@ from .messages import ChatMessage
 from .models.base import ModelRequest, ModelResponse, TextDelta
 from .states import Cause, SessionStatus
 from .stream import ModelDelta, StreamItem
-from .tools import Tool, ToolRegistry, guards
+from .tools import Tool, batch, guards
 from .tools import execute as tool_exec
 from .tools.permissions import tools_for_role
 from .writer import SessionWriter
@@ -334,9 +334,9 @@ class TurnRunner:
         turn = w.state.turn
         assert turn is not None
         tid = turn.turn_id
-        plan = _plan_batch(step.calls, tools_for_role(agent.tools, w.state.role), turn.history)
+        plan = batch.plan_batch(step.calls, tools_for_role(agent.tools, w.state.role), turn.history)
         if plan.approvals and plan.trip is None:
-            _request_approvals(w, tid, plan.approvals)
+            batch.request_approvals(w, tid, plan.approvals)
             return
         # (call, attempts made before this run, tool, arguments); the fold updates `call` as events are added
         runnable: list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]] = []
@@ -366,95 +366,8 @@ class TurnRunner:
         for call in step.calls:  # results go back in the order the model asked for them
             prior, outcome = results[call.call_id]
             _add_finished(w, tid, call, outcome, prior_attempts=prior)
-        _after_batch(w, tid, len(step.calls), plan.trip, agent.max_tool_iterations)
+        batch.after_batch(w, tid, len(step.calls), plan.trip, agent.max_tool_iterations)
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
-
-
-Prepared = tool_exec.ToolOutcome | tuple[Tool, dict[str, Any]]
-
-
-@dataclass(slots=True)
-class _BatchPlan:
-    prepared: dict[str, Prepared]
-    """call_id -> the tool and arguments to run, or the outcome that replaces running it."""
-    approvals: list[tuple[ToolCallProgress, Tool]]
-    """Calls that must wait for the user's decision before the batch runs."""
-    trip: guards.Trip | None = None
-
-
-def _plan_batch(
-    calls: tuple[ToolCallProgress, ...], registry: ToolRegistry, history: list[guards.CallRecord]
-) -> _BatchPlan:
-    """Decide per call, in the order asked: refuse, stop by the repeated-call guard, wait for
-    approval, or run. Pure over the folded state, so a resumed turn decides the same."""
-    plan = _BatchPlan({}, [])
-    seen = list(history)
-    for call in calls:
-        prepared = _precheck(call, registry)
-        if not isinstance(prepared, tool_exec.ToolOutcome):
-            trip = guards.repeated_call(seen, call.tool_name, call.arguments_json)
-            if trip is not None:
-                plan.trip = plan.trip or trip
-                prepared = tool_exec.rejected(
-                    f"{call.tool_name} was not run: {trip.reason}. Stop calling tools and answer.",
-                    f"loop guard: {trip.guard}",
-                )
-            elif prepared[0].requires_approval and not call.approval:
-                plan.approvals.append((call, prepared[0]))
-        plan.prepared[call.call_id] = prepared
-        seen.append(
-            guards.CallRecord(call.call_id, call.tool_name, call.arguments_json, call.iteration, "", "")
-        )
-    if plan.trip is not None:  # the turn stops: nothing waits for an approval it will not use
-        for call, _ in plan.approvals:
-            plan.prepared[call.call_id] = tool_exec.rejected(
-                f"{call.tool_name} was not run: the loop guard stopped this turn.", "loop guard"
-            )
-    return plan
-
-
-def _request_approvals(w: SessionWriter, tid: str, pending: list[tuple[ToolCallProgress, Tool]]) -> None:
-    for call, t in pending:
-        w.add(
-            ev.ApprovalRequested,
-            turn_id=tid,
-            call_id=call.call_id,
-            tool_name=call.tool_name,
-            arguments_json=call.arguments_json,
-            sensitivity=str(t.sensitivity),
-            reason=f"{t.name} requires the user's approval ({t.sensitivity} sensitivity)",
-            correlation_id=tid,
-        )
-    names = ", ".join(c.tool_name for c, _ in pending)
-    w.transition(S.PAUSED_FOR_USER, Cause.APPROVAL_REQUIRED, detail=names, correlation_id=tid)
-
-
-def _after_batch(w: SessionWriter, tid: str, count: int, trip: guards.Trip | None, cap: int) -> None:
-    """Mark results this batch superseded, then check the loop guards on the turn's calls."""
-    turn = w.state.turn
-    assert turn is not None
-    history = turn.history
-    earlier = history[:-count]
-    for record in history[-count:]:
-        for old in guards.superseded(earlier, record):
-            if old not in w.state.superseded:
-                w.add(
-                    ev.ToolResultSuperseded,
-                    turn_id=tid,
-                    call_id=old,
-                    superseded_by=record.call_id,
-                    correlation_id=tid,
-                )
-    trip = trip or guards.unchanged_result(history) or guards.iteration_cap(turn.iterations, cap)
-    if trip is not None:
-        w.add(
-            ev.LoopGuardTriggered,
-            turn_id=tid,
-            guard=str(trip.guard),
-            reason=trip.reason,
-            tool_name=trip.tool_name,
-            correlation_id=tid,
-        )
 
 
 def _stop_reason(turn: TurnProgress, cap: int) -> tuple[str, str]:
@@ -462,18 +375,6 @@ def _stop_reason(turn: TurnProgress, cap: int) -> tuple[str, str]:
     if turn.guard:
         return turn.guard, turn.guard_reason
     return str(guards.Guard.ITERATION_CAP), f"the turn used its maximum of {cap} tool steps"
-
-
-def _precheck(call: ToolCallProgress, registry: ToolRegistry) -> Prepared:
-    """The tool and arguments of a call that may run now, or the outcome that replaces running it.
-
-    ``registry`` is the session role's view: a tool outside it is unknown, whatever the route."""
-    t = registry.get(call.tool_name)
-    if t is not None and call.status == "started" and not t.idempotent:
-        return tool_exec.interrupted(call.tool_name)
-    if t is not None and call.approval == "rejected":
-        return tool_exec.declined(call.tool_name, call.approval_note)
-    return tool_exec.prepare(registry, call.tool_name, call.arguments_json)
 
 
 def _add_finished(

@@ -239,3 +239,21 @@ async def test_force_finish_while_paused_closes_the_turn_without_running_the_cal
     with pytest.raises(ApprovalError, match="waiting: none"):
         await api.post_tool_decision(sid, "call_refund", "approve")
     assert refunds == []
+
+
+async def test_direct_invocation_of_an_approval_tool_needs_confirmation(log: SqliteEventLog) -> None:
+    refunds: list[dict[str, Any]] = []
+    api = AgentSessions(log, AgentDirectory([build_agent(refunds)]))
+    sid = (await api.create_session("agent", "u1")).session_id
+    refused = await api.invoke_tool(sid, "refund", {"order_id": "A-1", "amount": 5})
+    assert refused.status == ToolStatus.REJECTED and "requires the user's approval" in refused.content
+    assert refunds == []
+    done = await api.invoke_tool(
+        sid, "refund", {"order_id": "A-1", "amount": 5}, confirmed=True, actor="agent-7"
+    )
+    assert done.status == ToolStatus.SUCCESS and refunds == [{"order_id": "A-1", "amount": 5}]
+    invoked = of(await log.read_session(sid), ev.ToolInvoked)
+    assert [(e.status, e.actor, e.error) for e in invoked] == [
+        ("rejected", "api", "approval required"),
+        ("success", "agent-7", None),
+    ]

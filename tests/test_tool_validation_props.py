@@ -97,3 +97,38 @@ def test_formats_and_enum_messages_say_what_was_expected_and_sent() -> None:
     )
     ok = parse_arguments(SCHEMA_TOOL, json.dumps({"email": "a@b.io", "at": "2025-01-15T09:30:00+01:00"}))
     assert ok == {"email": "a@b.io", "at": "2025-01-15T09:30:00+01:00"}
+
+
+def _turn_with_raw_arguments(raw: str) -> tuple[list[str], str]:
+    """One real turn on an in-memory log whose model sends ``raw`` as book's arguments."""
+    from engine import Agent, AgentDirectory, AgentSessions, FunctionModel, ModelRequest, SqliteEventLog
+    from engine import events as ev
+    from engine.events import ToolCallSpec
+    from engine.models.base import ModelResponse
+
+    def fn(request: ModelRequest) -> Any:
+        if request.messages[-1].role == "user":
+            return ModelResponse("", (ToolCallSpec("c1", "book", raw),), finish_reason="tool_calls")
+        return "answered"
+
+    async def run() -> tuple[list[str], str]:
+        log = SqliteEventLog(":memory:")
+        api = AgentSessions(log, AgentDirectory([Agent.build("a", FunctionModel(fn), [book, SCHEMA_TOOL])]))
+        sid = (await api.create_session("a", "u")).session_id
+        async for _ in api.send_user_message(sid, "book it"):
+            pass
+        events = await log.read_session(sid)
+        await log.close()
+        statuses = [e.status for e in events if isinstance(e, ev.ToolCallFinished)]
+        return statuses, [e for e in events if isinstance(e, ev.TurnFinished)][0].reason
+
+    import asyncio
+
+    return asyncio.run(run())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=40), json_values.map(json.dumps), field_objects.map(json.dumps)))
+def test_arbitrary_arguments_never_crash_a_real_turn(raw: str) -> None:
+    statuses, reason = _turn_with_raw_arguments(raw)
+    assert statuses in (["success"], ["rejected"]) and reason == "answered"

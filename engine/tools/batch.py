@@ -1,0 +1,121 @@
+"""One tool batch of a turn, decided over the folded state (pure, so a resumed turn decides the
+same): which calls run, which are refused (unknown to the role, invalid, declined, interrupted,
+stopped by the repeated-call guard), which wait for approval; and, once results are in, which
+earlier results they supersede and whether a loop guard stops the turn.
+
+The turn loop (engine/turn.py) runs the batch; this module only decides and writes events.
+Not imported by ``engine.tools`` itself: it needs the writer and the fold, which import tools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import events as ev
+from ..fold import ToolCallProgress
+from ..states import Cause, SessionStatus
+from ..writer import SessionWriter
+from . import execute as tool_exec
+from . import guards
+from .registry import Tool, ToolRegistry
+
+S = SessionStatus
+
+Prepared = tool_exec.ToolOutcome | tuple[Tool, dict[str, Any]]
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    prepared: dict[str, Prepared]
+    """call_id -> the tool and arguments to run, or the outcome that replaces running it."""
+    approvals: list[tuple[ToolCallProgress, Tool]]
+    """Calls that must wait for the user's decision before the batch runs."""
+    trip: guards.Trip | None = None
+
+
+def plan_batch(
+    calls: tuple[ToolCallProgress, ...], registry: ToolRegistry, history: list[guards.CallRecord]
+) -> BatchPlan:
+    """Decide per call, in the order asked: refuse, stop by the repeated-call guard, wait for
+    approval, or run. Pure over the folded state, so a resumed turn decides the same."""
+    plan = BatchPlan({}, [])
+    seen = list(history)
+    for call in calls:
+        prepared = precheck(call, registry)
+        if not isinstance(prepared, tool_exec.ToolOutcome):
+            trip = guards.repeated_call(seen, call.tool_name, call.arguments_json)
+            if trip is not None:
+                plan.trip = plan.trip or trip
+                prepared = tool_exec.rejected(
+                    f"{call.tool_name} was not run: {trip.reason}. Stop calling tools and answer.",
+                    f"loop guard: {trip.guard}",
+                )
+            elif prepared[0].requires_approval and not call.approval:
+                plan.approvals.append((call, prepared[0]))
+        plan.prepared[call.call_id] = prepared
+        seen.append(
+            guards.CallRecord(call.call_id, call.tool_name, call.arguments_json, call.iteration, "", "")
+        )
+    if plan.trip is not None:  # the turn stops: nothing waits for an approval it will not use
+        for call, _ in plan.approvals:
+            plan.prepared[call.call_id] = tool_exec.rejected(
+                f"{call.tool_name} was not run: the loop guard stopped this turn.", "loop guard"
+            )
+    return plan
+
+
+def request_approvals(w: SessionWriter, tid: str, pending: list[tuple[ToolCallProgress, Tool]]) -> None:
+    for call, t in pending:
+        w.add(
+            ev.ApprovalRequested,
+            turn_id=tid,
+            call_id=call.call_id,
+            tool_name=call.tool_name,
+            arguments_json=call.arguments_json,
+            sensitivity=str(t.sensitivity),
+            reason=f"{t.name} requires the user's approval ({t.sensitivity} sensitivity)",
+            correlation_id=tid,
+        )
+    names = ", ".join(c.tool_name for c, _ in pending)
+    w.transition(S.PAUSED_FOR_USER, Cause.APPROVAL_REQUIRED, detail=names, correlation_id=tid)
+
+
+def after_batch(w: SessionWriter, tid: str, count: int, trip: guards.Trip | None, cap: int) -> None:
+    """Mark results this batch superseded, then check the loop guards on the turn's calls."""
+    turn = w.state.turn
+    assert turn is not None
+    history = turn.history
+    earlier = history[:-count]
+    for record in history[-count:]:
+        for old in guards.superseded(earlier, record):
+            if old not in w.state.superseded:
+                w.add(
+                    ev.ToolResultSuperseded,
+                    turn_id=tid,
+                    call_id=old,
+                    superseded_by=record.call_id,
+                    correlation_id=tid,
+                )
+    trip = trip or guards.unchanged_result(history) or guards.iteration_cap(turn.iterations, cap)
+    if trip is not None:
+        w.add(
+            ev.LoopGuardTriggered,
+            turn_id=tid,
+            guard=str(trip.guard),
+            reason=trip.reason,
+            tool_name=trip.tool_name,
+            correlation_id=tid,
+        )
+
+
+def precheck(call: ToolCallProgress, registry: ToolRegistry) -> Prepared:
+    """The tool and arguments of a call that may run now, or the outcome that replaces running it.
+
+    ``registry`` is the session role's view: a tool outside it is unknown, whatever the route."""
+    t = registry.get(call.tool_name)
+    if t is not None and call.status == "started" and not t.idempotent:
+        return tool_exec.interrupted(call.tool_name)
+    if t is not None and call.approval == "rejected":
+        return tool_exec.declined(call.tool_name, call.approval_note)
+    return tool_exec.prepare(registry, call.tool_name, call.arguments_json)
