@@ -45,7 +45,7 @@ def script(*steps: Any) -> FunctionModel:
 @pytest.fixture
 async def everything() -> AsyncIterator[McpToolset]:
     policies = {
-        "get-env": ToolPolicy(roles=frozenset({"admin"}), sensitivity="high"),  # type: ignore[arg-type]
+        "get-annotated-message": ToolPolicy(roles={"admin"}, sensitivity="high"),  # type: ignore[arg-type]
         "trigger-long-running-operation": ToolPolicy(timeout_s=1.0),
     }
     async with McpToolset.stdio(NODE, [EVERYTHING, "stdio"], policies=policies) as toolset:
@@ -54,11 +54,11 @@ async def everything() -> AsyncIterator[McpToolset]:
 
 async def test_stdio_tools_are_listed_with_their_schemas(everything: McpToolset) -> None:
     by_name = {t.name: t for t in everything.tools}
-    assert {"echo", "get-sum", "get-env", "trigger-long-running-operation"} <= set(by_name)
+    assert {"echo", "get-sum", "get-annotated-message", "trigger-long-running-operation"} <= set(by_name)
     schema = by_name["get-sum"].parameters
     assert schema["properties"]["a"]["type"] == "number" and schema["required"] == ["a", "b"]
     assert by_name["get-sum"].description == "Returns the sum of two numbers"
-    assert by_name["get-env"].roles == {"admin"}
+    assert by_name["get-annotated-message"].roles == {"admin"}
 
 
 async def test_stdio_calls_run_through_the_turn_loop(log: SqliteEventLog, everything: McpToolset) -> None:
@@ -69,7 +69,7 @@ async def test_stdio_calls_run_through_the_turn_loop(log: SqliteEventLog, everyt
     assert offered["get-sum"]["parameters"] == dict(
         everything.tools[[t.name for t in everything.tools].index("get-sum")].parameters
     )
-    assert "get-env" not in offered, "a user session is not offered the admin-only tool"
+    assert "get-annotated-message" not in offered, "a user session is not offered the admin-only tool"
     finished = of(await s.events(), ev.ToolCallFinished)
     assert [(f.status, f.content) for f in finished] == [
         (ToolStatus.SUCCESS, "The sum of 2 and 3 is 5."),
@@ -95,14 +95,16 @@ async def test_mcp_arguments_are_validated_before_the_server_sees_them(
 async def test_mcp_admin_tool_is_unknown_to_a_user_session(
     log: SqliteEventLog, everything: McpToolset
 ) -> None:
-    s = await open_session(log, script(call("get-env", {}, "env")), everything.tools)
-    await s.send("show env")
+    asked = call("get-annotated-message", {"messageType": "success"}, "m")
+    s = await open_session(log, script(asked), everything.tools)
+    await s.send("annotate")
     (finished,) = of(await s.events(), ev.ToolCallFinished)
-    assert finished.status == "rejected" and "no such tool 'get-env'" in finished.content
-    admin = await open_session(log, script(call("get-env", {}, "env")), everything.tools, role="admin")
-    await admin.send("show env")
+    assert finished.status == "rejected" and "no such tool 'get-annotated-message'" in finished.content
+    assert of(await s.events(), ev.ToolCallStarted) == []
+    admin = await open_session(log, script(asked), everything.tools, role="admin")
+    await admin.send("annotate")
     (ran,) = of(await admin.events(), ev.ToolCallFinished)
-    assert ran.status == "success" and "PATH" in (ran.output_json or ran.content)
+    assert ran.status == "success" and "success" in ran.content.lower()
 
 
 async def test_mcp_call_past_its_timeout_is_a_result_the_model_sees(

@@ -45,6 +45,10 @@ class ToolPolicy:
     retries: int | None = None
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
 
+    def __post_init__(self) -> None:  # accept {"admin"} and "high" as well
+        object.__setattr__(self, "roles", frozenset(self.roles))
+        object.__setattr__(self, "sensitivity", Sensitivity(self.sensitivity))
+
 
 class McpToolset:
     """The tools of one MCP server, listed on connect."""
