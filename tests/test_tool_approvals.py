@@ -257,3 +257,28 @@ async def test_direct_invocation_of_an_approval_tool_needs_confirmation(log: Sql
         ("rejected", "api", "approval required"),
         ("success", "agent-7", None),
     ]
+
+
+async def test_tool_layer_projections_rebuild_to_identical_rows(log: SqliteEventLog, tmp_path: Path) -> None:
+    from projections import SqliteProjectionStore, rebuild
+    from projections.rebuild import catch_up
+    from projections.schema import READ_MODELS
+
+    api, sid, _ = await paused_session(log)
+    _ = [
+        i
+        async for i in api.decide_tool_call(
+            sid, "call_refund", "edit", arguments={"order_id": "A-17", "amount": 9}
+        )
+    ]
+    await api.invoke_tool(sid, "refund", {"order_id": "B", "amount": 1}, confirmed=True)
+    store = SqliteProjectionStore(tmp_path / "p.db")
+    await catch_up(log, store)
+    before = {name: [dict(r) for r in store.table(name)] for name in READ_MODELS}
+    await rebuild(log, store)
+    after = {name: [dict(r) for r in store.table(name)] for name in READ_MODELS}
+    assert before == after
+    calls = {r["call_id"]: r for r in before["tool_calls"]}
+    assert calls["call_refund"]["approval"] == "edited"
+    (direct,) = [r for r in before["tool_calls"] if r["invoked_by"] == "api"]
+    assert (direct["turn_id"], direct["tool_name"], direct["status"]) == ("", "refund", "success")

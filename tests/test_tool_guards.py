@@ -114,8 +114,20 @@ def model_calling(make_args: Any, tool_name: str) -> FunctionModel:
 async def test_repeated_call_guard_stops_before_the_third_near_equal_call(log: Any) -> None:
     queries = ["Red Shoes", "red shoes ", "RED  shoes"]
     s = await open_session(log, model_calling(lambda n: {"query": queries[n]}, "search"), [search])
-    await s.send("find red shoes")
+    streamed = await s.send("find red shoes")
     events = await s.events()
+    # the user sees it in the stream, and the CLI renders why the run was cut short
+    from rich.console import Console
+
+    from turnlog.render import LiveRenderer
+
+    console = Console(record=True, width=200)
+    render = LiveRenderer(console)
+    for item in streamed:
+        render(item)
+    shown = console.export_text()
+    assert "guard   repeated_call: search was asked for 3 times in a row" in shown
+    assert "turn    finished: repeated_call" in shown
     finished = of(events, ev.ToolCallFinished)
     assert [f.status for f in finished] == ["success", "success", "rejected"]
     assert finished[2].content.startswith(
@@ -133,7 +145,9 @@ async def test_repeated_call_guard_stops_before_the_third_near_equal_call(log: A
     assert of(events, ev.AssistantMessage)[-1].text == "Here is what I have so far."
 
 
-async def test_unchanged_result_guard_stops_after_the_same_result_three_steps_running(log: Any) -> None:
+async def test_unchanged_result_guard_stops_after_the_same_result_three_steps_running(
+    log: Any, tmp_path: Any
+) -> None:
     s = await open_session(log, model_calling(lambda n: {"item": f"sku-{n}"}, "stock"), [stock])
     await s.send("stock?")
     events = await s.events()
@@ -143,6 +157,14 @@ async def test_unchanged_result_guard_stops_after_the_same_result_three_steps_ru
     assert of(events, ev.TurnFinished)[0].reason == "unchanged_result"
     assert path(events)[-1] == ("PROCESSING", "FINISHED", "guard")
     assert "same result" in s.model.requests[-1].messages[-1].content
+    store = await s.project(tmp_path / "p.db")
+    (turn,) = store.rows_of("turns", s.sid)
+    assert (turn["outcome"], turn["guard"], turn["guard_reason"]) == (
+        "unchanged_result",
+        guard.guard,
+        guard.reason,
+    )
+    assert store.rows_of("state_changes", s.sid)[-1]["detail"] == f"unchanged_result: {guard.reason}"
 
 
 async def test_new_results_and_new_arguments_run_until_the_iteration_cap(log: Any) -> None:

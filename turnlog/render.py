@@ -17,6 +17,7 @@ STATUS_STYLE = {
     "timeout": "red",
     "rejected": "yellow",
     "interrupted": "red",
+    "declined": "yellow",
 }
 
 
@@ -69,6 +70,15 @@ class LiveRenderer:
                 f"[magenta]tool[/]    ← {e.tool_name} [{style}]{e.status}[/] in {e.elapsed_ms:.1f} ms · "
                 f"{short(e.content)}"
             )
+        if isinstance(e, ev.LoopGuardTriggered):
+            return f"[yellow]guard[/]   {e.guard}: {e.reason}; the model answers without tools"
+        if isinstance(e, ev.ApprovalRequested):
+            return (
+                f"[yellow]approve?[/] {e.tool_name} {short(e.arguments_json, 200)} ({e.sensitivity}) "
+                f"· call {e.call_id}"
+            )
+        if isinstance(e, ev.ApprovalDecided):
+            return f"[yellow]decided[/]  {e.call_id}: {e.decision} by {e.actor}"
         if isinstance(e, ev.TurnFinished):
             return (
                 f"[bold]turn[/]    finished: {e.reason} · {e.iterations} tool iterations · "
