@@ -295,9 +295,8 @@ class TurnRunner:
                 w.transition(S.FINISHED, Cause.MODEL_ANSWER, correlation_id=tid)
                 self._finish_turn(w, "answered")
                 return
-            # the cap keeps its own cause; the other guards are `guard`, named in the detail
-            cause = Cause.ITERATION_CAP if guard == guards.Guard.ITERATION_CAP else Cause.GUARD
-            w.transition(S.FINISHED, cause, detail=f"{guard}: {reason}", correlation_id=tid)
+            # every loop guard is cause `guard`, named in the detail (`iteration_cap` is in older logs)
+            w.transition(S.FINISHED, Cause.GUARD, detail=f"{guard}: {reason}", correlation_id=tid)
             self._finish_turn(w, guard)
             return
         for call in calls:

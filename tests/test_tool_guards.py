@@ -175,7 +175,7 @@ async def test_new_results_and_new_arguments_run_until_the_iteration_cap(log: An
     events = await s.events()
     assert len(of(events, ev.ToolCallFinished)) == 5
     assert [g.guard for g in of(events, ev.LoopGuardTriggered)] == ["iteration_cap"]
-    assert path(events)[-1] == ("PROCESSING", "FINISHED", "iteration_cap")
+    assert path(events)[-1] == ("PROCESSING", "FINISHED", "guard")
     assert of(events, ev.TurnFinished)[0].reason == "iteration_cap"
 
 

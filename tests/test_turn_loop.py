@@ -548,7 +548,7 @@ async def test_iteration_cap_forces_a_closing_answer_without_tools(log: SqliteEv
     assert (last.text, last.tool_calls) == ("Still checking the weather.", ()), (
         "tool calls after the cap are dropped"
     )
-    assert path(events)[-1] == ("PROCESSING", "FINISHED", "iteration_cap")
+    assert path(events)[-1] == ("PROCESSING", "FINISHED", "guard")
     (finished,) = of(events, ev.TurnFinished)
     assert (finished.reason, finished.iterations, finished.model_calls) == ("iteration_cap", 3, 4)
     history = await h.history()
