@@ -172,7 +172,7 @@ class TurnFinished(Event):
     turn_id: str
     message_id: str
     reason: str
-    """answered | iteration_cap | model_error | forced."""
+    """answered | iteration_cap | repeated_call | unchanged_result | model_error | forced."""
     iterations: int
     model_calls: int
     input_tokens: int
