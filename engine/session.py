@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from . import events as ev
+from . import interrupts
 from .agent import Agent, AgentDirectory
 from .errors import ConcurrencyError, InputError, MessageTooLargeError, SessionClosedError
 from .fold import SessionState
@@ -82,6 +83,7 @@ class AgentSessions:
                 text=text,
                 user_id=state.user_id,
                 producer=self.producer,
+                basis_version=state.version,
             )
             try:
                 await self.log.append([event], expected_version=state.version)
@@ -143,6 +145,20 @@ class AgentSessions:
         state = await self.runner.load(session_id)
         agent: Agent = self.agents.get(state.agent_id)
         return await run_tool_call(agent.tools, tool_name, json.dumps(arguments))
+
+    async def cancel(self, session_id: str, reason: str = "", *, actor: str = "user") -> ev.CancelRequested:
+        """Ask the running turn to stop at its next step boundary (seed §8), without a new
+        message. Whoever runs the session (an in-process ``send_user_message``, a TurnWorker,
+        ``run_pending``) stops it: CANCELLED, with what ran so far kept."""
+        return await interrupts.request_cancel(
+            self.log,
+            self.runner.load,
+            self.runner.forget,
+            session_id,
+            reason or "the user cancelled",
+            actor=actor,
+            producer=self.producer,
+        )
 
     async def force_finish(self, session_id: str, reason: str, *, actor: str = "admin") -> SessionInfo:
         """Stop whatever the session is doing and close it (seed §6.2 force_finish)."""

@@ -26,6 +26,8 @@ class ToolStatus(StrEnum):
     """Never executed: unknown tool or invalid arguments."""
     INTERRUPTED = "interrupted"
     """Started before a crash, not idempotent, so not run again: outcome unknown."""
+    CANCELLED = "cancelled"
+    """Never run: its turn was stopped (a user interrupt or cancel) before it started."""
 
 
 MARKERS = {
@@ -33,6 +35,7 @@ MARKERS = {
     ToolStatus.TIMEOUT: "[FAILED: TIMEOUT]",
     ToolStatus.REJECTED: "[REJECTED]",
     ToolStatus.INTERRUPTED: "[FAILED: INTERRUPTED, OUTCOME UNKNOWN]",
+    ToolStatus.CANCELLED: "[CANCELLED]",
 }
 
 
