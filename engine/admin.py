@@ -72,7 +72,11 @@ class SessionAdmin:
         origin's agent unless ``agent_id`` names another (to continue with another model).
         """
         snapshot = await self._snapshot_at(session_id, version)
-        origin = snapshots.restore(snapshot)  # refuses an unreadable snapshot before we write
+        keyframe = None
+        if snapshot.keyframe_version:
+            found = await self.log.latest_snapshot(session_id, at_or_before=snapshot.keyframe_version)
+            keyframe = found if isinstance(found, ev.SnapshotTaken) else None
+        origin = snapshots.restore(snapshot, keyframe)  # refuses an unreadable snapshot before we write
         forked = ev.SessionForked(
             session_id=new_session_id or ev.new_id(),
             version=1,
@@ -82,8 +86,8 @@ class SessionAdmin:
             origin_version=snapshot.version,
             agent_id=agent_id or origin.agent_id,
             model=model if model is not None else origin.model,
-            state_format=snapshot.state_format,
-            state_json=snapshot.state_json,
+            state_format=snapshots.FORMAT,
+            state_json=snapshots.encode_state(origin),  # self-contained: every message
         )
         await self.log.append([forked], expected_version=0)
         return forked
@@ -110,9 +114,9 @@ class SessionAdmin:
         return events
 
     async def _snapshot_at(self, session_id: str, version: int) -> ev.SnapshotTaken:
-        found = await self.log.read_session(session_id, version - 1) if version > 0 else []
-        if found and found[0].version == version and isinstance(found[0], ev.SnapshotTaken):
-            return found[0]
+        found = await self.log.latest_snapshot(session_id, at_or_before=version)
+        if isinstance(found, ev.SnapshotTaken) and found.version == version:
+            return found
         available = [s.version for s in await self.snapshots(session_id)]
         raise SnapshotNotFoundError(session_id, version, available)
 

@@ -205,6 +205,9 @@ class SnapshotTaken(Event):
     input_tokens: int
     output_tokens: int
     message_count: int
+    keyframe_version: int
+    """0: ``state_json`` holds every message (a keyframe). Otherwise it holds the messages after
+    the first ``k`` ones, which are those of the keyframe SnapshotTaken at this version."""
     state_json: str
     type: ClassVar[str] = "SnapshotTaken"
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from . import events as ev
-from . import interrupts
+from . import interrupts, snapshots
 from .agent import Agent, AgentDirectory
 from .errors import ConcurrencyError, InputError, MessageTooLargeError, SessionClosedError
 from .fold import SessionState
@@ -168,6 +168,7 @@ class AgentSessions:
                 if state.closed:
                     raise SessionClosedError(session_id, state.close_reason)
                 w = SessionWriter(self.log, state, self.producer)
+                forced = state.turn is not None
                 if state.status not in (SessionStatus.FINISHED,):
                     w.transition(SessionStatus.FINISHED, Cause.ADMIN, detail=reason)
                 if state.turn is not None:
@@ -184,6 +185,8 @@ class AgentSessions:
                         correlation_id=t.turn_id,
                     )
                 w.add(ev.SessionClosed, reason=reason, actor=actor)
+                if forced and self.runner.snapshots is not None:
+                    snapshots.take(w, self.runner.snapshots)  # a forced turn end is a turn end too
                 try:
                     await w.commit()
                 except ConcurrencyError:

@@ -6,10 +6,13 @@ session restores the latest snapshot (``EventLog.latest_snapshot``) and folds on
 after it, so the cost of loading does not grow with the session's length.
 
 The serialisation is positional JSON (short, fast to parse) and carries a format number.
-Format history:
+A keyframe snapshot holds every message; most snapshots are deltas that hold the messages
+added since the session's last keyframe and name it (``keyframe_version``), so a snapshot's
+size stays bounded on a long session and loading reads at most two snapshots. Format history:
 
-* 1: session scalars, inbox, turn (with its tool calls), messages; field order as in the
-  ``*_FIELDS`` tuples below.
+* 1: ``{"s": session scalars, "i": inbox, "t": turn with its tool calls, "b": keyframe
+  version or 0, "k": messages taken from the keyframe, "m": the other messages}``; field
+  order as in the ``*_FIELDS`` tuples below.
 
 A reader refuses formats it does not know (``SnapshotFormatError``); the loader then folds from
 the start, which is always correct. Changing a field of ``SessionState``, ``TurnProgress``,
@@ -29,11 +32,14 @@ from . import events as ev
 from .errors import SnapshotFormatError
 from .events import ToolCallSpec
 from .fold import InboundMessage, SessionState, ToolCallProgress, TurnProgress
+from .log.base import EventLog
 from .messages import ChatMessage
 from .states import SessionStatus
 from .writer import SessionWriter
 
 FORMAT = 1
+DELTA_LIMIT = 128
+"""Messages a delta snapshot may carry beyond its keyframe before the next one is a keyframe."""
 SESSION_FIELDS = (
     "session_id",
     "version",
@@ -81,38 +87,45 @@ class _Encoded:
     messages: list[ChatMessage]
     last: ChatMessage | None
     parts: list[str]
+    keyframe_version: int = 0
+    keyframe_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    state_json: str
+    keyframe_version: int
+    """0: ``state_json`` holds every message; else the first ``len(messages) - delta`` messages
+    are those of the keyframe snapshot at this version."""
 
 
 class SnapshotEncoder:
-    """Serialises session states, re-encoding only the messages added since the last snapshot
-    of the same session (history is append-only), so a snapshot of a long session costs a
-    string join, not a walk over every message object."""
+    """Serialises session states for snapshots, cheaply on a long session.
 
-    def __init__(self, cache_size: int = 1024) -> None:
+    History is append-only, so each message is encoded once per session (cached), and most
+    snapshots are deltas: they carry the messages added since the session's last keyframe
+    (a snapshot holding every message) and name that keyframe's version. A keyframe is
+    written when the delta would exceed ``delta_limit`` messages, and whenever the encoder
+    has no keyframe for the session's current fold (first snapshot, a reloaded state, a cache
+    eviction), so a delta never points at a keyframe that was not appended with it or before.
+    """
+
+    def __init__(self, cache_size: int = 1024, *, delta_limit: int = DELTA_LIMIT) -> None:
         self._cache: OrderedDict[str, _Encoded] = OrderedDict()
         self._cache_size = cache_size
+        self._delta_limit = delta_limit
 
-    def encode(self, state: SessionState) -> str:
-        parts = self._message_parts(state)
-        turn = state.turn
-        doc_turn = (
-            None
-            if turn is None
-            else [
-                *(getattr(turn, f) for f in TURN_FIELDS),
-                [[getattr(c, f) for f in CALL_FIELDS] for c in turn.tool_calls.values()],
-            ]
-        )
-        head = _DUMP(
-            {
-                "s": [str(state.status) if f == "status" else getattr(state, f) for f in SESSION_FIELDS],
-                "i": [[getattr(m, f) for f in INBOX_FIELDS] for m in state.inbox],
-                "t": doc_turn,
-            }
-        )
-        return head[:-1] + ',"m":[' + ",".join(parts) + "]}"
+    def encode(self, state: SessionState, version: int) -> Encoded:
+        """The snapshot of ``state`` that will be written as event ``version``."""
+        entry = self._entry(state)
+        if entry.keyframe_version and len(entry.parts) - entry.keyframe_count <= self._delta_limit:
+            base, skip = entry.keyframe_version, entry.keyframe_count
+        else:
+            base, skip = 0, 0
+            entry.keyframe_version, entry.keyframe_count = version, len(entry.parts)
+        return Encoded(encode_state(state, entry.parts[skip:], base=base, skip=skip), base)
 
-    def _message_parts(self, state: SessionState) -> list[str]:
+    def _entry(self, state: SessionState) -> _Encoded:
         messages = state.messages
         cached = self._cache.pop(state.session_id, None)
         n = len(cached.parts) if cached is not None else 0
@@ -128,11 +141,40 @@ class SnapshotEncoder:
         self._cache[state.session_id] = cached
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
-        return cached.parts
+        return cached
 
 
-def decode_state(text: str, state_format: int, *, where: str) -> SessionState:
-    """The state a snapshot holds; ``where`` names the record in errors."""
+def encode_state(state: SessionState, parts: list[str] | None = None, *, base: int = 0, skip: int = 0) -> str:
+    """The format-1 text of ``state``; ``parts`` are its encoded messages from index ``skip``
+    (all of them, encoded here, when None)."""
+    if parts is None:
+        parts = [_message(m) for m in state.messages[skip:]]
+    turn = state.turn
+    doc_turn = (
+        None
+        if turn is None
+        else [
+            *(getattr(turn, f) for f in TURN_FIELDS),
+            [[getattr(c, f) for f in CALL_FIELDS] for c in turn.tool_calls.values()],
+        ]
+    )
+    head = _DUMP(
+        {
+            "s": [str(state.status) if f == "status" else getattr(state, f) for f in SESSION_FIELDS],
+            "i": [[getattr(m, f) for f in INBOX_FIELDS] for m in state.inbox],
+            "t": doc_turn,
+            "b": base,
+            "k": skip,
+        }
+    )
+    return head[:-1] + ',"m":[' + ",".join(parts) + "]}"
+
+
+def decode_state(
+    text: str, state_format: int, *, where: str, base: list[ChatMessage] | None = None
+) -> SessionState:
+    """The state a snapshot holds; a delta needs ``base``, its keyframe's messages.
+    ``where`` names the record in errors."""
     if state_format != FORMAT:
         raise SnapshotFormatError(
             f"{where}: snapshot format {state_format} is not one this turnlog reads (it reads {FORMAT}); "
@@ -144,7 +186,7 @@ def decode_state(text: str, state_format: int, *, where: str) -> SessionState:
         scalars["status"] = SessionStatus(scalars["status"])
         state = SessionState(**scalars)
         state.inbox = deque(InboundMessage(*row) for row in doc["i"])
-        state.messages = [
+        state.messages = _inherited(doc, base, where) + [
             ChatMessage(role, content, tuple(ToolCallSpec(*c) for c in calls), call_id, name)
             for role, content, calls, call_id, name in doc["m"]
         ]
@@ -152,6 +194,16 @@ def decode_state(text: str, state_format: int, *, where: str) -> SessionState:
     except (ValueError, KeyError, TypeError) as exc:
         raise SnapshotFormatError(f"{where}: corrupt snapshot: {type(exc).__name__}: {exc}") from exc
     return state
+
+
+def _inherited(doc: dict[str, Any], base: list[ChatMessage] | None, where: str) -> list[ChatMessage]:
+    if not doc["b"]:
+        return []
+    if base is None or len(base) < doc["k"]:
+        raise SnapshotFormatError(
+            f"{where}: a delta snapshot needs the {doc['k']} messages of its keyframe v{doc['b']}"
+        )
+    return base[: doc["k"]]
 
 
 def _turn(row: list[Any]) -> TurnProgress:
@@ -163,17 +215,39 @@ def _turn(row: list[Any]) -> TurnProgress:
     return turn
 
 
-def restore(snapshot: ev.SnapshotTaken) -> SessionState:
+def restore(snapshot: ev.SnapshotTaken, keyframe: ev.SnapshotTaken | None = None) -> SessionState:
     """The session's state as of ``snapshot.version - 1``; fold the snapshot event and what
-    follows it on top."""
+    follows it on top. A delta snapshot needs its keyframe (``snapshot.keyframe_version``)."""
     where = f"session {snapshot.session_id} v{snapshot.version}"
-    state = decode_state(snapshot.state_json, snapshot.state_format, where=where)
+    base = None
+    if snapshot.keyframe_version:
+        if (
+            keyframe is None
+            or keyframe.session_id != snapshot.session_id
+            or keyframe.version != snapshot.keyframe_version
+            or keyframe.keyframe_version
+        ):
+            raise SnapshotFormatError(f"{where}: its keyframe v{snapshot.keyframe_version} is missing")
+        base = restore(keyframe).messages
+    state = decode_state(snapshot.state_json, snapshot.state_format, where=where, base=base)
     if state.session_id != snapshot.session_id or state.version != snapshot.version - 1:
         raise SnapshotFormatError(
             f"{where}: the snapshot holds session {state.session_id} v{state.version}, "
             f"not v{snapshot.version - 1} of this session"
         )
     return state
+
+
+async def load_latest(log: EventLog, session_id: str) -> SessionState | None:
+    """The state of the session's newest snapshot (two index lookups at most), or None."""
+    snapshot = await log.latest_snapshot(session_id)
+    if not isinstance(snapshot, ev.SnapshotTaken):
+        return None
+    keyframe = None
+    if snapshot.keyframe_version:
+        found = await log.latest_snapshot(session_id, at_or_before=snapshot.keyframe_version)
+        keyframe = found if isinstance(found, ev.SnapshotTaken) else None
+    return restore(snapshot, keyframe)
 
 
 def restore_fork(state: SessionState, forked: ev.SessionForked) -> None:
@@ -209,6 +283,7 @@ def last_tool(state: SessionState) -> str:
 def take(w: SessionWriter, encoder: SnapshotEncoder, *, correlation_id: str | None = None) -> None:
     """Add a SnapshotTaken of the writer's state (as of its last event) to the pending batch."""
     state = w.state
+    encoded = encoder.encode(state, state.version + 1)
     w.add(
         ev.SnapshotTaken,
         state_format=FORMAT,
@@ -218,16 +293,20 @@ def take(w: SessionWriter, encoder: SnapshotEncoder, *, correlation_id: str | No
         input_tokens=state.input_tokens,
         output_tokens=state.output_tokens,
         message_count=len(state.messages),
-        state_json=encoder.encode(state),
+        keyframe_version=encoded.keyframe_version,
+        state_json=encoded.state_json,
         correlation_id=correlation_id,
     )
 
 
 __all__ = [
     "FORMAT",
+    "Encoded",
     "SnapshotEncoder",
     "decode_state",
+    "encode_state",
     "last_tool",
+    "load_latest",
     "restore",
     "restore_fork",
     "take",

@@ -132,11 +132,8 @@ class TurnRunner:
 
     async def _from_snapshot(self, session_id: str) -> SessionState | None:
         """The latest snapshot's state, or None to fold from the start (none, or unreadable)."""
-        snapshot = await self.log.latest_snapshot(session_id)
-        if not isinstance(snapshot, ev.SnapshotTaken):
-            return None
         try:
-            return _snapshots.restore(snapshot)
+            return await _snapshots.load_latest(self.log, session_id)
         except SnapshotFormatError as exc:
             log.warning("load.snapshot_unreadable", session=session_id, error=str(exc))
             return None

@@ -328,3 +328,24 @@ async def test_rebased_tool_results_and_the_history_stay_valid_for_the_next_turn
     answered = [m.tool_call_id for m in last.messages if m.role == "tool"]
     assert asked == answered == ["cx"]
     assert last.messages[-1] == ChatMessage.user("stop")
+
+
+async def test_every_event_carries_the_version_it_was_decided_from(log: SqliteEventLog) -> None:
+    """Without races, a step's events carry the version the step began at: the one before the
+    first event of their commit. Producers' messages carry the version they read."""
+    gate = Gate()
+    gate.release.set()
+    s = await setup(log, gate)
+    await s.api.post_user_message(s.sid, "notify a")
+    await drain(s.api.run_pending(s.sid))
+    await drain(s.api.send_user_message(s.sid, "hello"))
+    events = await log.read_session(s.sid)
+    assert events[0].basis_version == 0  # SessionCreated: decided from nothing
+    posted = of(events, ev.UserMessageReceived)[0]
+    assert posted.basis_version == posted.version - 1
+    runs: dict[int, list[int]] = {}
+    for e in events[2:]:
+        runs.setdefault(e.basis_version, []).append(e.version)
+    for basis, versions in runs.items():
+        assert versions == list(range(basis + 1, basis + 1 + len(versions))), (basis, versions)
+    assert len(runs) == 4 + 2  # commits: 2K+2 for the turn with one tool step, 2 for the answer

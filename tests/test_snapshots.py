@@ -90,14 +90,19 @@ async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log:
     assert len(snaps) == len(finished) + tool_steps  # one per turn end and per tool step
     assert {e.reason for e in finished} == {"answered", "model_error"}
 
+    # One pass: at each snapshot its restored state must equal the fold from version 1 so far;
+    # then it is folded forward alongside, and must equal that fold again at the next snapshot
+    # (the last one: at the end). So every snapshot, folded on, gives the full fold's state.
     full = fold(sid, events)
     running = SessionState(sid)
     by_version = {s.version: s for s in snaps}
+    forward: SessionState | None = None
     for event in events:
         snap = by_version.get(event.version)
         if snap is not None:
-            restored = snapshots.restore(snap)
+            restored = snapshots.restore(snap, by_version.get(snap.keyframe_version))
             assert restored == running, f"snapshot v{snap.version} differs from the fold"
+            assert forward is None or forward == running, f"folding on to v{snap.version} differs"
             if running.turn is not None:  # dict equality ignores order; the batch order matters
                 assert list(restored.turn.tool_calls) == list(running.turn.tool_calls)  # type: ignore[union-attr]
             assert (snap.status, snap.message_count, snap.turns) == (
@@ -106,10 +111,16 @@ async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log:
                 running.turns_finished,
             )
             assert (snap.input_tokens, snap.output_tokens) == (running.input_tokens, running.output_tokens)
-            tail = fold(sid, [e for e in events if e.version >= snap.version], restored)
-            assert tail == full, f"folding from snapshot v{snap.version} differs from the full fold"
+            forward = restored
         running.apply(event)
-    assert running == full
+        if forward is not None:
+            forward.apply(event)
+    assert running == full and forward == full
+    first = snaps[0]
+    assert fold(sid, [e for e in events if e.version >= first.version], snapshots.restore(first)) == full
+    keyframes = [s for s in snaps if not s.keyframe_version]
+    assert 3 < len(keyframes) < len(snaps) // 10, "mostly deltas, a keyframe now and then"
+    assert max(len(s.state_json) for s in snaps if s.keyframe_version) < len(keyframes[-1].state_json)
     # the summaries say what happened at each snapshot
     assert {s.last_tool for s in snaps} == {"lookup", ""}
 
@@ -169,6 +180,7 @@ async def test_an_unknown_snapshot_format_is_refused_and_loading_folds_from_the_
         input_tokens=0,
         output_tokens=0,
         message_count=0,
+        keyframe_version=0,
         state_json='{"written": "by a newer turnlog"}',
     )
     await log.append([future], expected_version=version)
@@ -179,12 +191,29 @@ async def test_an_unknown_snapshot_format_is_refused_and_loading_folds_from_the_
     assert state.turns_finished == 3
 
 
+async def test_a_delta_whose_keyframe_is_missing_is_refused_and_loading_folds_from_the_start(
+    log: SqliteEventLog,
+) -> None:
+    api, sid = await long_session(log, 40)
+    events = await log.read_session(sid)
+    delta = snapshot_events(events)[-1]
+    assert delta.keyframe_version
+    with pytest.raises(SnapshotFormatError, match=f"its keyframe v{delta.keyframe_version} is missing"):
+        snapshots.restore(delta)
+    wrong = snapshot_events(events)[-2]
+    with pytest.raises(SnapshotFormatError, match="is missing"):
+        snapshots.restore(delta, wrong)
+    assert snapshots.restore(delta, await log.latest_snapshot(sid, delta.keyframe_version)) == fold(
+        sid, [e for e in events if e.version < delta.version]
+    )
+
+
 def test_a_corrupt_snapshot_names_the_record() -> None:
     with pytest.raises(SnapshotFormatError, match=r"session s v9: corrupt snapshot: JSONDecodeError"):
         snapshots.decode_state("{not json", snapshots.FORMAT, where="session s v9")
     with pytest.raises(SnapshotFormatError, match="corrupt snapshot: ValueError: zip"):
         snapshots.decode_state('{"s": [], "i": [], "t": null, "m": []}', snapshots.FORMAT, where="v9")
-    doc = json.loads(snapshots.SnapshotEncoder().encode(SessionState("s", 3)))
+    doc = json.loads(snapshots.encode_state(SessionState("s", 3)))
     del doc["m"]
     with pytest.raises(SnapshotFormatError, match="corrupt snapshot: KeyError: 'm'"):
         snapshots.decode_state(json.dumps(doc), snapshots.FORMAT, where="v9")
@@ -215,14 +244,31 @@ def test_a_snapshot_of_every_field_round_trips_exactly() -> None:
         turn=turn, turns_finished=5, closed=True, close_reason="why", input_tokens=100,
         output_tokens=200, created_ms=1, updated_ms=2,
     )  # fmt: skip
-    encoder = snapshots.SnapshotEncoder()
-    text = encoder.encode(state)
+    text = snapshots.encode_state(state)
     back = snapshots.decode_state(text, snapshots.FORMAT, where="test")
     assert back == state and list(back.turn.tool_calls) == ["c2", "c1"]  # type: ignore[union-attr]
-    # the incremental encoder gives the same text as a fresh one after the history grows
-    state.messages.append(ChatMessage("assistant", "done"))
-    assert encoder.encode(state) == snapshots.SnapshotEncoder().encode(state)
     json.loads(text)  # plain JSON
+
+    # the encoder: a keyframe first, then deltas on it until the delta limit, then a keyframe
+    encoder = snapshots.SnapshotEncoder(delta_limit=2)
+    first = encoder.encode(state, 43)
+    assert first == snapshots.Encoded(text, 0)
+    grown = [ChatMessage("assistant", "done"), ChatMessage.user("more")]
+    for i, message in enumerate(grown):
+        state.messages.append(message)
+        delta = encoder.encode(state, 44 + i)
+        assert delta.keyframe_version == 43 and len(delta.state_json) < len(text)
+        with pytest.raises(SnapshotFormatError, match="needs the 3 messages of its keyframe v43"):
+            snapshots.decode_state(delta.state_json, snapshots.FORMAT, where="d")
+        assert (
+            snapshots.decode_state(delta.state_json, snapshots.FORMAT, where="d", base=back.messages) == state
+        )
+    state.messages.append(ChatMessage("assistant", "again"))
+    assert encoder.encode(state, 46) == snapshots.Encoded(snapshots.encode_state(state), 0)
+    assert encoder.encode(state, 47).keyframe_version == 46
+    # a reloaded state (a new history list) never gets a delta on the old fold's keyframe
+    reloaded = snapshots.decode_state(snapshots.encode_state(state), snapshots.FORMAT, where="r")
+    assert encoder.encode(reloaded, 48).keyframe_version == 0
 
 
 def test_the_snapshot_layout_covers_every_field_of_the_state() -> None:

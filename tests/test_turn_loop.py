@@ -856,11 +856,17 @@ async def test_force_finish_mid_turn_from_another_process(log: SqliteEventLog, l
     await asyncio.wait_for(worker, 10)
 
     events = await h.events()
-    assert types(events)[-4:] == ["ToolCallStarted", "StateChanged", "TurnFinished", "SessionClosed"]
+    assert types(events)[-5:] == [
+        "ToolCallStarted",
+        "StateChanged",
+        "TurnFinished",
+        "SessionClosed",
+        "SnapshotTaken",  # a forced turn end is snapshotted too, closed
+    ]
     assert path(events)[-1] == ("TOOL_WAIT", "FINISHED", "admin")
     (finished,) = of(events, ev.TurnFinished)
     assert (finished.reason, finished.iterations, finished.model_calls) == ("forced", 1, 1)
-    assert events[-1].producer == "admin-cli"
+    assert events[-1].producer == "admin-cli" and events[-1].status == "FINISHED"  # type: ignore[attr-defined]
     assert [e.version for e in events] == list(range(1, len(events) + 1))
     assert await h.run_pending() == []  # the worker reloads and sees nothing to do
     with pytest.raises(SessionClosedError):

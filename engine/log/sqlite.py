@@ -129,12 +129,12 @@ class SqliteEventLog(EventLog):
         ).fetchall()
         return [_decode(p, o, v) for p, o, v in rows]
 
-    async def latest_snapshot(self, session_id: str) -> Event | None:
+    async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
         """One index lookup (the partial index ``snapshots_by_session``)."""
         row = self._db.execute(
             "SELECT partition, position, value FROM events WHERE session_id = ? AND type = 'SnapshotTaken' "
-            "ORDER BY version DESC LIMIT 1",
-            (session_id,),
+            "AND version <= ? ORDER BY version DESC LIMIT 1",
+            (session_id, (1 << 63) - 1 if at_or_before is None else at_or_before),
         ).fetchone()
         return None if row is None else _decode(*row)
 
