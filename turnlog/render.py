@@ -17,6 +17,7 @@ STATUS_STYLE = {
     "timeout": "red",
     "rejected": "yellow",
     "interrupted": "red",
+    "cancelled": "yellow",
 }
 
 
