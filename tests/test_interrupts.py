@@ -349,3 +349,10 @@ async def test_every_event_carries_the_version_it_was_decided_from(log: SqliteEv
     for basis, versions in runs.items():
         assert versions == list(range(basis + 1, basis + 1 + len(versions))), (basis, versions)
     assert len(runs) == 4 + 2  # commits: 2K+2 for the turn with one tool step, 2 for the answer
+
+
+def test_an_unknown_message_policy_is_refused() -> None:
+    from engine import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="on_message must be 'queue' or 'interrupt', not 'drop'"):
+        Agent(AGENT, FunctionModel(model_fn), on_message="drop")  # type: ignore[arg-type]
