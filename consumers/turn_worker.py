@@ -1,8 +1,9 @@
 """The turn worker: runs the turns of user messages on its partitions.
 
-For each UserMessageReceived it folds the session and lets the TurnRunner do whatever the log
-says is left: a new turn, or the rest of a turn a previous worker died in. A redelivered message
-whose turn already finished finds nothing to do, so no turn ever runs twice.
+For each UserMessageReceived (or CancelRequested) it folds the session and lets the TurnRunner
+do whatever the log says is left: a new turn, the rest of a turn a previous worker died in, or
+stopping a turn someone cancelled. A redelivered message whose turn already finished finds
+nothing to do, so no turn ever runs twice.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class TurnWorker:
 
     async def handle(self, record: LogRecord) -> None:
         event = record.event
-        if not isinstance(event, (ev.UserMessageReceived, ev.ApprovalDecided)):
-            return  # a decision resumes a paused turn (post_tool_decision)
+        if not isinstance(event, (ev.UserMessageReceived, ev.ApprovalDecided, ev.CancelRequested)):
+            return  # a decision resumes a paused turn; a cancel may outlive its turn's dead worker
         async for item in self.runner.run(event.session_id):
             if self.on_item is not None:
                 self.on_item(item)

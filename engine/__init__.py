@@ -1,6 +1,7 @@
 """turnlog's engine: events, the state machine, the session fold, the turn loop, tools,
 models and the log. Imports nothing from projections, consumers or the app layer."""
 
+from .admin import SessionAdmin
 from .agent import Agent, AgentDirectory
 from .errors import (
     ConcurrencyError,
@@ -14,10 +15,13 @@ from .errors import (
     MessageTooLargeError,
     ModelError,
     ModelTimeoutError,
+    NoTurnRunningError,
     OutOfOrderError,
     SessionClosedError,
     SessionError,
     SessionNotFoundError,
+    SnapshotFormatError,
+    SnapshotNotFoundError,
     ToolFailure,
     TurnlogError,
     UnknownSchemaError,
@@ -58,14 +62,18 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelTimeoutError",
+    "NoTurnRunningError",
     "OutOfOrderError",
     "ScriptedModel",
+    "SessionAdmin",
     "SessionClosedError",
     "SessionError",
     "SessionInfo",
     "SessionNotFoundError",
     "SessionState",
     "SessionStatus",
+    "SnapshotFormatError",
+    "SnapshotNotFoundError",
     "SqliteEventLog",
     "StreamItem",
     "TextDelta",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Literal, Mapping
 
 from .errors import ConfigurationError
 from .models.base import Model
@@ -27,10 +27,17 @@ class Agent:
     """Time from request to the model's first chunk (seed §5.3)."""
     model_timeout_s: float = 120.0
     """Total time for one model response (seed §5.3)."""
+    on_message: Literal["queue", "interrupt"] = "queue"
+    """A user message that arrives while a turn runs: ``queue`` answers it after the turn;
+    ``interrupt`` stops the turn at its next step boundary and answers it (seed §8)."""
 
     def __post_init__(self) -> None:
         if self.max_tool_iterations < 1:
             raise ConfigurationError(f"agent {self.agent_id}: max_tool_iterations must be >= 1")
+        if self.on_message not in ("queue", "interrupt"):
+            raise ConfigurationError(
+                f"agent {self.agent_id}: on_message must be 'queue' or 'interrupt', not {self.on_message!r}"
+            )
         if isinstance(self.tools, (list, tuple)):
             object.__setattr__(self, "tools", ToolRegistry(self.tools))
 

@@ -5,7 +5,8 @@
     ├── EventError                a record on the log cannot be written or read
     │   ├── EventEncodeError
     │   ├── MalformedEventError
-    │   └── UnknownSchemaError
+    │   ├── UnknownSchemaError
+    │   └── SnapshotFormatError   a snapshot's state cannot be read (unknown format, corrupt)
     ├── LogError                  the log refused an operation
     │   ├── ConcurrencyError      another writer appended to the session first
     │   └── OutOfOrderError       an event arrived before the ones it follows
@@ -13,7 +14,9 @@
     │   ├── SessionNotFoundError
     │   ├── SessionClosedError
     │   ├── IllegalTransitionError
-    │   └── ApprovalError         no such tool call waits for the user's decision
+    │   ├── ApprovalError         no such tool call waits for the user's decision
+    │   ├── SnapshotNotFoundError no snapshot at the version an admin named
+    │   └── NoTurnRunningError    a cancel with no running turn to stop
     ├── InputError                a caller's input is unusable (too large, empty)
     │   ├── MessageTooLargeError
     │   └── InvalidArgumentsError edited tool arguments fail the tool's schema
@@ -49,6 +52,10 @@ class MalformedEventError(EventError):
 
 class UnknownSchemaError(EventError):
     """A record was written with a schema this reader does not know."""
+
+
+class SnapshotFormatError(EventError):
+    """A snapshot's state is in a format this reader does not know, or is corrupt."""
 
 
 class LogError(TurnlogError):
@@ -96,6 +103,26 @@ class IllegalTransitionError(SessionError):
 
 class ApprovalError(SessionError):
     """A decision names a tool call that is not waiting for one."""
+
+
+class SnapshotNotFoundError(SessionError):
+    def __init__(self, session_id: str, version: int, available: list[int]) -> None:
+        listed = ", ".join(str(v) for v in available[-10:]) or "none yet"
+        super().__init__(
+            f"session {session_id} has no snapshot at version {version}; its snapshots are at "
+            f"versions {listed} (list them with `turnlog snapshots {session_id}`)"
+        )
+        self.session_id = session_id
+        self.version = version
+
+
+class NoTurnRunningError(SessionError):
+    def __init__(self, session_id: str, status: str) -> None:
+        super().__init__(
+            f"session {session_id} is {status} with no turn running, so there is nothing to cancel; "
+            "send a message to start one, or force-finish the session to close it"
+        )
+        self.session_id = session_id
 
 
 class InputError(TurnlogError):

@@ -42,6 +42,11 @@ class Event:
     """Groups the events of one unit of work; the turn id inside a turn."""
     producer: str = "turnlog"
     """Who wrote it: a worker id, "api", "cli", an admin tool."""
+    basis_version: int = 0
+    """The session version its producer had read when it decided this event: a step's events
+    carry the version the step was decided from, which is below ``version - 1`` when user
+    messages slipped in between and the step was rebased over them. 0: not recorded (events
+    written before this field existed)."""
 
     type: ClassVar[str] = "Event"
 
@@ -253,6 +258,50 @@ class ToolInvoked(Event):
     type: ClassVar[str] = "ToolInvoked"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotTaken(Event):
+    """The folded session state as of the previous version (engine.snapshots); loading starts here."""
+
+    state_format: int
+    """Serialisation format of ``state_json`` (engine.snapshots.FORMAT); unknown formats are refused."""
+    status: str
+    last_tool: str
+    """Name of the last tool that returned in the current turn, "" if none."""
+    turns: int
+    input_tokens: int
+    output_tokens: int
+    message_count: int
+    keyframe_version: int
+    """0: ``state_json`` holds every message (a keyframe). Otherwise it holds the messages after
+    the first ``k`` ones, which are those of the keyframe SnapshotTaken at this version."""
+    state_json: str
+    type: ClassVar[str] = "SnapshotTaken"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRequested(Event):
+    """A user or admin asks the running turn to stop at its next step boundary (engine.interrupts)."""
+
+    reason: str
+    actor: str = "user"
+    type: ClassVar[str] = "CancelRequested"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionForked(Event):
+    """Version 1 of a session forked from another one's snapshot: it starts with that state."""
+
+    origin_session_id: str
+    origin_version: int
+    """Version of the origin's SnapshotTaken this fork starts from."""
+    agent_id: str
+    model: str
+    state_format: int
+    state_json: str
+    """The origin's state at the snapshot (engine.snapshots), re-keyed to this session on fold."""
+    type: ClassVar[str] = "SessionForked"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
@@ -273,6 +322,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         LoopGuardTriggered,
         ToolResultSuperseded,
         ToolInvoked,
+        SnapshotTaken,
+        CancelRequested,
+        SessionForked,
     )
 }
 

@@ -58,6 +58,9 @@ class TurnProgress:
     guard: str = ""
     """The loop guard that stopped this turn's tool loop, if one did."""
     guard_reason: str = ""
+    stop_reason: str | None = None
+    """Set by CancelRequested: the turn stops at its next step boundary (engine.interrupts)."""
+    stop_actor: str = ""
 
     def unfinished_calls(self) -> list[ToolCallProgress]:
         return [c for c in self.tool_calls.values() if c.status not in FINAL_TOOL_STATUSES]
@@ -68,6 +71,8 @@ class InboundMessage:
     message_id: str
     text: str
     event_id: str
+    version: int = 0
+    """Where it arrived; later than the running turn's start means it arrived mid-turn."""
 
 
 @dataclass(slots=True)
@@ -134,7 +139,7 @@ def _created(s: SessionState, e: ev.SessionCreated) -> None:
 
 
 def _user_message(s: SessionState, e: ev.UserMessageReceived) -> None:
-    s.inbox.append(InboundMessage(e.message_id, e.text, e.event_id))
+    s.inbox.append(InboundMessage(e.message_id, e.text, e.event_id, e.version))
 
 
 def _turn_started(s: SessionState, e: ev.TurnStarted) -> None:
@@ -240,6 +245,18 @@ def _closed(s: SessionState, e: ev.SessionClosed) -> None:
     s.close_reason = e.reason
 
 
+def _cancel_requested(s: SessionState, e: ev.CancelRequested) -> None:
+    if s.turn is not None:  # a cancel that arrives after its turn ended has nothing to stop
+        s.turn.stop_reason = e.reason
+        s.turn.stop_actor = e.actor
+
+
+def _forked(s: SessionState, e: ev.SessionForked) -> None:
+    from .snapshots import restore_fork  # snapshots builds on this module
+
+    restore_fork(s, e)
+
+
 def _turn(s: SessionState, e: ev.Event) -> TurnProgress:
     if s.turn is None:
         raise OutOfOrderError(f"session {s.session_id}: {e.type} v{e.version} outside a turn")
@@ -272,4 +289,6 @@ _HANDLERS: dict[type[ev.Event], Callable[[SessionState, Any], None]] = {
     ev.ApprovalDecided: _approval_decided,
     ev.LoopGuardTriggered: _guard,
     ev.ToolResultSuperseded: _superseded,
+    ev.CancelRequested: _cancel_requested,
+    ev.SessionForked: _forked,
 }

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from . import events as ev
+from . import interrupts, snapshots
 from .agent import AgentDirectory
 from .errors import ConcurrencyError, InputError, MessageTooLargeError, SessionClosedError
 from .fold import SessionState
@@ -83,6 +84,7 @@ class AgentSessions:
                 text=text,
                 user_id=state.user_id,
                 producer=self.producer,
+                basis_version=state.version,
             )
             try:
                 await self.log.append([event], expected_version=state.version)
@@ -213,6 +215,20 @@ class AgentSessions:
                     raise
         raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
 
+    async def cancel(self, session_id: str, reason: str = "", *, actor: str = "user") -> ev.CancelRequested:
+        """Ask the running turn to stop at its next step boundary (seed §8), without a new
+        message. Whoever runs the session (an in-process ``send_user_message``, a TurnWorker,
+        ``run_pending``) stops it: CANCELLED, with what ran so far kept."""
+        return await interrupts.request_cancel(
+            self.log,
+            self.runner.load,
+            self.runner.forget,
+            session_id,
+            reason or "the user cancelled",
+            actor=actor,
+            producer=self.producer,
+        )
+
     async def force_finish(self, session_id: str, reason: str, *, actor: str = "admin") -> SessionInfo:
         """Stop whatever the session is doing and close it (seed §6.2 force_finish)."""
         async with self.runner.lock(session_id):
@@ -221,6 +237,7 @@ class AgentSessions:
                 if state.closed:
                     raise SessionClosedError(session_id, state.close_reason)
                 w = SessionWriter(self.log, state, self.producer)
+                forced = state.turn is not None
                 if state.status not in (SessionStatus.FINISHED,):
                     w.transition(SessionStatus.FINISHED, Cause.ADMIN, detail=reason)
                 if state.turn is not None:
@@ -237,6 +254,8 @@ class AgentSessions:
                         correlation_id=t.turn_id,
                     )
                 w.add(ev.SessionClosed, reason=reason, actor=actor)
+                if forced and self.runner.snapshots is not None:
+                    snapshots.take(w, self.runner.snapshots)  # a forced turn end is a turn end too
                 try:
                     await w.commit()
                 except ConcurrencyError:

@@ -19,8 +19,16 @@ from typing import Any, AsyncIterator, Callable
 import structlog
 
 from . import events as ev
+from . import interrupts
+from . import snapshots as _snapshots
 from .agent import Agent
-from .errors import ConcurrencyError, ModelError, ModelTimeoutError, SessionNotFoundError
+from .errors import (
+    ConcurrencyError,
+    ModelError,
+    ModelTimeoutError,
+    SessionNotFoundError,
+    SnapshotFormatError,
+)
 from .fold import SessionState, ToolCallProgress, TurnProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
@@ -59,7 +67,10 @@ class Done:
     pass
 
 
-Step = StartTurn | CallModel | RunTools | Done
+Stop = interrupts.Stop
+Step = StartTurn | CallModel | RunTools | Stop | Done
+REFOLDS = 8
+"""Times a run folds again after a conflicting event slipped in, before giving up."""
 
 
 def next_step(state: SessionState, agent: Agent) -> Step:
@@ -69,6 +80,9 @@ def next_step(state: SessionState, agent: Agent) -> Step:
         if state.inbox and not state.closed:
             return StartTurn(state.inbox[0].message_id)
         return Done()
+    stop = interrupts.stop_for(state, agent)
+    if stop is not None:  # also while paused: a cancel or an interrupting message ends the wait
+        return stop
     if state.status is S.PAUSED_FOR_USER:  # a tool call waits for the user's approval
         return Done()
     pending = turn.unfinished_calls()
@@ -88,10 +102,13 @@ class TurnRunner:
         *,
         producer: str = "worker",
         cache_size: int = 1024,
+        snapshots: bool = True,
     ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
+        self.snapshots = _snapshots.SnapshotEncoder(cache_size) if snapshots else None
+        """Writes a snapshot after every tool step and turn end; None turns them off (benchmarks)."""
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
         # one lock per session while someone holds or waits for it; dropped after, so a worker
@@ -101,6 +118,8 @@ class TurnRunner:
     async def load(self, session_id: str) -> SessionState:
         """The session's state, caught up with the log."""
         state = self._cache.pop(session_id, None)
+        if state is None:
+            state = await self._from_snapshot(session_id)
         newer = await self.log.read_session(session_id, state.version if state else 0)
         state = fold(session_id, newer, state)
         if not state.exists:
@@ -109,6 +128,19 @@ class TurnRunner:
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return state
+
+    async def _from_snapshot(self, session_id: str) -> SessionState | None:
+        """The latest snapshot's state, or None to fold from the start (none, or unreadable)."""
+        try:
+            return await _snapshots.load_latest(self.log, session_id)
+        except SnapshotFormatError as exc:
+            log.warning("load.snapshot_unreadable", session=session_id, error=str(exc))
+            return None
+
+    async def reload(self, session_id: str) -> SessionState:
+        """Drop the cached state and fold the session again from the log."""
+        self.forget(session_id)
+        return await self.load(session_id)
 
     def forget(self, session_id: str) -> None:
         self._cache.pop(session_id, None)
@@ -134,38 +166,51 @@ class TurnRunner:
         async with self.lock(session_id):
             streamed = False
             try:
-                state = await self.load(session_id)
-                agent = self.agents(state.agent_id)
-                writer = SessionWriter(self.log, state, self.producer)
-                if message is not None:
-                    if check is not None:
-                        check(state, message)
-                    writer.add(
-                        ev.UserMessageReceived, message_id=ev.new_id(), text=message, user_id=state.user_id
-                    )
-                while not isinstance(step := next_step(state, agent), Done):
-                    async for item in self._perform(step, writer, agent):
-                        streamed = True
-                        yield item
-                for event in await writer.commit():
-                    yield event
-            except ConcurrencyError:
-                self.forget(session_id)
-                if (message is not None and not streamed) or not (await self.load(session_id)).closed:
-                    raise
-                # an admin closed the session under us: their decision stands, stop quietly
-                log.info("turn.stopped_by_close", session=session_id)
+                for attempt in range(REFOLDS):
+                    try:
+                        async for item in self._advance(session_id, message, check):
+                            streamed = True
+                            yield item
+                        return
+                    except ConcurrencyError:
+                        # something that conflicts with our decision slipped in (an admin's
+                        # force-finish, a cancel, another worker): it stands; fold and decide again
+                        self.forget(session_id)
+                        if (message is not None and not streamed) or attempt == REFOLDS - 1:
+                            raise
+                        message = None  # it was committed with what we streamed
+                        log.info("turn.refold", session=session_id, attempt=attempt + 1)
             except BaseException:
                 self.forget(session_id)  # reload from the log next time
                 raise
 
+    async def _advance(
+        self, session_id: str, message: str | None, check: MessageCheck | None
+    ) -> AsyncIterator[StreamItem]:
+        state = await self.load(session_id)
+        agent = self.agents(state.agent_id)
+        rebase = interrupts.Rebaser(agent, lambda: self.reload(session_id), self.snapshots)
+        writer = SessionWriter(self.log, state, self.producer, rebase=rebase)
+        if message is not None:
+            if check is not None:
+                check(state, message)
+            writer.add(ev.UserMessageReceived, message_id=ev.new_id(), text=message, user_id=state.user_id)
+        while not isinstance(step := next_step(writer.state, agent), Done):
+            async for item in self._perform(step, writer, agent):
+                yield item
+        for event in await writer.commit():
+            yield event
+
     async def _perform(
-        self, step: StartTurn | CallModel | RunTools, w: SessionWriter, agent: Agent
+        self, step: StartTurn | CallModel | RunTools | Stop, w: SessionWriter, agent: Agent
     ) -> AsyncIterator[StreamItem]:
         """One step. Events are folded as they are added and committed right before each side
         effect (calling the model, running tools) and when the loop ends."""
         if isinstance(step, StartTurn):
             self._start_turn(step, w)
+            return
+        if isinstance(step, Stop):
+            interrupts.stop_turn(w, step, agent, self.snapshots)
             return
         steps = (
             self._run_tools(step, w, agent)
@@ -192,6 +237,7 @@ class TurnRunner:
         assert turn is not None
         index = turn.model_calls_started
         request = self._request(w.state, agent, step.closing)
+        w.mark_boundary()
         w.add(
             ev.ModelCallStarted,
             turn_id=turn.turn_id,
@@ -203,6 +249,8 @@ class TurnRunner:
         )
         for event in await w.commit():
             yield event
+        if interrupts.stop_for(w.state, agent) is not None:
+            return  # a stop slipped in before the call could start: the next step is Stop
         started = time.perf_counter()
         response: ModelResponse | None = None
         error: Exception | None = None
@@ -328,6 +376,8 @@ class TurnRunner:
             output_tokens=turn.output_tokens,
             correlation_id=turn.turn_id,
         )
+        if self.snapshots is not None:
+            _snapshots.take(w, self.snapshots, correlation_id=turn.turn_id)
 
     async def _run_tools(self, step: RunTools, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
         turn = w.state.turn
@@ -340,6 +390,7 @@ class TurnRunner:
         # (call, attempts made before this run, tool, arguments); the fold updates `call` as events are added
         runnable: list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]] = []
         results: dict[str, tuple[int, tool_exec.ToolOutcome]] = {}  # call_id -> (prior attempts, outcome)
+        w.mark_boundary()
         for call in step.calls:
             prepared = plan.prepared[call.call_id]
             if isinstance(prepared, tool_exec.ToolOutcome):  # rejected, declined, interrupted: nothing to run
@@ -356,6 +407,8 @@ class TurnRunner:
                 )
         for event in await w.commit():
             yield event
+        if interrupts.stop_for(w.state, agent) is not None:
+            return  # a stop slipped in before the tools could start: the next step is Stop
         if len(runnable) == 1:  # no task per call when there is nothing to run concurrently
             outcomes = [await tool_exec.execute(runnable[0][2], runnable[0][3])]
         else:
@@ -367,6 +420,8 @@ class TurnRunner:
             _add_finished(w, tid, call, outcome, prior_attempts=prior)
         batch.after_batch(w, tid, len(step.calls), plan.trip, agent.max_tool_iterations)
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
+        if self.snapshots is not None:
+            _snapshots.take(w, self.snapshots, correlation_id=tid)
 
 
 def _stop_reason(turn: TurnProgress, cap: int) -> tuple[str, str]:
@@ -448,6 +503,7 @@ __all__ = [
     "Done",
     "RunTools",
     "StartTurn",
+    "Stop",
     "Step",
     "TurnRunner",
     "next_step",

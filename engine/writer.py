@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
+from .errors import ConcurrencyError
 from .events import E, Event, StateChanged
 from .fold import SessionState
 from .log.base import EventLog
 from .states import Cause, SessionStatus
+
+Rebase = Callable[["SessionWriter", list[Event]], Awaitable[list[Event]]]
+"""Called when a commit loses the version race: append the batch on top of what slipped in,
+or raise ConcurrencyError when it conflicts (engine.interrupts.Rebaser)."""
 
 
 class SessionWriter:
@@ -20,10 +25,17 @@ class SessionWriter:
     model or a tool acted on is durable first.
     """
 
-    def __init__(self, log: EventLog, state: SessionState, producer: str) -> None:
+    def __init__(
+        self, log: EventLog, state: SessionState, producer: str, *, rebase: Rebase | None = None
+    ) -> None:
         self.log = log
         self.state = state
         self.producer = producer
+        self.rebase = rebase
+        self.basis = state.version
+        """The last version read from the log; every event added carries it as basis_version."""
+        self.boundary: int | None = None
+        """Index in the pending batch where a step's side-effect starts begin (mark_boundary)."""
         self._pending: list[Event] = []
 
     def add(
@@ -41,6 +53,7 @@ class SessionWriter:
             producer=self.producer,
             correlation_id=correlation_id,
             causation_id=causation_id,
+            basis_version=self.basis,
             **payload,
         )
         self.state.apply(event)  # validates order and the transition table
@@ -59,9 +72,34 @@ class SessionWriter:
             correlation_id=correlation_id,
         )
 
-    async def commit(self) -> Sequence[Event]:
-        """Append the pending events as one atomic batch; durable when this returns."""
+    def mark_boundary(self) -> None:
+        """What is added from here on starts a side effect (a model call, tools); a rebase
+        over a stop request drops it (engine.interrupts)."""
+        self.boundary = len(self._pending)
+
+    def take_pending(self) -> list[Event]:
         batch, self._pending = self._pending, []
+        return batch
+
+    def queue(self, event: Event) -> None:
+        """Queue an event already folded into ``state`` (a rebase re-adds a batch this way)."""
+        self._pending.append(event)
+
+    async def commit(self) -> Sequence[Event]:
+        """Append the pending events as one atomic batch; durable when this returns.
+
+        If another writer appended first and a ``rebase`` is set, it gets the chance to put
+        the batch on top (it may swap ``state`` for a fresh fold); otherwise, or when it
+        cannot, ConcurrencyError propagates and the caller must fold again from the log.
+        """
+        batch = self.take_pending()
         if batch:
-            await self.log.append(batch, expected_version=batch[0].version - 1)
+            try:
+                await self.log.append(batch, expected_version=batch[0].version - 1)
+            except ConcurrencyError:
+                if self.rebase is None:
+                    raise
+                batch = await self.rebase(self, batch)
+        self.boundary = None
+        self.basis = self.state.version
         return batch

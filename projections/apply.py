@@ -350,6 +350,15 @@ _RULES: dict[type[ev.Event], Callable[[Any], list[Statement]]] = {
 }
 
 
+def _snapshot_rules() -> dict[type[ev.Event], Callable[[Any], list[Statement]]]:
+    from .snapshot_rows import session_forked, snapshot_taken  # builds on session_update above
+
+    return {ev.SnapshotTaken: snapshot_taken, ev.SessionForked: session_forked}
+
+
+_RULES.update(_snapshot_rules())
+
+
 def statements_for(event: ev.Event) -> list[Statement]:
     """The statements that apply ``event``; the first one advances the session's version."""
     rule = _RULES.get(type(event))

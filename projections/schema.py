@@ -107,6 +107,28 @@ TABLES: dict[str, str] = {
             finished_at_ms BIGINT,
             PRIMARY KEY (session_id, turn_id)
         )""",
+    "snapshots": """
+        CREATE TABLE IF NOT EXISTS snapshots (
+            session_id     TEXT NOT NULL,
+            version        BIGINT NOT NULL,
+            status         TEXT NOT NULL,
+            last_tool      TEXT NOT NULL,
+            turns          BIGINT NOT NULL,
+            input_tokens   BIGINT NOT NULL,
+            output_tokens  BIGINT NOT NULL,
+            message_count  BIGINT NOT NULL,
+            state_format   BIGINT NOT NULL,
+            turn_id        TEXT,
+            taken_at_ms    BIGINT NOT NULL,
+            PRIMARY KEY (session_id, version)
+        )""",
+    "forks": """
+        CREATE TABLE IF NOT EXISTS forks (
+            session_id        TEXT PRIMARY KEY,
+            origin_session_id TEXT NOT NULL,
+            origin_version    BIGINT NOT NULL,
+            forked_at_ms      BIGINT NOT NULL
+        )""",
     "projection_offsets": """
         CREATE TABLE IF NOT EXISTS projection_offsets (
             log_partition BIGINT PRIMARY KEY,
@@ -114,7 +136,16 @@ TABLES: dict[str, str] = {
         )""",
 }
 
-READ_MODELS = ("sessions", "messages", "tool_calls", "state_changes", "model_calls", "turns")
+READ_MODELS = (
+    "sessions",
+    "messages",
+    "tool_calls",
+    "state_changes",
+    "model_calls",
+    "turns",
+    "snapshots",
+    "forks",
+)
 """The tables rebuilt from the log (everything but the offsets bookkeeping)."""
 
 ORDER_BY = {
@@ -124,4 +155,6 @@ ORDER_BY = {
     "state_changes": "session_id, version",
     "model_calls": "session_id, turn_id, step",
     "turns": "session_id, turn_id",
+    "snapshots": "session_id, version",
+    "forks": "session_id",
 }

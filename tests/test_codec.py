@@ -188,10 +188,17 @@ def crc64_avro(data: bytes) -> int:
 
 
 def canonical_form(name: str) -> str:
+    """The canonical form with the envelope and ToolCallSpec written out where first used."""
     named: dict[str, Any] = {}
     for shared in ("Envelope", "ToolCallSpec"):
         parse_schema(codec.load_schema_json(shared), named_schemas=named)
-    return to_parsing_canonical_form(parse_schema(codec.load_schema_json(name), named_schemas=named))
+    return to_parsing_canonical_form(
+        parse_schema(codec.load_schema_json(name), named_schemas=named, expand=True)
+    )
+
+
+def test_the_fingerprint_covers_the_envelope() -> None:
+    assert '"name":"basis_version"' in canonical_form("SessionClosed")
 
 
 @pytest.mark.parametrize("name", sorted(EVENT_TYPES))
@@ -419,3 +426,39 @@ def test_compiled_encoder_matches_fastavro_on_an_empty_tool_call_list() -> None:
         session_id="s", version=4, turn_id="t", message_id="m", text="", tool_calls=()
     )
     assert codec.encode(event) == _fastavro_bytes(event)
+
+
+# --- schema history: records written before basis_version keep loading ---------------------------
+
+
+def _legacy_bytes(event: Event, *, legacy_fingerprint: bool) -> bytes:
+    """``event`` as the previous release wrote it: Envelope.1 (no basis_version)."""
+    import json
+
+    old_envelope = json.loads((codec.HISTORY_DIR / "Envelope.1.avsc").read_text())
+    named: dict[str, Any] = {}
+    parse_schema(old_envelope, named_schemas=named)
+    parse_schema(codec.load_schema_json("ToolCallSpec"), named_schemas=named)
+    raw = codec.load_schema_json(event.type)
+    parsed = parse_schema(raw, named_schemas=dict(named))
+    canonical = parsed if legacy_fingerprint else parse_schema(raw, named_schemas=dict(named), expand=True)
+    fp = crc64_avro(to_parsing_canonical_form(canonical).encode()).to_bytes(8, "little")
+    envelope = {n: getattr(event, n) for n in codec.ENVELOPE_FIELDS if n != "basis_version"}
+    record: dict[str, Any] = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    record = {k: v for k, v in record.items() if k not in codec.ENVELOPE_FIELDS}
+    if "tool_calls" in record:
+        record["tool_calls"] = [dataclasses.asdict(c) for c in record["tool_calls"]]
+    record["envelope"] = envelope
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, parsed, record)
+    return codec.MAGIC + fp + buf.getvalue()
+
+
+@pytest.mark.parametrize("legacy_fingerprint", [True, False])
+@pytest.mark.parametrize("name", sorted(EVENT_TYPES))
+def test_records_written_with_the_previous_envelope_still_decode(name: str, legacy_fingerprint: bool) -> None:
+    event = dataclasses.replace(sample(EVENT_TYPES[name]), basis_version=0)
+    data = _legacy_bytes(event, legacy_fingerprint=legacy_fingerprint)
+    assert data[2:10] != codec.schema_fingerprint(name)
+    decoded = codec.decode(data)
+    assert decoded == event and decoded.basis_version == 0

@@ -93,6 +93,10 @@ def test_public_api_is_exported_and_importable() -> None:
         "ModelError",
         "ModelTimeoutError",
         "ToolFailure",
+        "SessionAdmin",
+        "SnapshotFormatError",
+        "SnapshotNotFoundError",
+        "NoTurnRunningError",
     }
     assert set(engine.__all__) == expected
     assert set(turnlog.__all__) == expected | {"EmbeddedApp"}

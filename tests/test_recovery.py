@@ -105,11 +105,13 @@ def after_tools(finished_count: int = 1) -> list[str]:
     return [
         *["ToolCallFinished"] * finished_count,
         "StateChanged",
+        "SnapshotTaken",
         "ModelCallStarted",
         "ModelCallFinished",
         "AssistantMessage",
         "StateChanged",
         "TurnFinished",
+        "SnapshotTaken",
     ]
 
 

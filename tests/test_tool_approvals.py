@@ -178,7 +178,8 @@ async def test_restart_while_paused_continues_from_the_log(tmp_path: Path) -> No
     await worker.poll_once()
     assert refunds == [{"order_id": "A-17", "amount": 40}], "run once, by the new worker"
     events = await log.read_session(sid)
-    assert events[-1].type == "TurnFinished" and events[-1].producer == "worker-after-restart"
+    finished = [e for e in events if isinstance(e, ev.TurnFinished)]
+    assert len(finished) == 1 and finished[0].producer == "worker-after-restart"
     assert path(events)[-1] == ("PROCESSING", "FINISHED", "model_answer")
     await log.close()
 
@@ -282,3 +283,15 @@ async def test_tool_layer_projections_rebuild_to_identical_rows(log: SqliteEvent
     assert calls["call_refund"]["approval"] == "edited"
     (direct,) = [r for r in before["tool_calls"] if r["invoked_by"] == "api"]
     assert (direct["turn_id"], direct["tool_name"], direct["status"]) == ("", "refund", "success")
+
+
+async def test_cancel_while_paused_ends_the_wait_without_running_the_call(log: SqliteEventLog) -> None:
+    api, sid, refunds = await paused_session(log)
+    await api.cancel(sid, "never mind the refund")
+    _ = [item async for item in api.run_pending(sid)]
+    events = await log.read_session(sid)
+    assert path(events)[-1] == ("PAUSED_FOR_USER", "CANCELLED", "interrupt")
+    assert of(events, ev.TurnFinished)[-1].reason == "cancelled"
+    assert refunds == [] and (await api.get_state(sid)).pending_approvals == []
+    with pytest.raises(ApprovalError):
+        await api.post_tool_decision(sid, "call_refund", "approve")

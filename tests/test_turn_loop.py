@@ -99,7 +99,14 @@ def last_is_tool(request: ModelRequest) -> bool:
 
 
 START = ["SessionCreated", "UserMessageReceived", "TurnStarted", "StateChanged"]
-ANSWER = ["ModelCallStarted", "ModelCallFinished", "AssistantMessage", "StateChanged", "TurnFinished"]
+ANSWER = [
+    "ModelCallStarted",
+    "ModelCallFinished",
+    "AssistantMessage",
+    "StateChanged",
+    "TurnFinished",
+    "SnapshotTaken",  # every turn end is snapshotted (engine.snapshots)
+]
 
 
 def ask_tools(n: int) -> list[str]:
@@ -113,7 +120,7 @@ def ask_tools(n: int) -> list[str]:
 
 
 def run_tools(n: int) -> list[str]:
-    return [*["ToolCallStarted"] * n, *["ToolCallFinished"] * n, "StateChanged"]
+    return [*["ToolCallStarted"] * n, *["ToolCallFinished"] * n, "StateChanged", "SnapshotTaken"]
 
 
 class CountingModel(Model):
@@ -385,7 +392,7 @@ async def test_bad_arguments_are_rejected_then_the_corrected_call_runs(log: Sqli
     await h.send("Deliver A-1 by Jan 15")
 
     events = await h.events()
-    rejected_batch = ["ToolCallFinished", "StateChanged"]  # never started
+    rejected_batch = ["ToolCallFinished", "StateChanged", "SnapshotTaken"]  # never started
     assert types(events) == START + ask_tools(1) + rejected_batch + ask_tools(1) + run_tools(1) + ANSWER
     assert [s.call_id for s in of(events, ev.ToolCallStarted)] == ["good"]
     bad, good = of(events, ev.ToolCallFinished)
@@ -526,8 +533,15 @@ async def test_iteration_cap_forces_a_closing_answer_without_tools(log: SqliteEv
         "AssistantMessage",
         "StateChanged",
         "TurnFinished",
+        "SnapshotTaken",
     ]
-    guarded_last_step = ["ToolCallStarted", "ToolCallFinished", "LoopGuardTriggered", "StateChanged"]
+    guarded_last_step = [
+        "ToolCallStarted",
+        "ToolCallFinished",
+        "LoopGuardTriggered",
+        "StateChanged",
+        "SnapshotTaken",
+    ]
     assert types(events) == (
         START + (ask_tools(1) + run_tools(1)) * 2 + ask_tools(1) + guarded_last_step + closing_answer
     )
@@ -600,7 +614,13 @@ async def test_model_error_fails_the_turn_and_the_next_message_starts_a_new_one(
     await h.send("Hello?")
 
     events = await h.events()
-    assert types(events) == START + ["ModelCallStarted", "ModelCallFinished", "StateChanged", "TurnFinished"]
+    assert types(events) == START + [
+        "ModelCallStarted",
+        "ModelCallFinished",
+        "StateChanged",
+        "TurnFinished",
+        "SnapshotTaken",
+    ]
     (failed,) = of(events, ev.ModelCallFinished)
     assert (failed.status, failed.error) == ("failed", "ModelError: provider returned 503")
     assert path(events)[-1] == ("PROCESSING", "ERROR", "model_error")
@@ -807,7 +827,8 @@ async def test_force_finish_after_an_answered_turn_only_closes(log: SqliteEventL
     await h.send("hello")
     await h.api.force_finish(h.sid, "done")
     events = await h.events()
-    assert types(events)[-2:] == ["TurnFinished", "SessionClosed"]  # already FINISHED: no self-transition
+    # already FINISHED: no self-transition
+    assert types(events)[-3:] == ["TurnFinished", "SnapshotTaken", "SessionClosed"]
     state = await h.api.get_state(h.sid)
     assert state.closed and state.close_reason == "done" and state.status == "FINISHED"
 
@@ -846,11 +867,17 @@ async def test_force_finish_mid_turn_from_another_process(log: SqliteEventLog, l
     await asyncio.wait_for(worker, 10)
 
     events = await h.events()
-    assert types(events)[-4:] == ["ToolCallStarted", "StateChanged", "TurnFinished", "SessionClosed"]
+    assert types(events)[-5:] == [
+        "ToolCallStarted",
+        "StateChanged",
+        "TurnFinished",
+        "SessionClosed",
+        "SnapshotTaken",  # a forced turn end is snapshotted too, closed
+    ]
     assert path(events)[-1] == ("TOOL_WAIT", "FINISHED", "admin")
     (finished,) = of(events, ev.TurnFinished)
     assert (finished.reason, finished.iterations, finished.model_calls) == ("forced", 1, 1)
-    assert events[-1].producer == "admin-cli"
+    assert events[-1].producer == "admin-cli" and events[-1].status == "FINISHED"  # type: ignore[attr-defined]
     assert [e.version for e in events] == list(range(1, len(events) + 1))
     assert await h.run_pending() == []  # the worker reloads and sees nothing to do
     with pytest.raises(SessionClosedError):
@@ -914,7 +941,7 @@ async def test_what_a_model_or_tool_acts_on_is_durable_before_it_acts(
             assert on_log.count("ToolCallFinished") == on_log.count("ToolCallRequested")
         else:  # the model's request for the tool and the tool's start are on disk
             assert on_log[-1] == "ToolCallStarted" and on_log[-3:-1] == ["ToolCallRequested", "StateChanged"]
-    assert types(await h.events())[-1] == "TurnFinished"
+    assert types(await h.events())[-2:] == ["TurnFinished", "SnapshotTaken"]
 
 
 async def test_a_message_that_loses_a_race_with_another_producer_is_retried(log: SqliteEventLog) -> None:

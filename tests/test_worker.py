@@ -35,7 +35,7 @@ async def test_worker_runs_posted_messages_once(tmp_path: Path) -> None:
     assert len(calls) == 5
     for sid in sids:
         events = await log.read_session(sid)
-        assert events[-1].type == "TurnFinished" and events[-1].producer == "w1"
+        assert types(events[-2:]) == ["TurnFinished", "SnapshotTaken"] and events[-1].producer == "w1"
     for p in range(PARTITIONS):
         assert await log.committed(GROUP, p) == await log.end_offset(p)
 
@@ -59,9 +59,10 @@ async def test_workers_split_partitions(tmp_path: Path) -> None:
     w0 = TurnWorker(log, agents, worker_id="w0", partitions=[0])
     await w0.poll_once()
     for sid in sids:
-        last = (await log.read_session(sid))[-1]
+        events = await log.read_session(sid)
+        last = events[-1]
         if log.partition_of(sid) == 0:
-            assert last.type == "TurnFinished" and last.producer == "w0"
+            assert types(events[-2:]) == ["TurnFinished", "SnapshotTaken"] and last.producer == "w0"
         else:
             assert last.type == "UserMessageReceived"
     await log.close()
@@ -107,11 +108,13 @@ async def test_killed_worker_mid_turn_is_continued_by_its_successor(tmp_path: Pa
         "ToolCallStarted",
         "ToolCallFinished",
         "StateChanged",
+        "SnapshotTaken",
         "ModelCallStarted",
         "ModelCallFinished",
         "AssistantMessage",
         "StateChanged",
         "TurnFinished",
+        "SnapshotTaken",
     ]
     assert calls == ["O-1"]  # the idempotent tool ran again, once
     started, finished = new[0], new[1]

@@ -18,6 +18,7 @@ from engine import events as ev
 from engine.errors import TurnlogError
 from projections.rebuild import rebuild
 
+from . import admin_cli
 from .app import EmbeddedApp
 from .config import ModelSettings, home_dir
 from .render import LiveRenderer, print_timeline, sessions_table
@@ -167,6 +168,34 @@ async def _rebuild(home: Path) -> int:
         return 0
     finally:
         await app_.close()
+
+
+@app.command(name="snapshots")
+def snapshots_cmd(session_id: str, home: HomeOption = None) -> None:
+    """List a session's snapshots: state, last tool and tokens at each."""
+    _run(admin_cli.list_snapshots(console, home_dir(home), session_id))
+
+
+@app.command()
+def fork(
+    session_id: str,
+    version: Annotated[int, typer.Argument(help="Version of a snapshot (see `turnlog snapshots`).")],
+    home: HomeOption = None,
+    agent: Annotated[str | None, typer.Option(help="Agent for the fork (default: the origin's).")] = None,
+) -> None:
+    """Start a new session from a snapshot of another; the origin is never changed."""
+    _run(admin_cli.fork(console, home_dir(home), session_id, version, agent))
+
+
+@app.command()
+def replay(
+    session_id: str,
+    home: HomeOption = None,
+    start: Annotated[int, typer.Option("--from", help="Show events after this version.")] = 0,
+    end: Annotated[int | None, typer.Option("--to", help="Stop after this version.")] = None,
+) -> None:
+    """Replay a session read-only, event by event, with the state each one leads to."""
+    _run(admin_cli.replay(console, home_dir(home), session_id, start, end))
 
 
 @app.callback()

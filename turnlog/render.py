@@ -18,6 +18,7 @@ STATUS_STYLE = {
     "rejected": "yellow",
     "interrupted": "red",
     "declined": "yellow",
+    "cancelled": "yellow",
 }
 
 

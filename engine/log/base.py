@@ -92,6 +92,20 @@ class EventLog(abc.ABC):
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         """A session's events with version > after_version, in order."""
 
+    async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
+        """The session's newest ``SnapshotTaken`` event with version <= ``at_or_before`` (any
+        version if None), or None (engine.snapshots).
+
+        Loading a session starts from it (and from its keyframe, looked up with
+        ``at_or_before``), so a backend should answer without reading the session's history:
+        the SQLite log keeps an index of snapshot records. This default reads the session and
+        is correct for any backend, but O(history).
+        """
+        for event in reversed(await self.read_session(session_id)):
+            if event.type == "SnapshotTaken" and (at_or_before is None or event.version <= at_or_before):
+                return event
+        return None
+
     @abc.abstractmethod
     async def session_version(self, session_id: str) -> int:
         """The session's last version (0 if it has no events)."""

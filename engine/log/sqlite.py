@@ -35,6 +35,8 @@ CREATE TABLE IF NOT EXISTS events (
     UNIQUE (session_id, version)
 );
 CREATE INDEX IF NOT EXISTS events_by_partition ON events (partition, position);
+CREATE INDEX IF NOT EXISTS snapshots_by_session ON events (session_id, version)
+    WHERE type = 'SnapshotTaken';
 CREATE TABLE IF NOT EXISTS group_offsets (
     group_id    TEXT    NOT NULL,
     partition   INTEGER NOT NULL,
@@ -126,6 +128,15 @@ class SqliteEventLog(EventLog):
             (session_id, after_version),
         ).fetchall()
         return [_decode(p, o, v) for p, o, v in rows]
+
+    async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
+        """One index lookup (the partial index ``snapshots_by_session``)."""
+        row = self._db.execute(
+            "SELECT partition, position, value FROM events WHERE session_id = ? AND type = 'SnapshotTaken' "
+            "AND version <= ? ORDER BY version DESC LIMIT 1",
+            (session_id, (1 << 63) - 1 if at_or_before is None else at_or_before),
+        ).fetchone()
+        return None if row is None else _decode(*row)
 
     async def session_version(self, session_id: str) -> int:
         (version,) = self._db.execute(

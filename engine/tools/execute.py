@@ -29,6 +29,8 @@ class ToolStatus(StrEnum):
     """Started before a crash, not idempotent, so not run again: outcome unknown."""
     DECLINED = "declined"
     """The user rejected the call when asked to approve it; never executed."""
+    CANCELLED = "cancelled"
+    """Never run: its turn was stopped (a user interrupt or cancel) before it started."""
 
 
 MARKERS = {
@@ -37,6 +39,7 @@ MARKERS = {
     ToolStatus.REJECTED: "[REJECTED]",
     ToolStatus.INTERRUPTED: "[FAILED: INTERRUPTED, OUTCOME UNKNOWN]",
     ToolStatus.DECLINED: "[DECLINED BY USER]",
+    ToolStatus.CANCELLED: "[CANCELLED]",
 }
 
 

@@ -1,0 +1,226 @@
+"""Interrupts, cancels and messages that slip in mid-turn (seed §7.3, §8).
+
+A user message or a cancel request that arrives while a turn runs is an event on the log like
+any other; the running worker meets it when its next commit loses the version race. What
+happens then is decided here:
+
+* ``Rebaser``: the events that slipped in are only user messages or cancel requests, so the
+  worker's batch (tool results it holds, a model answer) is put on top of them and appended:
+  nothing it learned is lost, and the events keep the ``basis_version`` they were decided
+  from. Anything else that slipped in (an admin's force-finish, an approval, another worker)
+  conflicts: the batch is never appended and the worker folds again and decides anew.
+* When the fresh state calls for a stop (a cancel request, or a message under the agent's
+  ``interrupt`` policy) the batch is cut at its side-effect boundary: tool results are kept,
+  but no model call or tool call starts. A model answer decided before the stop arrived is a
+  decision the stop supersedes, so it is not appended at all (the call is recorded cancelled).
+* ``next_step`` then returns ``Stop``: ``stop_turn`` finishes what the turn left open, moves
+  the session to CANCELLED with the reason, and the next waiting message starts a new turn
+  that sees the interrupted work in its history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from . import events as ev
+from . import snapshots
+from .agent import Agent
+from .errors import (
+    ConcurrencyError,
+    IllegalTransitionError,
+    NoTurnRunningError,
+    OutOfOrderError,
+    SessionClosedError,
+)
+from .fold import SessionState, ToolCallProgress
+from .log.base import EventLog
+from .states import Cause, SessionStatus
+from .tools import execute as tool_exec
+from .writer import SessionWriter
+
+REBASABLE: frozenset[type[ev.Event]] = frozenset({ev.UserMessageReceived, ev.CancelRequested})
+"""Events a running step may be rebased over; anything else that slipped in conflicts."""
+REBASE_ATTEMPTS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The running turn must stop now (a ``next_step`` result)."""
+
+    reason: str
+    cause: Cause
+
+
+def stop_for(state: SessionState, agent: Agent) -> Stop | None:
+    """Whether the session's running turn must stop at this step boundary; pure."""
+    turn = state.turn
+    if turn is None:
+        return None
+    if turn.stop_reason is not None:
+        cause = Cause.ADMIN if turn.stop_actor == "admin" else Cause.INTERRUPT
+        return Stop(f"cancelled by {turn.stop_actor or 'user'}: {turn.stop_reason}", cause)
+    if agent.on_message == "interrupt" and state.inbox and state.inbox[-1].version > turn.started_version:
+        arrived = next(m for m in state.inbox if m.version > turn.started_version)
+        return Stop(f"interrupted by a new message: {_clip(arrived.text)}", Cause.INTERRUPT)
+    return None
+
+
+def stop_turn(w: SessionWriter, stop: Stop, agent: Agent, encoder: snapshots.SnapshotEncoder | None) -> None:
+    """Close the running turn as CANCELLED; every call the model asked for gets a result, so
+    the history stays a valid conversation for the next turn."""
+    turn = w.state.turn
+    assert turn is not None
+    tid = turn.turn_id
+    if turn.model_call_open:
+        w.add(
+            ev.ModelCallFinished,
+            turn_id=tid,
+            step=turn.model_calls_started - 1,
+            model=agent.model.name,
+            status="cancelled",
+            error=stop.reason,
+            correlation_id=tid,
+        )
+    for call in turn.unfinished_calls():
+        _finish_unrun(w, tid, call, stop.reason)
+    w.transition(SessionStatus.CANCELLED, stop.cause, detail=stop.reason, correlation_id=tid)
+    w.add(
+        ev.TurnFinished,
+        turn_id=tid,
+        message_id=turn.message_id,
+        reason="cancelled",
+        iterations=turn.iterations,
+        model_calls=turn.model_calls,
+        input_tokens=turn.input_tokens,
+        output_tokens=turn.output_tokens,
+        correlation_id=tid,
+    )
+    if encoder is not None:
+        snapshots.take(w, encoder, correlation_id=tid)
+
+
+def _finish_unrun(w: SessionWriter, turn_id: str, call: ToolCallProgress, reason: str) -> None:
+    if call.status == "started":  # a crashed worker's call: it may have taken effect
+        outcome = tool_exec.interrupted(call.tool_name)
+    else:
+        outcome = tool_exec.ToolOutcome(
+            tool_exec.ToolStatus.CANCELLED,
+            f"{tool_exec.MARKERS[tool_exec.ToolStatus.CANCELLED]} {call.tool_name} was not run: {reason}.",
+            attempts=0,
+            error=reason,
+        )
+    w.add(
+        ev.ToolCallFinished,
+        turn_id=turn_id,
+        call_id=call.call_id,
+        tool_name=call.tool_name,
+        status=str(outcome.status),
+        content=outcome.content,
+        attempts=call.attempts,
+        error=outcome.error,
+        correlation_id=turn_id,
+    )
+
+
+class Rebaser:
+    """A SessionWriter's ``rebase``: put a batch that lost the version race on top of the
+    user messages and cancel requests that won it, or raise ConcurrencyError."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        reload: Callable[[], Awaitable[SessionState]],
+        encoder: snapshots.SnapshotEncoder | None,
+    ) -> None:
+        self.agent = agent
+        self.reload = reload
+        self.encoder = encoder
+
+    async def __call__(self, w: SessionWriter, batch: list[ev.Event]) -> list[ev.Event]:
+        expected = batch[0].version - 1
+        for _ in range(REBASE_ATTEMPTS):
+            fresh = await self.reload()
+            newer = await w.log.read_session(fresh.session_id, expected)
+            slipped = [e for e in newer if e.version <= fresh.version]
+            if any(type(e) not in REBASABLE for e in slipped):
+                raise ConcurrencyError(fresh.session_id, expected, fresh.version)
+            keep = self._keep(fresh, batch, w.boundary)
+            rebased = self._reapply(w, fresh, keep)
+            if not rebased:
+                return rebased
+            try:
+                await w.log.append(rebased, expected_version=rebased[0].version - 1)
+            except ConcurrencyError:
+                continue
+            return rebased
+        sid = batch[0].session_id
+        raise ConcurrencyError(sid, expected, await w.log.session_version(sid))
+
+    def _keep(self, fresh: SessionState, batch: list[ev.Event], boundary: int | None) -> list[ev.Event]:
+        if stop_for(fresh, self.agent) is None:
+            return batch
+        if any(isinstance(e, ev.AssistantMessage) for e in batch):
+            # the model's decision was made without the stop; it is never appended
+            raise ConcurrencyError(fresh.session_id, batch[0].version - 1, fresh.version)
+        return batch if boundary is None else batch[:boundary]
+
+    def _reapply(self, w: SessionWriter, fresh: SessionState, keep: list[ev.Event]) -> list[ev.Event]:
+        w.state = fresh
+        try:
+            for event in keep:
+                if isinstance(event, ev.SnapshotTaken):
+                    if self.encoder is not None:  # the state moved: snapshot the new one
+                        snapshots.take(w, self.encoder, correlation_id=event.correlation_id)
+                    continue
+                moved = dataclasses.replace(event, version=fresh.version + 1)
+                fresh.apply(moved)
+                w.queue(moved)
+        except (OutOfOrderError, IllegalTransitionError):
+            # e.g. our turn would answer a message that is no longer the oldest waiting one
+            raise ConcurrencyError(fresh.session_id, keep[0].version - 1, fresh.version) from None
+        return w.take_pending()
+
+
+async def request_cancel(
+    log: EventLog,
+    load: Callable[[str], Awaitable[SessionState]],
+    forget: Callable[[str], None],
+    session_id: str,
+    reason: str,
+    *,
+    actor: str,
+    producer: str,
+) -> ev.CancelRequested:
+    """Append a CancelRequested for the session's running turn; whoever runs the session
+    (an in-process turn, a TurnWorker) stops the turn at its next step boundary."""
+    for _ in range(REBASE_ATTEMPTS):
+        state = await load(session_id)
+        if state.closed:
+            raise SessionClosedError(session_id, state.close_reason)
+        if state.turn is None:
+            raise NoTurnRunningError(session_id, str(state.status))
+        event = ev.CancelRequested(
+            session_id=session_id,
+            version=state.version + 1,
+            basis_version=state.version,
+            reason=reason,
+            actor=actor,
+            producer=producer,
+        )
+        try:
+            await log.append([event], expected_version=state.version)
+        except ConcurrencyError:
+            forget(session_id)
+            continue
+        return event
+    raise ConcurrencyError(session_id, state.version, await log.session_version(session_id))
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
+
+
+__all__ = ["REBASABLE", "Rebaser", "Stop", "request_cancel", "stop_for", "stop_turn"]

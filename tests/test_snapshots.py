@@ -1,0 +1,306 @@
+"""Snapshots: written after every tool step and turn end, exact, and where loading starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from consumers import Projector
+from engine import (
+    Agent,
+    AgentDirectory,
+    AgentSessions,
+    FunctionModel,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    SqliteEventLog,
+    ToolFailure,
+    TurnRunner,
+    call,
+    fold,
+    reply,
+    snapshots,
+    tool,
+)
+from engine import events as ev
+from engine.errors import SnapshotFormatError
+from engine.fold import InboundMessage, SessionState, ToolCallProgress, TurnProgress
+from projections import SqliteProjectionStore
+
+AGENT = "clerk"
+
+
+@tool(idempotent=True)
+async def lookup(order_id: str) -> dict:
+    """Look up an order."""
+    if order_id.endswith("7"):
+        raise ToolFailure(f"order {order_id} not found")
+    return {"order_id": order_id, "status": "delayed", "note": "größe ✓"}
+
+
+def clerk(request: ModelRequest) -> ModelResponse | str:
+    """Turn n: n % 5 == 3 fails the model call, n % 4 == 0 answers directly, otherwise one or
+    two tool steps (the second with two calls in one batch)."""
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    text = request.messages[last_user].content
+    n = int(text.split()[-1])
+    done = [m for m in request.messages[last_user + 1 :] if m.role == "tool"]
+    if n % 5 == 3 and not done:
+        raise ModelError("provider returned 503")
+    if n % 4 == 0 or len(done) >= (1 if n % 2 else 3):
+        return f"turn {n}: {len(done)} results"
+    if not done:
+        return reply("", call("lookup", {"order_id": f"O-{n}"}, f"c{n}a"))
+    batch = (
+        call("lookup", {"order_id": f"O-{n}1"}, f"c{n}b"),
+        call("lookup", {"order_id": f"O-{n}7"}, f"c{n}c"),
+    )
+    return reply("two more", *batch)
+
+
+async def long_session(log: SqliteEventLog, turns: int) -> tuple[AgentSessions, str]:
+    agent = Agent(AGENT, FunctionModel(clerk), [lookup], system_prompt="Be exact.")
+    api = AgentSessions(log, AgentDirectory([agent]))
+    sid = (await api.create_session(AGENT, "u-1")).session_id
+    for n in range(turns):
+        if n % 10 == 8:  # queued: the next send runs both turns
+            await api.post_user_message(sid, f"queued {n}")
+            continue
+        async for _ in api.send_user_message(sid, f"please check {n}"):
+            pass
+    return api, sid
+
+
+def snapshot_events(events: Sequence[ev.Event]) -> list[ev.SnapshotTaken]:
+    return [e for e in events if isinstance(e, ev.SnapshotTaken)]
+
+
+async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log: SqliteEventLog) -> None:
+    api, sid = await long_session(log, 200)
+    events = await log.read_session(sid)
+    snaps = snapshot_events(events)
+    finished = [e for e in events if isinstance(e, ev.TurnFinished)]
+    tool_steps = sum(1 for e in events if isinstance(e, ev.StateChanged) and e.cause == "tool_result")
+    assert len(finished) == 200 and tool_steps > 150
+    assert len(snaps) == len(finished) + tool_steps  # one per turn end and per tool step
+    assert {e.reason for e in finished} == {"answered", "model_error"}
+
+    # One pass: at each snapshot its restored state must equal the fold from version 1 so far;
+    # then it is folded forward alongside, and must equal that fold again at the next snapshot
+    # (the last one: at the end). So every snapshot, folded on, gives the full fold's state.
+    full = fold(sid, events)
+    running = SessionState(sid)
+    by_version = {s.version: s for s in snaps}
+    forward: SessionState | None = None
+    for event in events:
+        snap = by_version.get(event.version)
+        if snap is not None:
+            restored = snapshots.restore(snap, by_version.get(snap.keyframe_version))
+            assert restored == running, f"snapshot v{snap.version} differs from the fold"
+            assert forward is None or forward == running, f"folding on to v{snap.version} differs"
+            if running.turn is not None:  # dict equality ignores order; the batch order matters
+                assert list(restored.turn.tool_calls) == list(running.turn.tool_calls)  # type: ignore[union-attr]
+            assert (snap.status, snap.message_count, snap.turns) == (
+                running.status,
+                len(running.messages),
+                running.turns_finished,
+            )
+            assert (snap.input_tokens, snap.output_tokens) == (running.input_tokens, running.output_tokens)
+            forward = restored
+        running.apply(event)
+        if forward is not None:
+            forward.apply(event)
+    assert running == full and forward == full
+    first = snaps[0]
+    assert fold(sid, [e for e in events if e.version >= first.version], snapshots.restore(first)) == full
+    keyframes = [s for s in snaps if not s.keyframe_version]
+    assert 3 < len(keyframes) < len(snaps) // 10, "mostly deltas, a keyframe now and then"
+    assert max(len(s.state_json) for s in snaps if s.keyframe_version) < len(keyframes[-1].state_json)
+    # the summaries say what happened at each snapshot
+    assert {s.last_tool for s in snaps} == {"lookup", ""}
+
+
+async def test_a_cold_load_reads_only_the_events_after_the_latest_snapshot(log_path: Path) -> None:
+    class RecordingLog(SqliteEventLog):
+        """The real SQLite log, remembering from which version each session read started."""
+
+        reads: list[int] = []
+
+        async def read_session(self, session_id: str, after_version: int = 0) -> list[ev.Event]:
+            self.reads.append(after_version)
+            return await super().read_session(session_id, after_version)
+
+    log = RecordingLog(log_path, partitions=4)
+    try:
+        api, sid = await long_session(log, 12)
+        await api.post_user_message(sid, "still waiting 1")  # after the last snapshot
+        events = await log.read_session(sid)
+        latest = snapshot_events(events)[-1]
+        assert await log.latest_snapshot(sid) == latest
+        log.reads.clear()
+
+        cold = TurnRunner(log, AgentDirectory().get)
+        state = await cold.load(sid)
+        assert log.reads == [latest.version - 1]
+        assert state == fold(sid, events)
+        assert state.inbox[-1].text == "still waiting 1"
+        fresh_api = AgentSessions(log, api.agents)
+        assert await fresh_api.get_state(sid) == state
+    finally:
+        await log.close()
+
+
+async def test_a_session_without_snapshots_loads_by_a_full_fold(log: SqliteEventLog) -> None:
+    agent = Agent(AGENT, FunctionModel(clerk), [lookup])
+    api = AgentSessions(log, AgentDirectory([agent]))
+    sid = (await api.create_session(AGENT, "u")).session_id
+    await api.post_user_message(sid, "please check 1")
+    assert await log.latest_snapshot(sid) is None
+    state = await TurnRunner(log, api.agents.get).load(sid)
+    assert state == fold(sid, await log.read_session(sid)) and len(state.inbox) == 1
+
+
+async def test_an_unknown_snapshot_format_is_refused_and_loading_folds_from_the_start(
+    log: SqliteEventLog,
+) -> None:
+    api, sid = await long_session(log, 3)
+    version = await log.session_version(sid)
+    future = ev.SnapshotTaken(
+        session_id=sid,
+        version=version + 1,
+        state_format=99,
+        status="FINISHED",
+        last_tool="",
+        turns=3,
+        input_tokens=0,
+        output_tokens=0,
+        message_count=0,
+        keyframe_version=0,
+        state_json='{"written": "by a newer turnlog"}',
+    )
+    await log.append([future], expected_version=version)
+    with pytest.raises(SnapshotFormatError, match="snapshot format 99 is not one this turnlog reads"):
+        snapshots.restore(future)
+    state = await TurnRunner(log, api.agents.get).load(sid)
+    assert state == fold(sid, await log.read_session(sid))
+    assert state.turns_finished == 3
+
+
+async def test_a_delta_whose_keyframe_is_missing_is_refused_and_loading_folds_from_the_start(
+    log: SqliteEventLog,
+) -> None:
+    api, sid = await long_session(log, 40)
+    events = await log.read_session(sid)
+    delta = snapshot_events(events)[-1]
+    assert delta.keyframe_version
+    with pytest.raises(SnapshotFormatError, match=f"its keyframe v{delta.keyframe_version} is missing"):
+        snapshots.restore(delta)
+    wrong = snapshot_events(events)[-2]
+    with pytest.raises(SnapshotFormatError, match="is missing"):
+        snapshots.restore(delta, wrong)
+    assert snapshots.restore(delta, await log.latest_snapshot(sid, delta.keyframe_version)) == fold(
+        sid, [e for e in events if e.version < delta.version]
+    )
+
+
+def test_a_corrupt_snapshot_names_the_record() -> None:
+    with pytest.raises(SnapshotFormatError, match=r"session s v9: corrupt snapshot: JSONDecodeError"):
+        snapshots.decode_state("{not json", snapshots.FORMAT, where="session s v9")
+    with pytest.raises(SnapshotFormatError, match="corrupt snapshot: ValueError: zip"):
+        snapshots.decode_state('{"s": [], "i": [], "t": null, "m": []}', snapshots.FORMAT, where="v9")
+    doc = json.loads(snapshots.encode_state(SessionState("s", 3)))
+    del doc["m"]
+    with pytest.raises(SnapshotFormatError, match="corrupt snapshot: KeyError: 'm'"):
+        snapshots.decode_state(json.dumps(doc), snapshots.FORMAT, where="v9")
+
+
+def test_a_snapshot_of_every_field_round_trips_exactly() -> None:
+    from collections import deque
+
+    from engine import ChatMessage
+    from engine.states import SessionStatus
+    from engine.tools.guards import CallRecord
+
+    turn = TurnProgress(
+        "t1", "m1", 7, iterations=2, model_calls=3, model_calls_started=4, model_call_open=True,
+        last_answer="almost", input_tokens=11, output_tokens=12, stop_reason="enough", stop_actor="admin",
+        history=[CallRecord("c0", "lookup", '{"order_id": "a"}', 1, "success", "found a")],
+        guard="repeated_call", guard_reason="lookup three times",
+    )  # fmt: skip
+    turn.tool_calls = {
+        "c2": ToolCallProgress("c2", "lookup", '{"order_id": "b"}', "started", 1, 2),
+        "c1": ToolCallProgress("c1", "send", "{bad json", "requested", 0, 2, "pending", "too many"),
+    }
+    state = SessionState(
+        "s", 42, "agent", "user", "admin", "m-1", SessionStatus.TOOL_LOOP,
+        messages=[
+            ChatMessage.user("hi \u2028 \"quoted\" 日本"),
+            ChatMessage("assistant", "", (ev.ToolCallSpec("c1", "send", "{bad json"),)),
+            ChatMessage("tool", "[FAILED] nope", tool_call_id="c1", name="send"),
+        ],
+        inbox=deque([InboundMessage("m2", "next", "e2", 41)]),
+        turn=turn, turns_finished=5, closed=True, close_reason="why", input_tokens=100,
+        output_tokens=200, superseded={"c0": "c2"}, created_ms=1, updated_ms=2,
+    )  # fmt: skip
+    text = snapshots.encode_state(state)
+    back = snapshots.decode_state(text, snapshots.FORMAT, where="test")
+    assert back == state and list(back.turn.tool_calls) == ["c2", "c1"]  # type: ignore[union-attr]
+    json.loads(text)  # plain JSON
+
+    # the encoder: a keyframe first, then deltas on it until the delta limit, then a keyframe
+    encoder = snapshots.SnapshotEncoder(delta_limit=2)
+    first = encoder.encode(state, 43)
+    assert first == snapshots.Encoded(text, 0)
+    grown = [ChatMessage("assistant", "done"), ChatMessage.user("more")]
+    for i, message in enumerate(grown):
+        state.messages.append(message)
+        delta = encoder.encode(state, 44 + i)
+        assert delta.keyframe_version == 43 and len(delta.state_json) < len(text)
+        with pytest.raises(SnapshotFormatError, match="needs the 3 messages of its keyframe v43"):
+            snapshots.decode_state(delta.state_json, snapshots.FORMAT, where="d")
+        assert (
+            snapshots.decode_state(delta.state_json, snapshots.FORMAT, where="d", base=back.messages) == state
+        )
+    state.messages.append(ChatMessage("assistant", "again"))
+    assert encoder.encode(state, 46) == snapshots.Encoded(snapshots.encode_state(state), 0)
+    assert encoder.encode(state, 47).keyframe_version == 46
+    # a reloaded state (a new history list) never gets a delta on the old fold's keyframe
+    reloaded = snapshots.decode_state(snapshots.encode_state(state), snapshots.FORMAT, where="r")
+    assert encoder.encode(reloaded, 48).keyframe_version == 0
+
+
+def test_the_snapshot_layout_covers_every_field_of_the_state() -> None:
+    """A new field in the folded state needs a new snapshot format (see engine/snapshots.py)."""
+
+    def names(cls: type) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    assert names(SessionState) == [*snapshots.SESSION_FIELDS[:7], "messages", "inbox", "turn",
+                                   *snapshots.SESSION_FIELDS[7:]]  # fmt: skip
+    assert names(TurnProgress) == [*snapshots.TURN_FIELDS[:7], "tool_calls", *snapshots.TURN_FIELDS[7:]]
+    assert names(ToolCallProgress) == list(snapshots.CALL_FIELDS)
+    assert names(InboundMessage) == list(snapshots.INBOX_FIELDS)
+
+
+async def test_the_snapshots_projection_lists_what_happened_at_each(
+    tmp_path: Path, log: SqliteEventLog
+) -> None:
+    api, sid = await long_session(log, 6)
+    store = SqliteProjectionStore(tmp_path / "p.db")
+    try:
+        await Projector(log, store).catch_up()
+        rows = store.rows_of("snapshots", sid)
+        snaps = snapshot_events(await log.read_session(sid))
+        assert [r["version"] for r in rows] == [s.version for s in snaps]
+        assert [(r["status"], r["last_tool"], r["output_tokens"]) for r in rows] == [
+            (s.status, s.last_tool, s.output_tokens) for s in snaps
+        ]
+        assert rows[-1]["turns"] == 6 and rows[-1]["status"] == "FINISHED"
+        assert store.session(sid)["state_version"] == snaps[-1].version  # type: ignore[index]
+    finally:
+        store.close()
