@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
+from .budget import Budget
 from .errors import ConfigurationError
 from .models.base import Model
+from .models.pricing import PriceTable
 from .tools import Tool, ToolRegistry
 
 DEFAULT_MAX_TOOL_ITERATIONS = 8
@@ -27,6 +29,10 @@ class Agent:
     """Time from request to the model's first chunk (seed §5.3)."""
     model_timeout_s: float = 120.0
     """Total time for one model response (seed §5.3)."""
+    prices: PriceTable | None = None
+    """What the agent's models cost; without it calls are recorded at cost 0."""
+    budget: Budget | None = None
+    """Cost limits checked before every model call (needs ``prices``)."""
 
     def __post_init__(self) -> None:
         if self.max_tool_iterations < 1:

@@ -25,6 +25,8 @@ from .events import EVENT_TYPES, Event, ToolCallSpec
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+HISTORY_DIR = SCHEMA_DIR / "history"
+"""Every schema events were ever written with, so logs written by older releases stay readable."""
 ENVELOPE_FIELDS = tuple(f.name for f in dataclasses.fields(Event))
 _SHARED = ("Envelope", "ToolCallSpec")
 _INLINE = frozenset({"turnlog.events.Envelope"})
@@ -39,6 +41,8 @@ class _Codec:
     fingerprint: bytes
     writer: Writer
     """The compiled encoder (engine.avro), for writing."""
+    writer_schema: Any = None
+    """For a record an older schema wrote: that schema, resolved into ``schema`` when read."""
 
 
 def load_schema_json(name: str, schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
@@ -64,13 +68,68 @@ def _registry() -> tuple[dict[str, _Codec], dict[bytes, _Codec]]:
     for type_name, cls in EVENT_TYPES.items():
         raw = load_schema_json(type_name)
         parsed = parse_schema(raw, named_schemas=dict(named))
-        # fastavro gives the fingerprint in little-endian byte order, as it goes on the wire
-        fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+        fp = wire_fingerprint(parsed)
         writer = compile_writer(raw, dict(named_json), inline_records=_INLINE)
         codec = _Codec(cls, parsed, fp, writer)
         by_type[type_name] = codec
         by_fp[codec.fingerprint] = codec
+    for type_name, fp, canonical in history_schemas():
+        current = by_type.get(type_name)
+        if current is not None and fp not in by_fp:
+            by_fp[fp] = dataclasses.replace(
+                current, fingerprint=fp, writer_schema=parse_schema(json.loads(canonical))
+            )
     return by_type, by_fp
+
+
+def wire_fingerprint(parsed: Any) -> bytes:
+    """The 8 bytes a record starts with after C3 01: CRC-64-AVRO of the canonical form (shared
+    types by name), little-endian as fastavro gives it."""
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+
+
+def wire_fingerprint_of(type_name: str, schema_dir: Path = SCHEMA_DIR) -> bytes:
+    """The wire fingerprint of an event type's schema as found in ``schema_dir``."""
+    named: dict[str, Any] = {}
+    for shared in _SHARED:
+        parse_schema(load_schema_json(shared, schema_dir), named_schemas=named)
+    return wire_fingerprint(parse_schema(load_schema_json(type_name, schema_dir), named_schemas=named))
+
+
+def canonical_schema(type_name: str, schema_dir: Path = SCHEMA_DIR) -> str:
+    """An event type's schema in Avro parsing canonical form, self-contained (shared types inlined)."""
+    shared = {}
+    for name in _SHARED:
+        raw = load_schema_json(name, schema_dir)
+        shared[f"{raw['namespace']}.{raw['name']}"] = raw
+    expanded = _inline(load_schema_json(type_name, schema_dir), shared, set())
+    return to_parsing_canonical_form(parse_schema(expanded))
+
+
+def _inline(node: Any, shared: dict[str, Any], seen: set[str]) -> Any:
+    """The schema with each shared named type written out at its first use (Avro's rule)."""
+    if isinstance(node, str) and node in shared and node not in seen:
+        seen.add(node)
+        return _inline(shared[node], shared, seen)
+    if isinstance(node, list):
+        return [_inline(item, shared, seen) for item in node]
+    if isinstance(node, dict):
+        return {
+            key: _inline(value, shared, seen) if key in ("type", "items", "fields") else value
+            for key, value in node.items()
+        }
+    return node
+
+
+def history_schemas(history_dir: Path = HISTORY_DIR) -> list[tuple[str, bytes, str]]:
+    """(event type, wire fingerprint, self-contained canonical schema) of every schema a released
+    turnlog wrote events with."""
+    entries = []
+    for path in sorted(history_dir.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        schema = json.dumps(data["schema"], separators=(",", ":"))
+        entries.append((str(data["event"]), bytes.fromhex(data["fingerprint"]), schema))
+    return entries
 
 
 def schema_fingerprint(event_type: str) -> bytes:
@@ -109,7 +168,10 @@ def decode(data: bytes) -> Event:
         )
     body = io.BytesIO(memoryview(data)[HEADER_LEN:])
     try:
-        record = fastavro.schemaless_reader(body, codec.schema, None)
+        if codec.writer_schema is None:
+            record = fastavro.schemaless_reader(body, codec.schema, None)
+        else:  # an older writer: Avro schema resolution fills the fields it lacked with their defaults
+            record = fastavro.schemaless_reader(body, codec.writer_schema, codec.schema)
     except Exception as exc:  # fastavro raises EOFError, UnicodeDecodeError, IndexError...
         raise MalformedEventError(
             f"corrupt {codec.cls.type} record ({len(data)} bytes): {type(exc).__name__}: {exc}"

@@ -90,6 +90,8 @@ class ModelCallStarted(Event):
     model: str
     message_count: int
     tools_offered: int
+    estimated_input_tokens: int = 0
+    """The request's size counted before sending it; 0 if the model gives no estimate."""
     type: ClassVar[str] = "ModelCallStarted"
 
 
@@ -106,6 +108,10 @@ class ModelCallFinished(Event):
     retries: int = 0
     finish_reason: str = ""
     error: str | None = None
+    cached_input_tokens: int = 0
+    """Input tokens served from the provider's prompt cache (included in input_tokens)."""
+    cost_micros: int = 0
+    """Cost in micro-dollars by the agent's price table; 0 if the model is unpriced."""
     type: ClassVar[str] = "ModelCallFinished"
 
 
@@ -177,6 +183,7 @@ class TurnFinished(Event):
     model_calls: int
     input_tokens: int
     output_tokens: int
+    cost_micros: int = 0
     type: ClassVar[str] = "TurnFinished"
 
 

@@ -48,6 +48,7 @@ class TurnProgress:
     """Text of the last assistant message without tool calls."""
     input_tokens: int = 0
     output_tokens: int = 0
+    cost_micros: int = 0
 
     def unfinished_calls(self) -> list[ToolCallProgress]:
         return [c for c in self.tool_calls.values() if c.status not in FINAL_TOOL_STATUSES]
@@ -79,6 +80,8 @@ class SessionState:
     close_reason: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
+    cost_micros: int = 0
+    """Model cost of the whole session, micro-dollars."""
     created_ms: int = 0
     updated_ms: int = 0
 
@@ -153,6 +156,8 @@ def _model_finished(s: SessionState, e: ev.ModelCallFinished) -> None:
     turn.output_tokens += e.output_tokens
     s.input_tokens += e.input_tokens
     s.output_tokens += e.output_tokens
+    turn.cost_micros += e.cost_micros
+    s.cost_micros += e.cost_micros
 
 
 def _assistant(s: SessionState, e: ev.AssistantMessage) -> None:

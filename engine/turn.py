@@ -10,6 +10,7 @@ idempotent tool is run again, a started non-idempotent one is reported as interr
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 import weakref
 from collections import OrderedDict
@@ -20,6 +21,7 @@ import structlog
 
 from . import events as ev
 from .agent import Agent
+from .budget import BudgetStop, SpendLedger, check_budget
 from .errors import ConcurrencyError, ModelError, ModelTimeoutError, SessionNotFoundError
 from .fold import SessionState, ToolCallProgress, fold
 from .log.base import EventLog
@@ -89,10 +91,13 @@ class TurnRunner:
         *,
         producer: str = "worker",
         cache_size: int = 1024,
+        spend_ledger: SpendLedger | None = None,
     ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
+        self.spend_ledger = spend_ledger
+        """Answers what a user spent today, for per-user daily budgets."""
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
         # one lock per session while someone holds or waits for it; dropped after, so a worker
@@ -193,6 +198,10 @@ class TurnRunner:
         assert turn is not None
         index = turn.model_calls_started
         request = self._request(w.state, agent, step.closing)
+        estimated = await agent.model.estimate_input_tokens(request)
+        if (stop := self._budget_stop(w.state, agent, estimated)) is not None:
+            self._stop_for_budget(w, stop)
+            return
         w.add(
             ev.ModelCallStarted,
             turn_id=turn.turn_id,
@@ -200,6 +209,7 @@ class TurnRunner:
             model=agent.model.name,
             message_count=len(request.messages),
             tools_offered=len(request.tools),
+            estimated_input_tokens=estimated,
             correlation_id=turn.turn_id,
         )
         for event in await w.commit():
@@ -210,7 +220,8 @@ class TurnRunner:
         try:
             async for chunk in _stream_with_timeouts(agent, request):
                 if isinstance(chunk, TextDelta):
-                    yield ModelDelta(w.state.session_id, turn.turn_id, index, chunk.text)
+                    if chunk.text:  # an empty delta only says the model is producing something
+                        yield ModelDelta(w.state.session_id, turn.turn_id, index, chunk.text)
                 else:
                     response = chunk
             if response is None:
@@ -222,6 +233,26 @@ class TurnRunner:
             self._record_model_failure(w, agent, index, latency, error)
         else:
             self._record_model_answer(w, agent, index, latency, response, step.closing)
+
+    def _budget_stop(self, state: SessionState, agent: Agent, estimated_tokens: int) -> BudgetStop | None:
+        if agent.budget is None or agent.prices is None:
+            return None
+        price = agent.prices.price_for(agent.model.name)
+        if price is None:
+            return None
+        worst = price.worst_case_micros(estimated_tokens)
+        return check_budget(agent.budget, state, worst, self.spend_ledger, dt.datetime.now(dt.UTC).date())
+
+    def _stop_for_budget(self, w: SessionWriter, stop: BudgetStop) -> None:
+        """The turn ends before a call that could overrun a budget, and the user is told which."""
+        turn = w.state.turn
+        assert turn is not None
+        tid = turn.turn_id
+        w.add(
+            ev.AssistantMessage, turn_id=tid, message_id=ev.new_id(), text=stop.message(), correlation_id=tid
+        )
+        w.transition(S.FINISHED, Cause.BUDGET, detail=f"{stop.level} budget", correlation_id=tid)
+        self._finish_turn(w, "budget")
 
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
         messages = [ChatMessage.system(agent.system_prompt)] if agent.system_prompt else []
@@ -268,14 +299,17 @@ class TurnRunner:
         if closing and not text.strip():
             text = _gathered_summary(w.state, agent.max_tool_iterations)
         iteration = turn.iterations + 1
+        usage = response.usage
         w.add(
             ev.ModelCallFinished,
             turn_id=tid,
             step=index,
             model=response.model or agent.model.name,
             status="ok",
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+            cost_micros=_call_cost(agent, response),
             latency_ms=latency,
             finish_reason=response.finish_reason,
             correlation_id=tid,
@@ -320,6 +354,7 @@ class TurnRunner:
             model_calls=turn.model_calls,
             input_tokens=turn.input_tokens,
             output_tokens=turn.output_tokens,
+            cost_micros=turn.cost_micros,
             correlation_id=turn.turn_id,
         )
 
@@ -394,9 +429,10 @@ async def _stream_with_timeouts(
 ) -> AsyncIterator[TextDelta | ModelResponse]:
     """The model's chunks, bounded by the first-chunk and total-response limits (seed §5.3)."""
     chunks = agent.model.stream(request).__aiter__()
+    first_limit_s, total_limit_s = model_time_limits(agent)
     now = asyncio.get_running_loop().time()
-    deadline = now + agent.model_timeout_s
-    first_deadline = min(now + agent.first_token_timeout_s, deadline)
+    deadline = now + total_limit_s
+    first_deadline = min(now + first_limit_s, deadline)
     first = True
     try:
         while True:
@@ -412,14 +448,37 @@ async def _stream_with_timeouts(
                 if not limit.expired():
                     raise
                 if first and first_deadline < deadline:
-                    raise ModelTimeoutError("first-token", agent.first_token_timeout_s) from None
-                raise ModelTimeoutError("total-response", agent.model_timeout_s) from None
+                    raise ModelTimeoutError("first-token", first_limit_s) from None
+                raise ModelTimeoutError("total-response", total_limit_s) from None
             first = False
             yield chunk
     finally:
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+def _call_cost(agent: Agent, response: ModelResponse) -> int:
+    """Micro-dollars by the agent's price table: under the model the server says answered, else
+    under the configured name; 0 if neither is priced."""
+    if agent.prices is None:
+        return 0
+    usage = response.usage
+    for name in (response.model, agent.model.name):
+        if name and agent.prices.price_for(name) is not None:
+            return agent.prices.cost_micros(
+                name, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens
+            )
+    return 0
+
+
+def model_time_limits(agent: Agent) -> tuple[float, float]:
+    """(first-token, total-response) limits: the model's own if it sets them, else the agent's."""
+    model = agent.model
+    return (
+        model.first_token_timeout_s or agent.first_token_timeout_s,
+        model.response_timeout_s or agent.model_timeout_s,
+    )
 
 
 def _gathered_summary(state: SessionState, cap: int) -> str:

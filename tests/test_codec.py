@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import typing
 from typing import Any
 
@@ -419,3 +420,40 @@ def test_compiled_encoder_matches_fastavro_on_an_empty_tool_call_list() -> None:
         session_id="s", version=4, turn_id="t", message_id="m", text="", tool_calls=()
     )
     assert codec.encode(event) == _fastavro_bytes(event)
+
+
+# -- schema evolution: logs written by older releases stay readable ------------------------------
+
+
+def test_every_current_schema_is_recorded_in_the_history() -> None:
+    recorded = {(event, fp) for event, fp, _ in codec.history_schemas()}
+    missing = [t for t in EVENT_TYPES if (t, codec.wire_fingerprint_of(t)) not in recorded]
+    assert not missing, f"run `python -m engine.schema_history` to record the new schemas of {missing}"
+
+
+@pytest.mark.parametrize("event_type, fp, canonical", codec.history_schemas())
+def test_every_recorded_schema_resolves_into_the_current_one(
+    event_type: str, fp: bytes, canonical: str
+) -> None:
+    """A record written with any released schema decodes into the current event (new fields
+    take their defaults), so a schema change that breaks old logs fails here."""
+    writer_schema = parse_schema(json.loads(canonical))
+    current = sample(EVENT_TYPES[event_type])
+    envelope = {name: getattr(current, name) for name in codec.ENVELOPE_FIELDS}
+    body_fields = [f["name"] for f in writer_schema["fields"] if f["name"] != "envelope"]
+    payload = {name: _avro_value(getattr(current, name)) for name in body_fields}
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, writer_schema, {"envelope": envelope, **payload})
+    decoded = codec.decode(codec.MAGIC + fp + out.getvalue())
+    assert type(decoded) is type(current)
+    for name in (*codec.ENVELOPE_FIELDS, *body_fields):
+        assert getattr(decoded, name) == getattr(current, name)
+    for field in dataclasses.fields(current):
+        if field.name not in body_fields and field.name not in codec.ENVELOPE_FIELDS:
+            assert getattr(decoded, field.name) == field.default  # added later: its default
+
+
+def _avro_value(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [dataclasses.asdict(item) for item in value]
+    return value

@@ -29,10 +29,23 @@ class ModelRequest:
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    """Part of input_tokens the provider served from its prompt cache (billed at its own rate)."""
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
+    """Answer text as it streams. An empty delta is a heartbeat: the model is producing output
+    that is not answer text (a tool call being written); it counts as the first token and is not
+    streamed to the user."""
+
     text: str
 
 
@@ -52,6 +65,10 @@ class Model(abc.ABC):
     """Implement ``stream``; the engine handles timeouts, history and events."""
 
     name: str = "model"
+    first_token_timeout_s: float | None = None
+    """This model's own time-to-first-token limit; None uses the agent's (seed §5.3)."""
+    response_timeout_s: float | None = None
+    """This model's own total-response limit; None uses the agent's."""
 
     @abc.abstractmethod
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
@@ -60,6 +77,11 @@ class Model(abc.ABC):
     async def aclose(self) -> None:
         """Release connections; the default has none."""
         return None
+
+    async def estimate_input_tokens(self, request: ModelRequest) -> int:
+        """The request's size in this model's tokens, counted before it is sent (for budgets and
+        the trace). 0 means no estimate: the default, so scripted models cost nothing here."""
+        return 0
 
 
 def estimate_tokens(text: str) -> int:
