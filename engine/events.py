@@ -194,6 +194,19 @@ class SessionClosed(Event):
     type: ClassVar[str] = "SessionClosed"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelFallback(Event):
+    turn_id: str
+    step: int
+    from_model: str
+    to_model: str
+    reason: str
+    """Why the previous model was left: its error, or which time limit it hit."""
+    degraded: bool = False
+    """The next model is the rule-based responder: the user is told the service is degraded."""
+    type: ClassVar[str] = "ModelFallback"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
@@ -203,6 +216,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StateChanged,
         ModelCallStarted,
         ModelCallFinished,
+        ModelFallback,
         AssistantMessage,
         ToolCallRequested,
         ToolCallStarted,

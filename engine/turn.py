@@ -22,11 +22,12 @@ import structlog
 from . import events as ev
 from .agent import Agent
 from .budget import BudgetStop, SpendLedger, check_budget
-from .errors import ConcurrencyError, ModelError, ModelTimeoutError, SessionNotFoundError
+from .errors import ConcurrencyError, ModelError, SessionNotFoundError
 from .fold import SessionState, ToolCallProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
-from .models.base import ModelRequest, ModelResponse, TextDelta
+from .models.base import ModelRequest, ModelResponse, ModelSwitch, TextDelta
+from .models.limits import stream_within
 from .states import Cause, SessionStatus
 from .stream import ModelDelta, StreamItem
 from .tools import Tool
@@ -206,7 +207,7 @@ class TurnRunner:
             ev.ModelCallStarted,
             turn_id=turn.turn_id,
             step=index,
-            model=agent.model.name,
+            model=agent.model.model_for(request),
             message_count=len(request.messages),
             tools_offered=len(request.tools),
             estimated_input_tokens=estimated,
@@ -217,11 +218,16 @@ class TurnRunner:
         started = time.perf_counter()
         response: ModelResponse | None = None
         error: Exception | None = None
+        switches = 0
         try:
-            async for chunk in _stream_with_timeouts(agent, request):
+            chunks = stream_within(agent.model, request, agent.first_token_timeout_s, agent.model_timeout_s)
+            async for chunk in chunks:
                 if isinstance(chunk, TextDelta):
                     if chunk.text:  # an empty delta only says the model is producing something
                         yield ModelDelta(w.state.session_id, turn.turn_id, index, chunk.text)
+                elif isinstance(chunk, ModelSwitch):
+                    switches += 1
+                    self._record_switch(w, index, chunk)
                 else:
                     response = chunk
             if response is None:
@@ -230,9 +236,22 @@ class TurnRunner:
             error = exc
         latency = round((time.perf_counter() - started) * 1000, 3)
         if error is not None or response is None:
-            self._record_model_failure(w, agent, index, latency, error)
+            self._record_model_failure(w, agent, index, latency, error, switches)
         else:
-            self._record_model_answer(w, agent, index, latency, response, step.closing)
+            self._record_model_answer(w, agent, index, latency, response, step.closing, switches)
+
+    def _record_switch(self, w: SessionWriter, index: int, switch: ModelSwitch) -> None:
+        tid = w.state.turn.turn_id if w.state.turn else ""
+        w.add(
+            ev.ModelFallback,
+            turn_id=tid,
+            step=index,
+            from_model=switch.from_model,
+            to_model=switch.to_model,
+            reason=switch.reason,
+            degraded=switch.degraded,
+            correlation_id=tid,
+        )
 
     def _budget_stop(self, state: SessionState, agent: Agent, estimated_tokens: int) -> BudgetStop | None:
         if agent.budget is None or agent.prices is None:
@@ -263,7 +282,13 @@ class TurnRunner:
         return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
 
     def _record_model_failure(
-        self, w: SessionWriter, agent: Agent, index: int, latency: float, error: Exception | None
+        self,
+        w: SessionWriter,
+        agent: Agent,
+        index: int,
+        latency: float,
+        error: Exception | None,
+        retries: int,
     ) -> None:
         turn = w.state.turn
         assert turn is not None
@@ -276,6 +301,7 @@ class TurnRunner:
             model=agent.model.name,
             status="failed",
             latency_ms=latency,
+            retries=retries,
             error=reason,
             correlation_id=tid,
         )
@@ -290,6 +316,7 @@ class TurnRunner:
         latency: float,
         response: ModelResponse,
         closing: bool,
+        retries: int,
     ) -> None:
         turn = w.state.turn
         assert turn is not None
@@ -310,6 +337,7 @@ class TurnRunner:
             output_tokens=usage.output_tokens,
             cached_input_tokens=usage.cached_input_tokens,
             cost_micros=_call_cost(agent, response),
+            retries=retries,
             latency_ms=latency,
             finish_reason=response.finish_reason,
             correlation_id=tid,
@@ -424,40 +452,6 @@ def _add_finished(
     )
 
 
-async def _stream_with_timeouts(
-    agent: Agent, request: ModelRequest
-) -> AsyncIterator[TextDelta | ModelResponse]:
-    """The model's chunks, bounded by the first-chunk and total-response limits (seed §5.3)."""
-    chunks = agent.model.stream(request).__aiter__()
-    first_limit_s, total_limit_s = model_time_limits(agent)
-    now = asyncio.get_running_loop().time()
-    deadline = now + total_limit_s
-    first_deadline = min(now + first_limit_s, deadline)
-    first = True
-    try:
-        while True:
-            # the timeout wraps only the await, never the yield: cancelling must hit the model
-            # call, not whatever the consumer of this stream does between chunks
-            limit = asyncio.timeout_at(first_deadline if first else deadline)
-            try:
-                async with limit:
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                if not limit.expired():
-                    raise
-                if first and first_deadline < deadline:
-                    raise ModelTimeoutError("first-token", first_limit_s) from None
-                raise ModelTimeoutError("total-response", total_limit_s) from None
-            first = False
-            yield chunk
-    finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
 def _call_cost(agent: Agent, response: ModelResponse) -> int:
     """Micro-dollars by the agent's price table: under the model the server says answered, else
     under the configured name; 0 if neither is priced."""
@@ -470,15 +464,6 @@ def _call_cost(agent: Agent, response: ModelResponse) -> int:
                 name, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens
             )
     return 0
-
-
-def model_time_limits(agent: Agent) -> tuple[float, float]:
-    """(first-token, total-response) limits: the model's own if it sets them, else the agent's."""
-    model = agent.model
-    return (
-        model.first_token_timeout_s or agent.first_token_timeout_s,
-        model.response_timeout_s or agent.model_timeout_s,
-    )
 
 
 def _gathered_summary(state: SessionState, cap: int) -> str:

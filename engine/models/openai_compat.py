@@ -139,6 +139,8 @@ class OpenAICompatibleModel(Model):
         token_counter: TokenCounter | None = None,
     ) -> None:
         self.name = model
+        self.provider_model = model
+        """The model name sent to the endpoint; ``name`` is what turnlog records (a router renames it)."""
         self.request_timeout_s = request_timeout_s
         self.temperature = temperature
         self._token_counter = token_counter
@@ -163,7 +165,7 @@ class OpenAICompatibleModel(Model):
     def token_counter(self) -> TokenCounter:
         """The tokenizer estimates use: the one given, else tiktoken's encoding for the model name."""
         if self._token_counter is None:
-            self._token_counter = TiktokenCounter(encoding_name_for(self.name))
+            self._token_counter = TiktokenCounter(encoding_name_for(self.provider_model))
         return self._token_counter
 
     async def estimate_input_tokens(self, request: ModelRequest) -> int:
@@ -193,7 +195,7 @@ class OpenAICompatibleModel(Model):
 
     async def _open(self, request: ModelRequest) -> Any:
         kwargs: dict[str, Any] = {
-            "model": self.name,
+            "model": self.provider_model,
             "messages": to_openai_messages(request.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -221,7 +223,7 @@ class OpenAICompatibleModel(Model):
                 "(no finish_reason); the partial answer was discarded"
             )
         usage = state.usage or self._estimate_usage(request, text, calls)
-        return ModelResponse(text, calls, usage, state.finish_reason, state.model or self.name)
+        return ModelResponse(text, calls, usage, state.finish_reason, state.model or self.provider_model)
 
     def _estimate_usage(self, request: ModelRequest, text: str, calls: tuple[ToolCallSpec, ...]) -> Usage:
         """Counted locally when the server reports no usage (provider numbers are preferred)."""

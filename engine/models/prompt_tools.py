@@ -17,12 +17,13 @@ Two guarantees:
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 from ..errors import ModelError
 from ..messages import ChatMessage
-from .base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from .base import Model, ModelChunk, ModelRequest, ModelResponse, ModelSwitch, TextDelta, Usage
 from .tool_text import ParsedToolText, parse_tool_text
 
 _CALL_OPENERS = ("```", "<tool_call>", "{", "[{")
@@ -63,6 +64,8 @@ class PromptToolsModel(Model):
         self.first_token_timeout_s = inner.first_token_timeout_s
         self.response_timeout_s = inner.response_timeout_s
         self.repair_attempts = repair_attempts
+        self.repaired_texts: deque[str] = deque(maxlen=100)
+        """Raw answers whose tool calls needed repair or a retry: material for the parser's corpus."""
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -82,11 +85,15 @@ class PromptToolsModel(Model):
             async for item in self._attempt(request, messages):
                 if isinstance(item, _Attempt):
                     attempt = item
+                elif isinstance(item, ModelSwitch):
+                    yield item
                 else:
                     yield TextDelta(gate.feed(item.text))  # "" while a call is held back: a heartbeat
             assert attempt is not None
             used = used + attempt.usage
             parsed = parse_tool_text(attempt.text, names) if request.tools else ParsedToolText(attempt.text)
+            if parsed.repaired or parsed.error:
+                self.repaired_texts.append(attempt.text)
             if parsed.error is None:
                 if not parsed.calls and (rest := gate.flush()):
                     yield TextDelta(rest)
@@ -107,10 +114,10 @@ class PromptToolsModel(Model):
 
     async def _attempt(
         self, request: ModelRequest, messages: list[ChatMessage]
-    ) -> AsyncIterator[TextDelta | _Attempt]:
+    ) -> AsyncIterator[TextDelta | ModelSwitch | _Attempt]:
         inner_request = ModelRequest(messages, (), request.session_id, request.turn_id)
         async for chunk in self.inner.stream(inner_request):
-            if isinstance(chunk, TextDelta):
+            if isinstance(chunk, (TextDelta, ModelSwitch)):
                 yield chunk
             else:
                 yield _Attempt(chunk.text, chunk.usage, chunk.finish_reason, chunk.model)
