@@ -119,7 +119,8 @@ def test_backup_from_the_routing_file_takes_over(tmp_path: Path) -> None:
         ({"models": {"a": {}}}, "needs at least"),
         ({"models": {"a": {"model": "x", "temp": 1}}}, "unknown settings"),
         ({"models": {"a": {"model": "x"}}, "agents": {AGENT: {"model": "b"}}}, "not under models"),
-        ({"models": {"a": {"model": "x"}}, "agents": {AGENT: {"model": "a", "candidate_share": 2}}}, "between 0"),
+        ({"models": {"a": {"model": "x"}}, "agents": {AGENT: {"model": "a", "candidate_share": 2}}},
+         "between 0"),
     ],
 )  # fmt: skip
 def test_bad_routing_files_say_what_is_wrong(data: dict[str, Any], problem: str) -> None:
