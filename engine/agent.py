@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Literal, Mapping
 
+from .budget import Budget
 from .errors import ConfigurationError
 from .models.base import Model
+from .models.pricing import PriceTable
 from .tools import Tool, ToolRegistry
 
 DEFAULT_MAX_TOOL_ITERATIONS = 8
@@ -30,6 +32,10 @@ class Agent:
     on_message: Literal["queue", "interrupt"] = "queue"
     """A user message that arrives while a turn runs: ``queue`` answers it after the turn;
     ``interrupt`` stops the turn at its next step boundary and answers it (seed §8)."""
+    prices: PriceTable | None = None
+    """What the agent's models cost; without it calls are recorded at cost 0."""
+    budget: Budget | None = None
+    """Cost limits checked before every model call (needs ``prices``)."""
 
     def __post_init__(self) -> None:
         if self.max_tool_iterations < 1:

@@ -5,10 +5,10 @@ Every value on the log is ``C3 01`` + the writer schema's 8-byte CRC-64-AVRO fin
 looks the fingerprint up to learn which schema wrote the record, so schemas can evolve while
 old records stay readable. The Kafka backend also puts the fingerprint in a record header.
 
-Schema history: ``schemas/history/Envelope.N.avsc`` keeps every earlier envelope. Each event
-type is registered under its fingerprint with each of them too, and such records are read with
-Avro schema resolution into the current classes (new envelope fields take their defaults).
-Envelope.1 is the envelope before ``basis_version``.
+Schema history: ``schemas/history/`` keeps every schema a release wrote events with, in
+canonical form under its wire fingerprint (``python -m engine.schema_history`` records new
+ones; a test fails until it is run). Such records are read with Avro schema resolution into the
+current classes: fields added since take their defaults.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 HISTORY_DIR = SCHEMA_DIR / "history"
-LEGACY_ENVELOPE = "Envelope.1.avsc"
-"""Records written with it carry the legacy fingerprint (named records not written out)."""
+"""Every schema events were ever written with, so logs written by older releases stay readable."""
 ENVELOPE_FIELDS = tuple(f.name for f in dataclasses.fields(Event))
 _INLINE = frozenset({"turnlog.events.Envelope"})
 """The envelope's fields are attributes of the event itself, not of a nested object."""
@@ -46,8 +45,8 @@ class _Codec:
     fingerprint: bytes
     writer: Writer
     """The compiled encoder (engine.avro), for writing."""
-    reader: Any = None
-    """For a record written with an older envelope: the current schema to resolve it into."""
+    writer_schema: Any = None
+    """For a record an older schema wrote: that schema, resolved into ``schema`` when read."""
 
 
 def load_schema_json(name: str, schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
@@ -60,24 +59,24 @@ def load_schema_json(name: str, schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]
         ) from exc
 
 
-def _fingerprint(raw: dict[str, Any], named: dict[str, Any], *, expand: bool = True) -> tuple[Any, bytes]:
+def _fingerprint(raw: dict[str, Any], named: dict[str, Any]) -> tuple[Any, bytes]:
     """The parsed schema and its 8-byte wire fingerprint (fastavro gives it little endian).
 
     The fingerprint is taken over the schema with its named records (the envelope,
     ToolCallSpec) written out, so changing the envelope changes every event's fingerprint.
-    ``expand=False`` is the legacy fingerprint, over the name only (records written before
-    ``basis_version``).
+    (Releases before ``basis_version`` took it over the names only; their schemas are in
+    ``schemas/history/`` under the fingerprints they wrote.)
     """
     parsed = parse_schema(raw, named_schemas=dict(named))
-    canonical = parse_schema(raw, named_schemas=dict(named), expand=True) if expand else parsed
-    return parsed, bytes.fromhex(fingerprint(to_parsing_canonical_form(canonical), "CRC-64-AVRO"))
+    expanded = parse_schema(raw, named_schemas=dict(named), expand=True)
+    return parsed, bytes.fromhex(fingerprint(to_parsing_canonical_form(expanded), "CRC-64-AVRO"))
 
 
-def _shared(envelope: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _shared(envelope: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> tuple[dict[str, Any], dict[str, Any]]:
     """Parsed and raw named schemas (envelope, ToolCallSpec) for one envelope version."""
     named: dict[str, Any] = {}
     named_json: dict[str, Any] = {}
-    for raw in (envelope, load_schema_json("ToolCallSpec")):
+    for raw in (envelope, load_schema_json("ToolCallSpec", schema_dir)):
         parse_schema(raw, named_schemas=named)
         named_json[f"{raw['namespace']}.{raw['name']}"] = raw
     return named, named_json
@@ -95,17 +94,38 @@ def _registry() -> tuple[dict[str, _Codec], dict[bytes, _Codec]]:
         codec = _Codec(cls, parsed, fp, writer)
         by_type[type_name] = codec
         by_fp[codec.fingerprint] = codec
-    for old in sorted(HISTORY_DIR.glob("Envelope.*.avsc")):
-        old_named, _ = _shared(json.loads(old.read_text(encoding="utf-8")))
-        for type_name, current in by_type.items():
-            raw = load_schema_json(type_name)
-            fps = [_fingerprint(raw, old_named)]
-            if old.name == LEGACY_ENVELOPE:
-                fps.append(_fingerprint(raw, old_named, expand=False))
-            for parsed, fp in fps:
-                resolved = dataclasses.replace(current, schema=parsed, fingerprint=fp, reader=current.schema)
-                by_fp.setdefault(fp, resolved)
+    for type_name, fp, canonical in history_schemas():
+        current = by_type.get(type_name)
+        if current is not None and fp not in by_fp:
+            by_fp[fp] = dataclasses.replace(
+                current, fingerprint=fp, writer_schema=parse_schema(json.loads(canonical))
+            )
     return by_type, by_fp
+
+
+def wire_fingerprint_of(type_name: str, schema_dir: Path = SCHEMA_DIR) -> bytes:
+    """The wire fingerprint of an event type's schema as found in ``schema_dir``."""
+    named, _ = _shared(load_schema_json("Envelope", schema_dir), schema_dir)
+    return _fingerprint(load_schema_json(type_name, schema_dir), named)[1]
+
+
+def canonical_schema(type_name: str, schema_dir: Path = SCHEMA_DIR) -> str:
+    """An event type's schema in Avro parsing canonical form, self-contained (named records
+    written out), as the history keeps it."""
+    named, _ = _shared(load_schema_json("Envelope", schema_dir), schema_dir)
+    raw = load_schema_json(type_name, schema_dir)
+    return to_parsing_canonical_form(parse_schema(raw, named_schemas=named, expand=True))
+
+
+def history_schemas(history_dir: Path = HISTORY_DIR) -> list[tuple[str, bytes, str]]:
+    """(event type, wire fingerprint, self-contained canonical schema) of every schema a released
+    turnlog wrote events with."""
+    entries = []
+    for path in sorted(history_dir.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        schema = json.dumps(data["schema"], separators=(",", ":"))
+        entries.append((str(data["event"]), bytes.fromhex(data["fingerprint"]), schema))
+    return entries
 
 
 def schema_fingerprint(event_type: str) -> bytes:
@@ -144,7 +164,10 @@ def decode(data: bytes) -> Event:
         )
     body = io.BytesIO(memoryview(data)[HEADER_LEN:])
     try:
-        record = fastavro.schemaless_reader(body, codec.schema, codec.reader)
+        if codec.writer_schema is None:
+            record = fastavro.schemaless_reader(body, codec.schema, None)
+        else:  # an older writer: Avro schema resolution fills the fields it lacked with their defaults
+            record = fastavro.schemaless_reader(body, codec.writer_schema, codec.schema)
     except Exception as exc:  # fastavro raises EOFError, UnicodeDecodeError, IndexError...
         raise MalformedEventError(
             f"corrupt {codec.cls.type} record ({len(data)} bytes): {type(exc).__name__}: {exc}"

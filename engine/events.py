@@ -95,6 +95,8 @@ class ModelCallStarted(Event):
     model: str
     message_count: int
     tools_offered: int
+    estimated_input_tokens: int = 0
+    """The request's size counted before sending it; 0 if the model gives no estimate."""
     type: ClassVar[str] = "ModelCallStarted"
 
 
@@ -111,6 +113,10 @@ class ModelCallFinished(Event):
     retries: int = 0
     finish_reason: str = ""
     error: str | None = None
+    cached_input_tokens: int = 0
+    """Input tokens served from the provider's prompt cache (included in input_tokens)."""
+    cost_micros: int = 0
+    """Cost in micro-dollars by the agent's price table; 0 if the model is unpriced."""
     type: ClassVar[str] = "ModelCallFinished"
 
 
@@ -182,6 +188,7 @@ class TurnFinished(Event):
     model_calls: int
     input_tokens: int
     output_tokens: int
+    cost_micros: int = 0
     type: ClassVar[str] = "TurnFinished"
 
 
@@ -302,6 +309,19 @@ class SessionForked(Event):
     type: ClassVar[str] = "SessionForked"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelFallback(Event):
+    turn_id: str
+    step: int
+    from_model: str
+    to_model: str
+    reason: str
+    """Why the previous model was left: its error, or which time limit it hit."""
+    degraded: bool = False
+    """The next model is the rule-based responder: the user is told the service is degraded."""
+    type: ClassVar[str] = "ModelFallback"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
@@ -311,6 +331,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StateChanged,
         ModelCallStarted,
         ModelCallFinished,
+        ModelFallback,
         AssistantMessage,
         ToolCallRequested,
         ToolCallStarted,

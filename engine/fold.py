@@ -53,6 +53,7 @@ class TurnProgress:
     """Text of the last assistant message without tool calls."""
     input_tokens: int = 0
     output_tokens: int = 0
+    cost_micros: int = 0
     history: list[CallRecord] = field(default_factory=list)
     """Every finished call of the turn, in the order asked: what the loop guards look at."""
     guard: str = ""
@@ -94,6 +95,8 @@ class SessionState:
     close_reason: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
+    cost_micros: int = 0
+    """Model cost of the whole session, micro-dollars."""
     superseded: dict[str, str] = field(default_factory=dict)
     """call_id -> the later call whose result replaces it (context management may shorten it)."""
     created_ms: int = 0
@@ -177,6 +180,8 @@ def _model_finished(s: SessionState, e: ev.ModelCallFinished) -> None:
     turn.output_tokens += e.output_tokens
     s.input_tokens += e.input_tokens
     s.output_tokens += e.output_tokens
+    turn.cost_micros += e.cost_micros
+    s.cost_micros += e.cost_micros
 
 
 def _assistant(s: SessionState, e: ev.AssistantMessage) -> None:

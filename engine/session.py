@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from . import events as ev
 from . import interrupts, snapshots
 from .agent import AgentDirectory
+from .budget import SpendLedger
 from .errors import ConcurrencyError, InputError, MessageTooLargeError, SessionClosedError
 from .fold import SessionState
 from .log.base import EventLog
@@ -42,11 +43,18 @@ class SessionInfo:
 class AgentSessions:
     """The engine's front door for one log and a set of agents."""
 
-    def __init__(self, log: EventLog, agents: AgentDirectory, *, producer: str = "api") -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        agents: AgentDirectory,
+        *,
+        producer: str = "api",
+        spend_ledger: SpendLedger | None = None,
+    ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
-        self.runner = TurnRunner(log, agents.get, producer=producer)
+        self.runner = TurnRunner(log, agents.get, producer=producer, spend_ledger=spend_ledger)
 
     async def create_session(
         self,

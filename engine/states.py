@@ -36,6 +36,7 @@ class Cause(StrEnum):
     MODEL_ANSWER = "model_answer"
     TOOL_RESULT = "tool_result"
     ITERATION_CAP = "iteration_cap"
+    BUDGET = "budget"
     GUARD = "guard"
     MODEL_ERROR = "model_error"
     APPROVAL_REQUIRED = "approval_required"
@@ -54,7 +55,7 @@ TRANSITIONS: dict[tuple[SessionStatus, SessionStatus], frozenset[Cause]] = {
     (S.ERROR, S.PROCESSING): frozenset({C.USER_MESSAGE}),
     (S.CANCELLED, S.PROCESSING): frozenset({C.USER_MESSAGE}),
     # the model answers or asks for tools
-    (S.PROCESSING, S.FINISHED): frozenset({C.MODEL_ANSWER, C.ITERATION_CAP, C.GUARD, C.ADMIN}),
+    (S.PROCESSING, S.FINISHED): frozenset({C.MODEL_ANSWER, C.ITERATION_CAP, C.GUARD, C.BUDGET, C.ADMIN}),
     (S.PROCESSING, S.TOOL_WAIT): frozenset({C.MODEL_TOOL_CALL}),
     (S.PROCESSING, S.TOOL_LOOP): frozenset({C.MODEL_TOOL_CALL}),
     (S.PROCESSING, S.ERROR): frozenset({C.MODEL_ERROR}),

@@ -10,6 +10,7 @@ idempotent tool is run again, a started non-idempotent one is reported as interr
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 import weakref
 from collections import OrderedDict
@@ -22,17 +23,18 @@ from . import events as ev
 from . import interrupts
 from . import snapshots as _snapshots
 from .agent import Agent
+from .budget import BudgetStop, SpendLedger, check_budget
 from .errors import (
     ConcurrencyError,
     ModelError,
-    ModelTimeoutError,
     SessionNotFoundError,
     SnapshotFormatError,
 )
 from .fold import SessionState, ToolCallProgress, TurnProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
-from .models.base import ModelRequest, ModelResponse, TextDelta
+from .models.base import ModelRequest, ModelResponse, ModelSwitch, TextDelta
+from .models.limits import stream_within
 from .states import Cause, SessionStatus
 from .stream import ModelDelta, StreamItem
 from .tools import Tool, batch, guards
@@ -103,12 +105,15 @@ class TurnRunner:
         producer: str = "worker",
         cache_size: int = 1024,
         snapshots: bool = True,
+        spend_ledger: SpendLedger | None = None,
     ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
         self.snapshots = _snapshots.SnapshotEncoder(cache_size) if snapshots else None
         """Writes a snapshot after every tool step and turn end; None turns them off (benchmarks)."""
+        self.spend_ledger = spend_ledger
+        """Answers what a user spent today, for per-user daily budgets."""
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
         # one lock per session while someone holds or waits for it; dropped after, so a worker
@@ -237,14 +242,19 @@ class TurnRunner:
         assert turn is not None
         index = turn.model_calls_started
         request = self._request(w.state, agent, step.closing)
+        estimated = await agent.model.estimate_input_tokens(request)
+        if (stop := self._budget_stop(w.state, agent, estimated)) is not None:
+            self._stop_for_budget(w, stop)
+            return
         w.mark_boundary()
         w.add(
             ev.ModelCallStarted,
             turn_id=turn.turn_id,
             step=index,
-            model=agent.model.name,
+            model=agent.model.model_for(request),
             message_count=len(request.messages),
             tools_offered=len(request.tools),
+            estimated_input_tokens=estimated,
             correlation_id=turn.turn_id,
         )
         for event in await w.commit():
@@ -254,10 +264,16 @@ class TurnRunner:
         started = time.perf_counter()
         response: ModelResponse | None = None
         error: Exception | None = None
+        switches = 0
         try:
-            async for chunk in _stream_with_timeouts(agent, request):
+            chunks = stream_within(agent.model, request, agent.first_token_timeout_s, agent.model_timeout_s)
+            async for chunk in chunks:
                 if isinstance(chunk, TextDelta):
-                    yield ModelDelta(w.state.session_id, turn.turn_id, index, chunk.text)
+                    if chunk.text:  # an empty delta only says the model is producing something
+                        yield ModelDelta(w.state.session_id, turn.turn_id, index, chunk.text)
+                elif isinstance(chunk, ModelSwitch):
+                    switches += 1
+                    self._record_switch(w, index, chunk)
                 else:
                     response = chunk
             if response is None:
@@ -266,9 +282,42 @@ class TurnRunner:
             error = exc
         latency = round((time.perf_counter() - started) * 1000, 3)
         if error is not None or response is None:
-            self._record_model_failure(w, agent, index, latency, error)
+            self._record_model_failure(w, agent, index, latency, error, switches)
         else:
-            self._record_model_answer(w, agent, index, latency, response, step.closing)
+            self._record_model_answer(w, agent, index, latency, response, step.closing, switches)
+
+    def _record_switch(self, w: SessionWriter, index: int, switch: ModelSwitch) -> None:
+        tid = w.state.turn.turn_id if w.state.turn else ""
+        w.add(
+            ev.ModelFallback,
+            turn_id=tid,
+            step=index,
+            from_model=switch.from_model,
+            to_model=switch.to_model,
+            reason=switch.reason,
+            degraded=switch.degraded,
+            correlation_id=tid,
+        )
+
+    def _budget_stop(self, state: SessionState, agent: Agent, estimated_tokens: int) -> BudgetStop | None:
+        if agent.budget is None or agent.prices is None:
+            return None
+        price = agent.prices.price_for(agent.model.name)
+        if price is None:
+            return None
+        worst = price.worst_case_micros(estimated_tokens)
+        return check_budget(agent.budget, state, worst, self.spend_ledger, dt.datetime.now(dt.UTC).date())
+
+    def _stop_for_budget(self, w: SessionWriter, stop: BudgetStop) -> None:
+        """The turn ends before a call that could overrun a budget, and the user is told which."""
+        turn = w.state.turn
+        assert turn is not None
+        tid = turn.turn_id
+        w.add(
+            ev.AssistantMessage, turn_id=tid, message_id=ev.new_id(), text=stop.message(), correlation_id=tid
+        )
+        w.transition(S.FINISHED, Cause.BUDGET, detail=f"{stop.level} budget", correlation_id=tid)
+        self._finish_turn(w, "budget")
 
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
         messages = [ChatMessage.system(agent.system_prompt)] if agent.system_prompt else []
@@ -281,7 +330,13 @@ class TurnRunner:
         return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
 
     def _record_model_failure(
-        self, w: SessionWriter, agent: Agent, index: int, latency: float, error: Exception | None
+        self,
+        w: SessionWriter,
+        agent: Agent,
+        index: int,
+        latency: float,
+        error: Exception | None,
+        retries: int,
     ) -> None:
         turn = w.state.turn
         assert turn is not None
@@ -294,6 +349,7 @@ class TurnRunner:
             model=agent.model.name,
             status="failed",
             latency_ms=latency,
+            retries=retries,
             error=reason,
             correlation_id=tid,
         )
@@ -308,6 +364,7 @@ class TurnRunner:
         latency: float,
         response: ModelResponse,
         closing: bool,
+        retries: int,
     ) -> None:
         turn = w.state.turn
         assert turn is not None
@@ -318,14 +375,18 @@ class TurnRunner:
         if closing and not text.strip():
             text = _gathered_summary(w.state, reason)
         iteration = turn.iterations + 1
+        usage = response.usage
         w.add(
             ev.ModelCallFinished,
             turn_id=tid,
             step=index,
             model=response.model or agent.model.name,
             status="ok",
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+            cost_micros=_call_cost(agent, response),
+            retries=retries,
             latency_ms=latency,
             finish_reason=response.finish_reason,
             correlation_id=tid,
@@ -374,6 +435,7 @@ class TurnRunner:
             model_calls=turn.model_calls,
             input_tokens=turn.input_tokens,
             output_tokens=turn.output_tokens,
+            cost_micros=turn.cost_micros,
             correlation_id=turn.turn_id,
         )
         if self.snapshots is not None:
@@ -454,37 +516,18 @@ def _add_finished(
     )
 
 
-async def _stream_with_timeouts(
-    agent: Agent, request: ModelRequest
-) -> AsyncIterator[TextDelta | ModelResponse]:
-    """The model's chunks, bounded by the first-chunk and total-response limits (seed §5.3)."""
-    chunks = agent.model.stream(request).__aiter__()
-    now = asyncio.get_running_loop().time()
-    deadline = now + agent.model_timeout_s
-    first_deadline = min(now + agent.first_token_timeout_s, deadline)
-    first = True
-    try:
-        while True:
-            # the timeout wraps only the await, never the yield: cancelling must hit the model
-            # call, not whatever the consumer of this stream does between chunks
-            limit = asyncio.timeout_at(first_deadline if first else deadline)
-            try:
-                async with limit:
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                if not limit.expired():
-                    raise
-                if first and first_deadline < deadline:
-                    raise ModelTimeoutError("first-token", agent.first_token_timeout_s) from None
-                raise ModelTimeoutError("total-response", agent.model_timeout_s) from None
-            first = False
-            yield chunk
-    finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
+def _call_cost(agent: Agent, response: ModelResponse) -> int:
+    """Micro-dollars by the agent's price table: under the model the server says answered, else
+    under the configured name; 0 if neither is priced."""
+    if agent.prices is None:
+        return 0
+    usage = response.usage
+    for name in (response.model, agent.model.name):
+        if name and agent.prices.price_for(name) is not None:
+            return agent.prices.cost_micros(
+                name, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens
+            )
+    return 0
 
 
 def _gathered_summary(state: SessionState, reason: str) -> str:

@@ -6,6 +6,7 @@ is the session's next version; a replayed one is skipped, a gap is refused.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any, Callable
 
@@ -14,6 +15,11 @@ from engine.models.base import estimate_tokens
 from engine.states import SessionStatus
 
 Statement = tuple[str, tuple[Any, ...]]
+
+
+def utc_day(time_ms: int) -> str:
+    """The UTC calendar day of an event time, as YYYY-MM-DD (costs are summed per day)."""
+    return dt.datetime.fromtimestamp(time_ms / 1000, dt.UTC).date().isoformat()
 
 
 def session_update(
@@ -146,9 +152,18 @@ def _model_started(e: ev.ModelCallStarted) -> list[Statement]:
         ),
         (
             "INSERT INTO model_calls (session_id, turn_id, step, model_name, status, message_count, "
-            "started_at_ms) "
-            "VALUES (?, ?, ?, ?, 'running', ?, ?)",
-            (e.session_id, e.turn_id, e.step, e.model, e.message_count, e.time_ms),
+            "estimated_input_tokens, day, started_at_ms) "
+            "VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)",
+            (
+                e.session_id,
+                e.turn_id,
+                e.step,
+                e.model,
+                e.message_count,
+                e.estimated_input_tokens,
+                utc_day(e.time_ms),
+                e.time_ms,
+            ),
         ),
     ]
 
@@ -157,10 +172,15 @@ def _model_finished(e: ev.ModelCallFinished) -> list[Statement]:
     return [
         session_update(
             e,
-            increments={"input_tokens": e.input_tokens, "output_tokens": e.output_tokens},
+            increments={
+                "input_tokens": e.input_tokens,
+                "output_tokens": e.output_tokens,
+                "cost_micros": e.cost_micros,
+            },
         ),
         (
             "UPDATE model_calls SET model_name = ?, status = ?, input_tokens = ?, output_tokens = ?, "
+            "cached_input_tokens = ?, cost_micros = ?, "
             "latency_ms = ?, finish_reason = ?, error = ?, finished_at_ms = ? "
             "WHERE session_id = ? AND turn_id = ? AND step = ?",
             (
@@ -168,6 +188,8 @@ def _model_finished(e: ev.ModelCallFinished) -> list[Statement]:
                 e.status,
                 e.input_tokens,
                 e.output_tokens,
+                e.cached_input_tokens,
+                e.cost_micros,
                 e.latency_ms,
                 e.finish_reason,
                 e.error,

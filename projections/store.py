@@ -8,6 +8,7 @@ its session's next version (seed §7.3): a replay is a no-op, a gap raises OutOf
 from __future__ import annotations
 
 import abc
+import datetime as dt
 import sqlite3
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -113,6 +114,37 @@ class ProjectionStore(abc.ABC):
             raise ValueError(f"unknown per-session read model {name!r}")
         return self._query(
             f"SELECT * FROM {name} WHERE session_id = ? ORDER BY {ORDER_BY[name]}", (session_id,)
+        )
+
+    # -- costs (seed §5.3) ----------------------------------------------------------------------
+
+    def spent_micros(self, user_id: str, day: dt.date) -> int:
+        """What a user's model calls cost on a UTC day (the engine's SpendLedger for daily budgets)."""
+        rows = self._query(
+            "SELECT COALESCE(SUM(m.cost_micros), 0) AS spent FROM model_calls m "
+            "JOIN sessions s ON s.session_id = m.session_id WHERE s.user_id = ? AND m.day = ?",
+            (user_id, day.isoformat()),
+        )
+        return int(rows[0]["spent"])
+
+    def costliest_sessions(self, limit: int = 10) -> list[Row]:
+        return self._query(
+            "SELECT session_id, user_id, agent_id, cost_micros, input_tokens, output_tokens FROM sessions "
+            "ORDER BY cost_micros DESC, session_id LIMIT ?",
+            (limit,),
+        )
+
+    def costliest_users(self, limit: int = 10) -> list[Row]:
+        return self._query(
+            "SELECT user_id, SUM(cost_micros) AS cost_micros, COUNT(*) AS sessions FROM sessions "
+            "GROUP BY user_id ORDER BY SUM(cost_micros) DESC, user_id LIMIT ?",
+            (limit,),
+        )
+
+    def cost_by_day(self) -> list[Row]:
+        return self._query(
+            "SELECT day, SUM(cost_micros) AS cost_micros, COUNT(*) AS calls FROM model_calls "
+            "GROUP BY day ORDER BY day"
         )
 
     @abc.abstractmethod

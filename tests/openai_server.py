@@ -18,6 +18,7 @@ Malformed requests get the 400 the real API would give and do not consume a step
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -43,12 +44,27 @@ class FakeReply:
     chunk_size: int = 5
     usage: tuple[int, int] | None = None
     """(prompt_tokens, completion_tokens) to report; None = count words."""
+    cached_tokens: int = 0
+    """prompt_tokens_details.cached_tokens to report (the provider's prompt cache)."""
+    delay_s: float = 0.0
+    """Wait this long before the first byte (a slow first token)."""
+    stall_after_chunks: int | None = None
+    """Stop sending for ``stall_s`` after this many chunks (a stall mid-stream)."""
+    stall_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class FakeError:
     status: int
     message: str
+    retry_after: str | None = None
+    """A Retry-After header (429, 503)."""
+
+
+@dataclass(frozen=True)
+class FakeMalformed:
+    after_text: str
+    """Text streamed before a data line that is not JSON."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,7 @@ class FakeDrop:
     """Text streamed before the connection is cut."""
 
 
-Step = FakeReply | FakeError | FakeDrop
+Step = FakeReply | FakeError | FakeDrop | FakeMalformed
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -164,19 +180,22 @@ class _ChunkWriter:
             data["usage"] = None
         return data
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict[str, Any]:
         data = self.chunk({})
         data["choices"] = []
-        data["usage"] = _usage(prompt_tokens, completion_tokens)
+        data["usage"] = _usage(prompt_tokens, completion_tokens, cached)
         return data
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage
 
 
 def _function(name: str, arguments: str) -> dict[str, str]:
@@ -222,7 +241,7 @@ def reply_chunks(reply: FakeReply, body: dict[str, Any], model: str) -> Iterator
     yield from _tool_call_chunks(writer, reply, first=not with_text)
     yield writer.chunk({}, "tool_calls" if reply.tool_calls else "stop")
     if include_usage:
-        yield writer.usage_chunk(*_reply_usage(reply, body))
+        yield writer.usage_chunk(*_reply_usage(reply, body), reply.cached_tokens)
 
 
 def completion(reply: FakeReply, body: dict[str, Any], model: str) -> dict[str, Any]:
@@ -246,7 +265,7 @@ def completion(reply: FakeReply, body: dict[str, Any], model: str) -> dict[str, 
                 "finish_reason": "tool_calls" if reply.tool_calls else "stop",
             }
         ],
-        "usage": _usage(*_reply_usage(reply, body)),
+        "usage": _usage(*_reply_usage(reply, body), reply.cached_tokens),
     }
 
 
@@ -256,9 +275,20 @@ def _sse(data: dict[str, Any] | str) -> bytes:
 
 
 async def _stream_reply(reply: FakeReply, body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
-    for chunk in reply_chunks(reply, body, model):
+    if reply.delay_s:
+        await asyncio.sleep(reply.delay_s)
+    for sent, chunk in enumerate(reply_chunks(reply, body, model)):
+        if sent == reply.stall_after_chunks:
+            await asyncio.sleep(reply.stall_s)
         yield _sse(chunk)
     yield _sse("[DONE]")
+
+
+async def _stream_malformed(step: FakeMalformed, model: str) -> AsyncIterator[bytes]:
+    writer = _ChunkWriter(model, include_usage=False)
+    for chunk in _text_chunks(writer, step.after_text, 5):
+        yield _sse(chunk)
+    yield b"data: {this is not json\n\n"
 
 
 async def _stream_then_drop(drop: FakeDrop, body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
@@ -323,7 +353,12 @@ class FakeOpenAIServer:
         model = str(body.get("model") or self.model)
         streaming = bool(body.get("stream"))
         if isinstance(step, FakeError):
-            return _error(step.status, step.message)
+            response = _error(step.status, step.message)
+            if step.retry_after is not None:
+                response.headers["retry-after"] = step.retry_after
+            return response
+        if isinstance(step, FakeMalformed):
+            return StreamingResponse(_stream_malformed(step, model), media_type="text/event-stream")
         if isinstance(step, FakeDrop):
             if streaming:
                 return StreamingResponse(_stream_then_drop(step, body, model), media_type="text/event-stream")

@@ -168,7 +168,7 @@ async def test_replay_steps_through_the_events_read_only(log: SqliteEventLog, lo
 
 def test_cli_snapshots_fork_replay(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    assert turnlog(home, "demo").returncode == 0
+    assert turnlog(home, "demo", "--scripted").returncode == 0
     store = SqliteProjectionStore(home / "projections.db")
     try:
         (session,) = store.sessions()

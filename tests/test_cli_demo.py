@@ -43,7 +43,7 @@ def tables(home: Path) -> dict[str, list[dict]]:
 
 def test_offline_demo_then_sessions_show_rebuild(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    run = turnlog(home, "demo")
+    run = turnlog(home, "demo", "--scripted")
     assert run.returncode == 0, run.stderr
     out = run.stdout
     assert out.splitlines()[0].startswith(

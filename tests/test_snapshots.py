@@ -230,7 +230,7 @@ def test_a_snapshot_of_every_field_round_trips_exactly() -> None:
         "t1", "m1", 7, iterations=2, model_calls=3, model_calls_started=4, model_call_open=True,
         last_answer="almost", input_tokens=11, output_tokens=12, stop_reason="enough", stop_actor="admin",
         history=[CallRecord("c0", "lookup", '{"order_id": "a"}', 1, "success", "found a")],
-        guard="repeated_call", guard_reason="lookup three times",
+        guard="repeated_call", guard_reason="lookup three times", cost_micros=13,
     )  # fmt: skip
     turn.tool_calls = {
         "c2": ToolCallProgress("c2", "lookup", '{"order_id": "b"}', "started", 1, 2),
@@ -245,7 +245,7 @@ def test_a_snapshot_of_every_field_round_trips_exactly() -> None:
         ],
         inbox=deque([InboundMessage("m2", "next", "e2", 41)]),
         turn=turn, turns_finished=5, closed=True, close_reason="why", input_tokens=100,
-        output_tokens=200, superseded={"c0": "c2"}, created_ms=1, updated_ms=2,
+        output_tokens=200, cost_micros=300, superseded={"c0": "c2"}, created_ms=1, updated_ms=2,
     )  # fmt: skip
     text = snapshots.encode_state(state)
     back = snapshots.decode_state(text, snapshots.FORMAT, where="test")

