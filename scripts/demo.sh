@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-ensure_venv ""
+ensure_venv "[local]"
 exec .venv/bin/turnlog demo "$@"

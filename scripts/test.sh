@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-ensure_venv "[test]"
+ensure_venv "[test,local]"
 ensure_mcp_servers
 .venv/bin/ruff check .
 .venv/bin/mypy
