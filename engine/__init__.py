@@ -10,11 +10,13 @@ from .errors import (
     IllegalTransitionError,
     InputError,
     LogError,
+    LogUnavailableError,
     MalformedEventError,
     MessageTooLargeError,
     ModelError,
     ModelTimeoutError,
     OutOfOrderError,
+    PartitionNotOwnedError,
     SessionClosedError,
     SessionError,
     SessionNotFoundError,
@@ -23,7 +25,7 @@ from .errors import (
     UnknownSchemaError,
 )
 from .fold import SessionState, fold
-from .log import EventLog, LogRecord, SqliteEventLog, partition_for
+from .log import EventLog, KafkaEventLog, LogRecord, SqliteEventLog, partition_for
 from .messages import ChatMessage
 from .models.base import Model, ModelRequest, ModelResponse, TextDelta, Usage
 from .models.scripted import FunctionModel, ScriptedModel, call, reply
@@ -48,8 +50,10 @@ __all__ = [
     "FunctionModel",
     "IllegalTransitionError",
     "InputError",
+    "KafkaEventLog",
     "LogError",
     "LogRecord",
+    "LogUnavailableError",
     "MalformedEventError",
     "MessageTooLargeError",
     "Model",
@@ -59,6 +63,7 @@ __all__ = [
     "ModelResponse",
     "ModelTimeoutError",
     "OutOfOrderError",
+    "PartitionNotOwnedError",
     "ScriptedModel",
     "SessionClosedError",
     "SessionError",
