@@ -49,6 +49,9 @@ from .kafka_topics import TopicNames, committed_offset, ensure_topics
 log = structlog.get_logger("turnlog.kafka")
 SUBMITTABLE = (SessionCreated, UserMessageReceived)
 SUBMIT_WAIT_S = 30.0
+OPERATION_TIMEOUT_S = 30.0
+REACQUIRE_DELAY_S = 3.0
+"""A bound on one transaction or one catch-up read: past it the outcome counts as unknown."""
 
 
 def _headers(event: Event) -> list[tuple[str, bytes]]:
@@ -159,6 +162,13 @@ class KafkaEventLog(EventLog):
     # -- ownership (called by the owners' group rebalance listener) ----------------------------
 
     async def _acquire(self, part: PartitionIndex) -> None:
+        """Take partition ownership (once: the rebalance hook and a re-acquire after a failed
+        transaction may race, and two producers of one transactional id fence each other)."""
+        async with part.acquiring:
+            if not part.owned:
+                await self._start_owning(part)
+
+    async def _start_owning(self, part: PartitionIndex) -> None:
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
             client_id=self.client_id,
@@ -166,18 +176,22 @@ class KafkaEventLog(EventLog):
             enable_idempotence=True,
             acks="all",
         )
-        await producer.start()  # init_transactions: bumps the epoch, aborts a zombie's transaction
-        async with part.lock:
-            await self._catch_up(part)
-            part.producer = producer
-            part.owned = True
-            for key in [k for k in self._committed if k[1] == part.partition]:
-                del self._committed[key]
+        try:
+            await producer.start()  # init_transactions: bumps the epoch, aborts a zombie's transaction
+            async with part.lock:
+                await self._catch_up(part)
+                part.producer = producer
+                part.owned = True
+                for key in [k for k in self._committed if k[1] == part.partition]:
+                    del self._committed[key]
+        except BaseException:
+            await _quiet_stop(producer)
+            raise
         log.info("kafka.partition_acquired", partition=part.partition, offset=part.next_offset)
         self._notify()
 
     async def _release(self, part: PartitionIndex) -> None:
-        async with part.lock:
+        async with part.acquiring, part.lock:
             producer, part.producer, part.owned = part.producer, None, False
             part.pending_commits.clear()
         if producer is not None:
@@ -191,6 +205,9 @@ class KafkaEventLog(EventLog):
         if producer is not None:
             asyncio.get_running_loop().create_task(_quiet_stop(producer))
         log.warning("kafka.partition_fenced", partition=part.partition, reason=reason)
+        # fenced while the group still assigns it to us: our view or the fencer's is stale; if the
+        # assignment stands after the group settles, this process is the owner and takes it back
+        asyncio.get_running_loop().create_task(self._reacquire(part, delay=REACQUIRE_DELAY_S))
         return PartitionNotOwnedError(part.partition, reason)
 
     # -- appends --------------------------------------------------------------------------------
@@ -222,7 +239,7 @@ class KafkaEventLog(EventLog):
         assert producer is not None
         p = part.partition
         try:
-            async with producer.transaction():
+            async with asyncio.timeout(OPERATION_TIMEOUT_S), producer.transaction():
                 futures = [
                     await producer.send(
                         self.topics.events,
@@ -255,7 +272,7 @@ class KafkaEventLog(EventLog):
             metas = [await f for f in futures]
         except ProducerFenced as exc:
             raise self._lost(part, "fenced by a newer owner") from exc
-        except KafkaError as exc:
+        except (KafkaError, TimeoutError) as exc:
             # the outcome is unknown: re-acquire (aborting it if still open) and re-read the partition
             raise await self._reset(part, exc) from exc
         part.pending_commits.clear()
@@ -274,9 +291,12 @@ class KafkaEventLog(EventLog):
             "the partition before appending again, retry the operation"
         )
 
-    async def _reacquire(self, part: PartitionIndex) -> None:
+    async def _reacquire(self, part: PartitionIndex, delay: float = 0.0) -> None:
+        await asyncio.sleep(delay)
         inbox = self._inbox
         while inbox is not None and TopicPartition(self.topics.inbox, part.partition) in inbox.assignment():
+            if part.owned:
+                return
             try:
                 await self._acquire(part)
                 return
@@ -293,14 +313,15 @@ class KafkaEventLog(EventLog):
         if part.owned:  # we sequence it ourselves: return it as appended (read your writes)
             waiter = self._submitted[event.event_id] = asyncio.get_running_loop().create_future()
         try:
-            await self._producer.send_and_wait(
-                self.topics.inbox,
-                codec.encode(event),
-                key=event.session_id.encode(),
-                partition=part.partition,
-                headers=_headers(event),
-            )
-        except KafkaError as exc:
+            async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                await self._producer.send_and_wait(
+                    self.topics.inbox,
+                    codec.encode(event),
+                    key=event.session_id.encode(),
+                    partition=part.partition,
+                    headers=_headers(event),
+                )
+        except (KafkaError, TimeoutError) as exc:
             self._submitted.pop(event.event_id, None)
             raise LogUnavailableError(f"the inbox did not take the event: {exc!r}; retry") from exc
         if waiter is None:
@@ -319,37 +340,47 @@ class KafkaEventLog(EventLog):
         inbox = self._inbox
         assert inbox is not None
         while True:
-            batches = await inbox.getmany(timeout_ms=100, max_records=500)
-            for tp, messages in batches.items():
-                await self._sequence(self._parts[tp.partition], tp, messages)
-            if not batches:
-                await self._flush_commits()
+            try:
+                batches = await inbox.getmany(timeout_ms=100, max_records=500)
+                for tp, messages in batches.items():
+                    await self._sequence(self._parts[tp.partition], tp, messages)
+                if not batches:
+                    await self._flush_commits()
+            except (KafkaError, LogError) as exc:  # the broker is away: nothing was sequenced, retry
+                log.warning("kafka.sequencer_retry", error=repr(exc))
+                await asyncio.sleep(1.0)
 
     async def _sequence(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
         async with part.lock:
-            if not part.owned:
-                return  # revoked meanwhile; the next owner reads these from the committed offset
-            accepted: list[Event] = []
-            dead: list[tuple[Any, str]] = []
-            refused: dict[str, Exception] = {}
-            versions: dict[str, int] = {}
-            for msg in messages:
-                event, error = self._admit(part, msg, versions)
-                if event is not None:
-                    accepted.append(event)
-                else:
-                    assert error is not None
-                    dead.append((msg, str(error)))
-                    if (eid := _event_id(msg)) is not None:
-                        refused[eid] = error
-            try:
-                records = await self._transaction(
-                    part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead
-                )
-            except LogError:
-                if self._inbox is not None and tp in self._inbox.assignment():
-                    self._inbox.seek(tp, messages[0].offset)  # not sequenced: read them again
+            if part.owned:
+                await self._sequence_owned(part, tp, messages)
                 return
+            if self._inbox is None or tp not in self._inbox.assignment():
+                return  # revoked: the next owner reads these from the committed offset
+            self._inbox.seek(tp, messages[0].offset)  # still assigned, being re-acquired: read them again
+        await asyncio.sleep(0.2)
+
+    async def _sequence_owned(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
+        """Sequence a batch of inbox records; called with ``part.lock`` held by the owner."""
+        accepted: list[Event] = []
+        dead: list[tuple[Any, str]] = []
+        refused: dict[str, Exception] = {}
+        versions: dict[str, int] = {}
+        for msg in messages:
+            event, error = self._admit(part, msg, versions)
+            if event is not None:
+                accepted.append(event)
+            else:
+                assert error is not None
+                dead.append((msg, str(error)))
+                if (eid := _event_id(msg)) is not None:
+                    refused[eid] = error
+        try:
+            records = await self._transaction(part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead)
+        except LogError:
+            if self._inbox is not None and tp in self._inbox.assignment():
+                self._inbox.seek(tp, messages[0].offset)  # not sequenced: read them again
+            return
         for record in records:
             self._resolve(record.event.event_id, record.event, None)
         for eid, error in refused.items():
@@ -407,16 +438,20 @@ class KafkaEventLog(EventLog):
         tp = TopicPartition(self.topics.events, part.partition)
         async with self._reader_lock:
             try:
-                end = (await reader.end_offsets([tp]))[tp]
-                if part.next_offset >= end:
-                    return
-                reader.seek(tp, part.next_offset)
-                while part.next_offset < end:
-                    batch = await reader.getmany(tp, timeout_ms=1000, max_records=1000)
-                    records = [_record(part.partition, m) for m in batch.get(tp, [])]
-                    part.add(records, await reader.position(tp))
-            except KafkaError as exc:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    await self._read_to_end(reader, part, tp)
+            except (KafkaError, TimeoutError) as exc:
                 raise LogUnavailableError(f"reading partition {part.partition} failed: {exc!r}") from exc
+
+    async def _read_to_end(self, reader: AIOKafkaConsumer, part: PartitionIndex, tp: TopicPartition) -> None:
+        end = (await reader.end_offsets([tp]))[tp]
+        if part.next_offset >= end:
+            return
+        reader.seek(tp, part.next_offset)
+        while part.next_offset < end:
+            batch = await reader.getmany(tp, timeout_ms=1000, max_records=1000)
+            records = [_record(part.partition, m) for m in batch.get(tp, [])]
+            part.add(records, await reader.position(tp))
 
     async def _fresh(self, partition: int) -> PartitionIndex:
         part = self._parts[partition]
@@ -487,7 +522,17 @@ class _Owners(ConsumerRebalanceListener):
             await self.log._release(self.log._parts[tp.partition])
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await asyncio.gather(*(self.log._acquire(self.log._parts[tp.partition]) for tp in assigned))
+        await asyncio.gather(*(self._acquire(tp.partition) for tp in assigned))
+
+    async def _acquire(self, partition: int) -> None:
+        for attempt in range(1, 31):
+            try:
+                await self.log._acquire(self.log._parts[partition])
+                return
+            except (KafkaError, LogError) as exc:
+                log.warning("kafka.acquire_retry", partition=partition, attempt=attempt, error=repr(exc))
+                await asyncio.sleep(1.0)
+        log.error("kafka.acquire_failed", partition=partition)
 
 
 def _record(partition: int, msg: Any) -> LogRecord:

@@ -36,6 +36,8 @@ class PartitionIndex:
     """The transactional producer whose id is this partition's: holding it fences older owners."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held by whoever appends to the partition (one Kafka transaction at a time)."""
+    acquiring: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while taking ownership, so one process never runs two producers of one id."""
     pending_commits: dict[str, int] = field(default_factory=dict)
     """Consumer-group offsets on this partition to commit with its next transaction."""
 
