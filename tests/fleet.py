@@ -25,6 +25,7 @@ from engine import (
     reply,
     tool,
 )
+from engine.errors import LogUnavailableError
 
 AGENT = "fleet"
 SIDE_EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS side_effects (session_id TEXT, call_id TEXT, worker TEXT)"
@@ -71,6 +72,12 @@ async def kafka_worker_main(
     log = KafkaEventLog(bootstrap, topic=topic, partitions=int(partitions), client_id=worker_id,
                         session_timeout_ms=6000)  # fmt: skip
     conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, options=f"-c search_path={schema}")
-    await log.start()
+    for _ in range(120):  # a worker started while the broker restarts waits for it
+        try:
+            await log.start()
+            break
+        except LogUnavailableError:
+            await log.close()
+            await asyncio.sleep(1.0)
     worker = TurnWorker(log, AgentDirectory([fleet_agent(conn, worker_id)]), worker_id=worker_id)
     await worker.run()  # until killed
