@@ -4,6 +4,12 @@ hand every record to a handler, commit after the handler returns.
 At-least-once: a record whose handler did not return (crash, kill) is delivered again to the
 next member, so handlers are idempotent (the turn worker folds the session and finds nothing to
 do; the projector's version guard skips what it applied).
+
+Without an explicit partition list a member works on the partitions its log owns
+(``EventLog.owned_partitions``: all of them on the embedded log, the consumer group's assignment
+on Kafka). A handler that fails because the log is unavailable or the partition moved to another
+owner (``LogUnavailableError``) or lost a race (``ConcurrencyError``) leaves that partition's
+offset where it was; the record is handled again on the next poll, by whoever owns it then.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Awaitable, Callable, Sequence
 
 import structlog
 
+from engine.errors import ConcurrencyError, LogUnavailableError
 from engine.log.base import EventLog, LogRecord
 
 Handler = Callable[[LogRecord], Awaitable[None]]
@@ -33,7 +40,7 @@ class GroupConsumer:
         self.log = log
         self.group = group
         self.handler = handler
-        self.partitions = list(partitions) if partitions is not None else list(range(log.partitions))
+        self.partitions = list(partitions) if partitions is not None else None
         self.batch = batch
         self.idle_wait_s = idle_wait_s
         self._stop = asyncio.Event()
@@ -41,14 +48,23 @@ class GroupConsumer:
     async def poll_once(self) -> int:
         """Process everything currently on the assigned partitions; return records handled."""
         handled = 0
-        for partition in self.partitions:
-            while records := await self.log.read_partition(
-                partition, await self.log.committed(self.group, partition), self.batch
-            ):
-                for record in records:
-                    await self.handler(record)
-                    await self.log.commit(self.group, partition, record.offset + 1)
-                    handled += 1
+        partitions = self.partitions if self.partitions is not None else self.log.owned_partitions()
+        for partition in partitions:
+            try:
+                handled += await self._drain(partition)
+            except (LogUnavailableError, ConcurrencyError) as exc:
+                log.warning("consumer.retry_later", group=self.group, partition=partition, error=str(exc))
+        return handled
+
+    async def _drain(self, partition: int) -> int:
+        handled = 0
+        while records := await self.log.read_partition(
+            partition, await self.log.committed(self.group, partition), self.batch
+        ):
+            for record in records:
+                await self.handler(record)
+                await self.log.commit(self.group, partition, record.offset + 1)
+                handled += 1
         return handled
 
     async def run(self) -> None:

@@ -11,12 +11,14 @@ from .errors import (
     IllegalTransitionError,
     InputError,
     LogError,
+    LogUnavailableError,
     MalformedEventError,
     MessageTooLargeError,
     ModelError,
     ModelTimeoutError,
     NoTurnRunningError,
     OutOfOrderError,
+    PartitionNotOwnedError,
     SessionClosedError,
     SessionError,
     SessionNotFoundError,
@@ -27,7 +29,7 @@ from .errors import (
     UnknownSchemaError,
 )
 from .fold import SessionState, fold
-from .log import EventLog, LogRecord, SqliteEventLog, partition_for
+from .log import EventLog, KafkaEventLog, LogRecord, SqliteEventLog, partition_for
 from .messages import ChatMessage
 from .models.base import Model, ModelRequest, ModelResponse, TextDelta, Usage
 from .models.scripted import FunctionModel, ScriptedModel, call, reply
@@ -52,8 +54,10 @@ __all__ = [
     "FunctionModel",
     "IllegalTransitionError",
     "InputError",
+    "KafkaEventLog",
     "LogError",
     "LogRecord",
+    "LogUnavailableError",
     "MalformedEventError",
     "MessageTooLargeError",
     "Model",
@@ -64,6 +68,7 @@ __all__ = [
     "ModelTimeoutError",
     "NoTurnRunningError",
     "OutOfOrderError",
+    "PartitionNotOwnedError",
     "ScriptedModel",
     "SessionAdmin",
     "SessionClosedError",

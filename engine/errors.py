@@ -9,6 +9,8 @@
     │   └── SnapshotFormatError   a snapshot's state cannot be read (unknown format, corrupt)
     ├── LogError                  the log refused an operation
     │   ├── ConcurrencyError      another writer appended to the session first
+    │   ├── LogUnavailableError   retry later: broker down, transaction outcome unknown
+    │   │   └── PartitionNotOwnedError  only a partition's owner appends to it (Kafka)
     │   └── OutOfOrderError       an event arrived before the ones it follows
     ├── SessionError
     │   ├── SessionNotFoundError
@@ -73,6 +75,23 @@ class ConcurrencyError(LogError):
         self.session_id = session_id
         self.expected = expected
         self.actual = actual
+
+
+class LogUnavailableError(LogError):
+    """The log cannot take or serve this request right now (broker unreachable, a transaction
+    whose outcome is unknown); nothing was lost, retry after a back-off."""
+
+
+class PartitionNotOwnedError(LogUnavailableError):
+    """This process does not own the session's partition (never did, lost it in a rebalance, or
+    was fenced as a zombie); only the partition's owner may append to it."""
+
+    def __init__(self, partition: int, detail: str = "") -> None:
+        super().__init__(
+            f"this process does not own partition {partition} of the log{f' ({detail})' if detail else ''}; "
+            "its owner in the consumer group appends to it. Send producer events with EventLog.submit."
+        )
+        self.partition = partition
 
 
 class OutOfOrderError(LogError):

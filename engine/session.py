@@ -77,30 +77,29 @@ class AgentSessions:
             metadata_json=json.dumps(metadata or {}),
             producer=self.producer,
         )
-        await self.log.append([created], expected_version=0)
+        await self.log.submit(created)
         return SessionInfo(sid, agent_id, user_id, role, str(SessionStatus.IDLE), 1)
 
     async def post_user_message(self, session_id: str, text: str) -> ev.UserMessageReceived:
-        """Append a user message; it is durable and queued for a turn when this returns."""
-        for _ in range(APPEND_RETRIES):
-            state = await self.runner.load(session_id)
-            self._check_message(state, text)
-            event = ev.UserMessageReceived(
-                session_id=session_id,
-                version=state.version + 1,
-                message_id=ev.new_id(),
-                text=text,
-                user_id=state.user_id,
-                producer=self.producer,
-                basis_version=state.version,
-            )
-            try:
-                await self.log.append([event], expected_version=state.version)
-            except ConcurrencyError:
-                self.runner.forget(session_id)
-                continue
-            return event
-        raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
+        """Submit a user message; it is durable and queued for a turn when this returns.
+
+        The log assigns its version (``EventLog.submit``); on Kafka, from a process that does not
+        own the session's partition, the returned event has ``version == 0``.
+        """
+        state = await self.runner.load(session_id)
+        self._check_message(state, text)
+        event = ev.UserMessageReceived(
+            session_id=session_id,
+            version=0,
+            message_id=ev.new_id(),
+            text=text,
+            user_id=state.user_id,
+            producer=self.producer,
+            basis_version=state.version,
+        )
+        submitted = await self.log.submit(event)
+        assert isinstance(submitted, ev.UserMessageReceived)
+        return submitted
 
     def _check_message(self, state: SessionState, text: str) -> None:
         if state.closed:

@@ -1,15 +1,31 @@
-"""Shared fixtures."""
+"""Shared fixtures.
+
+ONE fixture, TWO backends: ``log`` is the embedded SQLite log, and also (``[kafka]``) a
+``KafkaEventLog`` on a real broker when ``TURNLOG_KAFKA_BOOTSTRAP`` is set — with fresh topics
+per test, owning all their partitions. ``store`` likewise is SQLite, and PostgreSQL (a fresh
+schema per test) when ``TURNLOG_POSTGRES_DSN`` is set. With ``CI=true`` a missing service fails
+the run instead of skipping (``.ci/run`` starts both).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
 
+from engine.log.base import EventLog
+from engine.log.kafka import KafkaEventLog
 from engine.log.sqlite import SqliteEventLog
+from projections.store import ProjectionStore, SqliteProjectionStore
+from tests.services import kafka_log, need_service, postgres_store
 
-# --- engine: a real SQLite log in tmp_path (tests/test_log_sqlite, test_turn_loop, test_recovery) ---
+BACKENDS = ["sqlite", "kafka"]
+
+# --- engine: a real log (tests/test_log_*, test_turn_loop, test_recovery, ...) ---
 
 
 @pytest.fixture
@@ -17,10 +33,71 @@ def log_path(tmp_path: Path) -> Path:
     return tmp_path / "events.db"
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-async def log(log_path: Path) -> AsyncIterator[SqliteEventLog]:
-    opened = SqliteEventLog(log_path, partitions=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+async def log(backend: str, log_path: Path) -> AsyncIterator[EventLog]:
+    if backend == "sqlite":
+        opened: EventLog = SqliteEventLog(log_path, partitions=4)
+        try:
+            yield opened
+        finally:
+            await opened.close()
+        return
+    async with kafka_log(need_service("TURNLOG_KAFKA_BOOTSTRAP"), partitions=4) as kafka:
+        yield kafka
+
+
+@pytest.fixture
+def store(backend: str, tmp_path: Path) -> Iterator[ProjectionStore]:
+    """The read models next to ``log``: SQLite, or PostgreSQL (a fresh schema) with Kafka."""
+    if backend == "sqlite":
+        opened: ProjectionStore = SqliteProjectionStore(tmp_path / "projections.db")
+        try:
+            yield opened
+        finally:
+            opened.close()
+        return
+    with postgres_store(need_service("TURNLOG_POSTGRES_DSN")) as pg:
+        yield pg
+
+
+@pytest.fixture
+def reopen(
+    backend: str, log_path: Path, log: EventLog
+) -> Callable[[], AbstractAsyncContextManager[EventLog]]:
+    """Opens another process's connection to the same log (on Kafka: a reader and producer that
+    owns no partition)."""
+
+    @contextlib.asynccontextmanager
+    async def opener() -> AsyncIterator[EventLog]:
+        if backend == "sqlite":
+            second = SqliteEventLog(log_path, partitions=4)
+            try:
+                yield second
+            finally:
+                await second.close()
+        else:
+            assert isinstance(log, KafkaEventLog)
+            async with kafka_log(log.bootstrap, topic=log.topics.events, owner=False) as reader:
+                yield reader
+
+    return opener
+
+
+@pytest.fixture
+def sqlite_only(backend: str) -> Iterator[None]:
+    """For tests of what only the embedded log has (its file, its durability modes)."""
+    if backend != "sqlite":
+        pytest.skip("embedded-log specific")
+    yield
+
+
+def pytest_report_header() -> list[str]:
+    return [
+        f"kafka: {os.environ.get('TURNLOG_KAFKA_BOOTSTRAP') or 'not set (kafka tests skip)'}",
+        f"postgres: {os.environ.get('TURNLOG_POSTGRES_DSN') or 'not set (postgres tests skip)'}",
+    ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from engine import (
     SessionNotFoundError,
     SqliteEventLog,
     call,
+    codec,
     fold,
     reply,
     tool,
@@ -26,6 +26,7 @@ from engine import (
 from engine import events as ev
 from engine.admin import SessionAdmin
 from engine.errors import SnapshotNotFoundError
+from engine.log.base import EventLog
 from projections import SqliteProjectionStore
 from tests.test_cli_demo import turnlog
 
@@ -53,11 +54,9 @@ def planner(name: str) -> FunctionModel:
     return FunctionModel(fn, name=name)
 
 
-def raw_rows(path: Path, sid: str) -> list[tuple[int, str, bytes]]:
-    with sqlite3.connect(path) as db:
-        return db.execute(
-            "SELECT version, type, value FROM events WHERE session_id = ? ORDER BY version", (sid,)
-        ).fetchall()
+async def raw_rows(log: EventLog, sid: str) -> list[tuple[int, str, bytes]]:
+    """The session's records as the log holds them (version, type, encoded bytes), on any backend."""
+    return [(e.version, e.type, codec.encode(e)) for e in await log.read_session(sid)]
 
 
 async def origin_session(log: SqliteEventLog) -> tuple[AgentSessions, str, FunctionModel]:
@@ -87,10 +86,10 @@ async def test_snapshots_list_what_happened_at_each(log: SqliteEventLog) -> None
 
 
 async def test_fork_mid_turn_continues_with_another_model_and_leaves_the_origin_alone(
-    log: SqliteEventLog, log_path: Path
+    log: SqliteEventLog
 ) -> None:
     api, sid, model_b = await origin_session(log)
-    before = raw_rows(log_path, sid)
+    before = await raw_rows(log, sid)
     after_tool = (await SessionAdmin(log).snapshots(sid))[2]  # second turn, refund ran, no answer yet
     origin_at = fold(sid, [e for e in await log.read_session(sid) if e.version < after_tool.version])
 
@@ -109,11 +108,11 @@ async def test_fork_mid_turn_continues_with_another_model_and_leaves_the_origin_
     fork_events = await log.read_session(forked.session_id)
     assert fork_events[1].type == "ModelCallStarted" and fork_events[1].model == "model-b"  # type: ignore[attr-defined]
     assert (await api.get_history(forked.session_id))[-1] == ChatMessage("assistant", "model-b: refunded O-2")
-    assert raw_rows(log_path, sid) == before, "forking never alters the origin's events"
+    assert await raw_rows(log, sid) == before, "forking never alters the origin's events"
 
     async for _ in api.send_user_message(forked.session_id, "refund O-3"):
         pass
-    assert calls == ["O-3"] and raw_rows(log_path, sid) == before
+    assert calls == ["O-3"] and await raw_rows(log, sid) == before
     assert (await api.get_state(forked.session_id)).turns_finished == 3
 
 
@@ -154,16 +153,16 @@ async def test_fork_refuses_a_version_that_is_not_a_snapshot(log: SqliteEventLog
     assert [s for s in await SessionAdmin(log).snapshots(sid)] and await log.session_version("nope") == 0
 
 
-async def test_replay_steps_through_the_events_read_only(log: SqliteEventLog, log_path: Path) -> None:
+async def test_replay_steps_through_the_events_read_only(log: SqliteEventLog) -> None:
     _, sid, _ = await origin_session(log)
-    before = raw_rows(log_path, sid)
+    before = await raw_rows(log, sid)
     events = await log.read_session(sid)
     steps = [(s.event, s.state.status, len(s.state.messages)) async for s in SessionAdmin(log).replay(sid)]
     assert [e for e, _, _ in steps] == events
     assert steps[0][1:] == ("IDLE", 0) and steps[-1][1:] == ("FINISHED", 8)
     window = [s.event.version async for s in SessionAdmin(log).replay(sid, from_version=5, to_version=9)]
     assert window == [6, 7, 8, 9]
-    assert raw_rows(log_path, sid) == before
+    assert await raw_rows(log, sid) == before
 
 
 def test_cli_snapshots_fork_replay(tmp_path: Path) -> None:

@@ -239,6 +239,7 @@ def test_bad_options_raise_configuration_error(
 # --- corruption ---------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("sqlite_only")  # edits the SQLite file; Kafka: tests/test_log_kafka.py
 async def test_corrupt_row_raises_malformed_naming_partition_and_offset(
     log: SqliteEventLog, log_path: Path
 ) -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import os
+import sys
 
 import pytest
 
@@ -21,8 +22,8 @@ from engine import (
     tool,
 )
 from engine import events as ev
-from engine.log.sqlite import SqliteEventLog
-from projections import SqliteProjectionStore, rebuild
+from engine.log.base import EventLog
+from projections import ProjectionStore, rebuild
 from projections.rebuild import catch_up
 from projections.schema import READ_MODELS
 
@@ -58,16 +59,13 @@ async def _workload(api: AgentSessions, sessions: int = 4, turns: int = 3) -> li
 
 
 @pytest.fixture
-async def setup(tmp_path: Path):
-    log = SqliteEventLog(tmp_path / "log.db", partitions=3)
-    store = SqliteProjectionStore(tmp_path / "projections.db")
+async def setup(log: EventLog, store: ProjectionStore):
+    """Both backends: the SQLite log and store, or Kafka and PostgreSQL."""
     api = AgentSessions(log, AgentDirectory([Agent.build("agent", FunctionModel(_script), [lookup])]))
     yield log, store, api
-    store.close()
-    await log.close()
 
 
-def snapshot(store: SqliteProjectionStore) -> dict[str, list[dict]]:
+def snapshot(store: ProjectionStore) -> dict[str, list[dict]]:
     return {name: store.table(name) for name in READ_MODELS}
 
 
@@ -150,3 +148,24 @@ async def test_force_finished_session_is_closed_in_the_projection(setup) -> None
     row = store.session(sid)
     assert row is not None and row["closed"] == 1 and row["close_reason"] == "customer asked to stop"
     assert isinstance((await log.read_session(sid))[-1], ev.SessionClosed)
+
+
+async def test_turnlog_rebuild_refolds_postgres_from_the_kafka_topic(setup, backend: str) -> None:
+    """The CLI on the distributed backend: drop the PostgreSQL tables, refold from offset 0."""
+    if backend != "kafka":
+        pytest.skip("the embedded rebuild CLI is tested in tests/test_cli_demo.py")
+    log, store, api = setup
+    await _workload(api, sessions=3, turns=2)
+    await catch_up(log, store)
+    live = snapshot(store)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "turnlog", "rebuild",
+        "--kafka", log.bootstrap, "--topic", log.topics.events, "--partitions", str(log.partitions),
+        "--postgres", os.environ["TURNLOG_POSTGRES_DSN"], "--schema", store.schema,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, out.decode()
+    events = [len(await log.read_session(row["session_id"])) for row in live["sessions"]]
+    assert f"rebuilt 3 sessions from {sum(events)} events" in out.decode()
+    assert snapshot(store) == live

@@ -1,6 +1,6 @@
 """A worker killed mid-turn (SIGKILL, no cleanup) and a fresh one continuing from the log.
 
-The killed process is tests/crash_worker.py. What was recorded before the kill is reused: the
+The killed process is `tests/procs.py crash`. What was recorded before the kill is reused: the
 model's first answer is not asked for again; a started idempotent tool runs again; a started
 non-idempotent tool is not repeated but reported as interrupted (its outcome is unknown).
 """
@@ -20,7 +20,9 @@ from engine import AgentDirectory, AgentSessions, FunctionModel, SqliteEventLog
 from engine import events as ev
 from engine.tools import MARKERS, ToolStatus
 from projections import SqliteProjectionStore
-from tests.crash_worker import PARTITIONS, QUESTION, answer, build_agent, tool_name
+from tests.procs import QUESTION, answer, tool_name
+from tests.procs import RECOVERY_PARTITIONS as PARTITIONS
+from tests.procs import recovery_agent as build_agent
 
 REPO = Path(__file__).resolve().parent.parent
 SID = "session-crash"
@@ -43,10 +45,10 @@ def types(events: list[ev.Event]) -> list[str]:
 
 
 async def run_until_killed(log_path: Path, kind: str, until: str) -> list[ev.Event]:
-    """Start crash_worker, SIGKILL it once an event of type ``until`` is on the log; the log then."""
+    """Start `procs.py crash`, SIGKILL it once an event of type ``until`` is on the log; the log then."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "crash_worker.py"), str(log_path), SID, kind],
+        [sys.executable, str(REPO / "tests" / "procs.py"), "crash", str(log_path), SID, kind],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
@@ -61,7 +63,7 @@ async def run_until_killed(log_path: Path, kind: str, until: str) -> list[ev.Eve
                     break
             if proc.poll() is not None:
                 err = proc.stderr.read().decode() if proc.stderr else ""
-                pytest.fail(f"crash_worker exited with {proc.returncode} before {until}: {err}")
+                pytest.fail(f"procs.py crash exited with {proc.returncode} before {until}: {err}")
             await asyncio.sleep(0.01)
         else:
             pytest.fail(f"no {until} on the log")

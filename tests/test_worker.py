@@ -13,7 +13,8 @@ from consumers import TurnWorker
 from consumers.turn_worker import GROUP
 from engine import AgentDirectory, AgentSessions, SqliteEventLog
 from engine import events as ev
-from tests.worker_proc import PARTITIONS, build_agent
+from tests.procs import WORKER_PARTITIONS as PARTITIONS
+from tests.procs import worker_agent as build_agent
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,7 +78,8 @@ async def test_killed_worker_mid_turn_is_continued_by_its_successor(tmp_path: Pa
     await producer.post_user_message(sid, "where is O-1?")
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "worker_proc.py"), str(path)], env=env)
+    command = [sys.executable, str(REPO / "tests" / "procs.py"), "sqlite-worker", str(path)]
+    proc = subprocess.Popen(command, env=env)
     try:
         for _ in range(600):
             if "ToolCallStarted" in types(await log.read_session(sid)):

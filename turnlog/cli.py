@@ -22,7 +22,7 @@ from engine.models.base import Model
 from projections.rebuild import rebuild
 
 from . import admin_cli
-from .app import EmbeddedApp
+from .app import EmbeddedApp, ReadSide
 from .config import ModelSettings, home_dir
 from .local_model import MODEL_NAME, assemble_model, local_model_installed, serve_local_model
 from .render import LiveRenderer, print_timeline, sessions_table
@@ -197,26 +197,73 @@ async def _show(home: Path, session_id: str) -> int:
         await app_.close()
 
 
+KafkaOption = Annotated[
+    str | None, typer.Option("--kafka", help="Kafka bootstrap address of the log (instead of --home).")
+]
+TopicOption = Annotated[str, typer.Option(help="The Kafka log's events topic.")]
+PartitionsOption = Annotated[int, typer.Option(help="The log's partition count.")]
+PostgresOption = Annotated[
+    str | None, typer.Option("--postgres", help="PostgreSQL DSN of the projections instead of --home.")
+]
+SchemaOption = Annotated[str, typer.Option(help="The PostgreSQL schema of the projections.")]
+
+
 @app.command(name="rebuild")
-def rebuild_cmd(home: HomeOption = None) -> None:
-    """Drop the projections and refold them from offset 0 of the log."""
-    _run(_rebuild(home_dir(home)))
+def rebuild_cmd(
+    home: HomeOption = None,
+    kafka: KafkaOption = None,
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    postgres: PostgresOption = None,
+    schema: SchemaOption = "public",
+) -> None:
+    """Drop the projections and refold them from offset 0 of the log (embedded, or Kafka + PostgreSQL)."""
+    _run(_rebuild(ReadSide(home_dir(home), kafka, topic, partitions, postgres, schema)))
 
 
-async def _rebuild(home: Path) -> int:
-    app_ = EmbeddedApp(home)
+async def _rebuild(side: ReadSide) -> int:
+    log, store = await side.open()
     try:
         with Progress(
             TextColumn("rebuilding projections"), BarColumn(), MofNCompleteColumn(), console=console
         ) as bar:
             task = bar.add_task("rebuild", total=None)
-            applied = await rebuild(app_.log, app_.store, progress=lambda n: bar.advance(task, n))
+            applied = await rebuild(log, store, progress=lambda n: bar.advance(task, n))
             bar.update(task, total=bar.tasks[0].completed)
-        sessions_count = len(app_.store.sessions(10**9))
+        sessions_count = len(store.sessions(10**9))
         console.print(f"rebuilt {sessions_count} sessions from {applied} events")
         return 0
     finally:
-        await app_.close()
+        store.close()
+        await log.close()
+
+
+@app.command()
+def worker(
+    kafka: Annotated[str, typer.Option("--kafka", help="Kafka bootstrap address.")],
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    worker_id: Annotated[str, typer.Option(help="This worker's name on the events it writes.")] = "worker",
+    home: HomeOption = None,
+) -> None:
+    """Run the demo agent's turns for the partitions this process is assigned (until SIGTERM)."""
+    from .serve import run_worker
+
+    _run(run_worker(kafka, topic, partitions, worker_id, home_dir(home), ModelSettings.from_env()))
+
+
+@app.command()
+def projector(
+    kafka: Annotated[str, typer.Option("--kafka", help="Kafka bootstrap address.")],
+    postgres: Annotated[str, typer.Option("--postgres", help="PostgreSQL DSN of the projections.")],
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    schema: SchemaOption = "public",
+) -> None:
+    """Fold the Kafka log into the PostgreSQL read models, continuously (until SIGTERM)."""
+    from .serve import run_projector
+
+    _run(run_projector(kafka, topic, partitions, postgres, schema))
 
 
 @app.command(name="snapshots")

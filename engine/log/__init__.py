@@ -1,6 +1,7 @@
 """Event log backends behind one interface."""
 
 from .base import EventLog, LogRecord, murmur2, partition_for
+from .kafka import KafkaEventLog
 from .sqlite import SqliteEventLog
 
-__all__ = ["EventLog", "LogRecord", "SqliteEventLog", "murmur2", "partition_for"]
+__all__ = ["EventLog", "KafkaEventLog", "LogRecord", "SqliteEventLog", "murmur2", "partition_for"]

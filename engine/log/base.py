@@ -11,12 +11,15 @@ optimistic lock applied to the log itself.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
-from ..errors import LogError
-from ..events import Event
+from ..errors import ConcurrencyError, LogError
+from ..events import Event, SessionCreated
+
+SUBMIT_RETRIES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,33 @@ class EventLog(abc.ABC):
 
         Raises ConcurrencyError if the session is not at ``expected_version``.
         """
+
+    async def submit(self, event: Event) -> Event:
+        """Append a producer's event (SessionCreated, UserMessageReceived) at the session's next
+        version, which the log assigns; durable when this returns. Returns the event as appended.
+
+        A producer outside the session's writer cannot know that version. The embedded log
+        appends directly (retrying on a concurrent append); the Kafka log hands the event to the
+        partition's owner through its inbox topic (see docs/architecture.md), and returns it
+        with ``version == 0`` when this process does not own the partition.
+        """
+        if isinstance(event, SessionCreated):
+            await self.append([event], expected_version=0)
+            return event
+        for _ in range(SUBMIT_RETRIES):
+            version = await self.session_version(event.session_id)
+            sequenced = dataclasses.replace(event, version=version + 1)
+            try:
+                await self.append([sequenced], expected_version=version)
+            except ConcurrencyError:
+                continue
+            return sequenced
+        raise ConcurrencyError(event.session_id, version, await self.session_version(event.session_id))
+
+    def owned_partitions(self) -> Sequence[int]:
+        """The partitions this process may append to (all of them, except on Kafka, where the
+        consumer group assigns them)."""
+        return range(self.partitions)
 
     @abc.abstractmethod
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:

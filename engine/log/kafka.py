@@ -1,0 +1,553 @@
+"""The distributed log: Apache Kafka through aiokafka.
+
+Topics (created by ``start`` with the settings they need, see ``kafka_topics``):
+
+* ``<topic>``: the events, partitioned by session id with Kafka's murmur2 partitioner
+  (``partition_for``), Avro single-object values (``engine.codec``), the schema fingerprint and
+  event type in record headers, infinite retention.
+* ``<topic>.inbox``: what producers outside a partition's owner submit (SessionCreated,
+  UserMessageReceived) without a version; same partition count.
+* ``<topic>.dead-letter``: inbox records the owner could not take, with the reason in a header.
+
+Kafka has no conditional append, so one process owns each partition: the member of the
+``<topic>.owners`` consumer group that is assigned inbox partition ``p`` is the only writer of
+events partition ``p``. On assignment it starts a transactional producer whose id is the
+partition's (``<topic>.owner.<p>``) — which fences any previous owner still alive (a zombie) —
+and then reads events partition ``p`` to its end with read_committed to index its sessions.
+Every append is one Kafka transaction checked against that index (the expected-version lock);
+the owner sequences inbox records into events in a transaction that also commits the inbox
+offsets (``send_offsets_to_transaction``), so a message is sequenced exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from typing import Any, Sequence
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError, ProducerFenced
+
+from .. import codec
+from ..errors import (
+    ConcurrencyError,
+    ConfigurationError,
+    EventError,
+    LogError,
+    LogUnavailableError,
+    PartitionNotOwnedError,
+    SessionClosedError,
+    SessionNotFoundError,
+)
+from ..events import Event, SessionCreated, UserMessageReceived
+from .base import EventLog, LogRecord, check_batch
+from .kafka_index import PartitionIndex
+from .kafka_topics import TopicNames, committed_offset, ensure_topics
+
+log = structlog.get_logger("turnlog.kafka")
+SUBMITTABLE = (SessionCreated, UserMessageReceived)
+SUBMIT_WAIT_S = 30.0
+OPERATION_TIMEOUT_S = 30.0
+REACQUIRE_DELAY_S = 3.0
+"""A bound on one transaction or one catch-up read: past it the outcome counts as unknown."""
+
+
+def _headers(event: Event) -> list[tuple[str, bytes]]:
+    return [
+        ("turnlog.schema", codec.schema_fingerprint(event.type)),
+        ("turnlog.type", event.type.encode()),
+    ]
+
+
+class KafkaEventLog(EventLog):
+    """An EventLog on a Kafka cluster. ``await start()`` before use, ``await close()`` after.
+
+    ``owner=True`` joins the owners' consumer group: this process then sequences producers'
+    events and may append to the partitions it is assigned. ``owner=False`` is a producer and
+    reader only (an API gateway, the projector, ``turnlog rebuild``).
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        topic: str = "turnlog.events",
+        partitions: int = 8,
+        owner: bool = True,
+        replication: int = 1,
+        client_id: str = "turnlog",
+        session_timeout_ms: int = 10_000,
+    ) -> None:
+        if partitions < 1:
+            raise ConfigurationError("partitions must be at least 1")
+        self.bootstrap = bootstrap
+        self.topics = TopicNames(topic)
+        self.partitions = partitions
+        self.owner = owner
+        self.replication = replication
+        self.client_id = client_id
+        self.session_timeout_ms = session_timeout_ms
+        self._parts = [PartitionIndex(p) for p in range(partitions)]
+        self._producer: AIOKafkaProducer | None = None
+        self._reader: AIOKafkaConsumer | None = None
+        self._reader_lock = asyncio.Lock()
+        self._inbox: AIOKafkaConsumer | None = None
+        self._sequencer: asyncio.Task[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+        self._submitted: dict[str, asyncio.Future[Event]] = {}
+        self._committed: dict[tuple[str, int], int] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await ensure_topics(self.bootstrap, self.topics, self.partitions, self.replication)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, client_id=self.client_id, enable_idempotence=True, acks="all"
+        )
+        self._reader = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            client_id=self.client_id,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await self._producer.start()
+        await self._reader.start()
+        self._reader.assign([TopicPartition(self.topics.events, p) for p in range(self.partitions)])
+        if self.owner:
+            self._inbox = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                client_id=self.client_id,
+                group_id=self.topics.owners_group,
+                isolation_level="read_committed",
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=self.session_timeout_ms,
+                heartbeat_interval_ms=max(100, self.session_timeout_ms // 10),
+            )
+            self._inbox.subscribe([self.topics.inbox], listener=_Owners(self))
+            await self._inbox.start()
+            self._sequencer = asyncio.create_task(self._sequence_loop(), name="turnlog-sequencer")
+
+    async def wait_owned(self, count: int | None = None, timeout: float = 60.0) -> None:
+        """Wait until this process owns ``count`` partitions (default: all of them)."""
+        want = self.partitions if count is None else count
+        async with asyncio.timeout(timeout):
+            while len(self.owned_partitions()) < want:
+                if self._sequencer is not None and self._sequencer.done():
+                    self._sequencer.result()
+                await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        if self._sequencer is not None:
+            self._sequencer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sequencer
+        if self._inbox is not None:
+            with contextlib.suppress(Exception):
+                await self._inbox.stop()  # leaves the group: the revoke hook releases partitions
+        for part in self._parts:
+            await self._release(part)
+        for client in (self._producer, self._reader):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.stop()
+        self._producer = self._reader = self._inbox = None
+
+    def owned_partitions(self) -> Sequence[int]:
+        return [p.partition for p in self._parts if p.owned]
+
+    # -- ownership (called by the owners' group rebalance listener) ----------------------------
+
+    async def _acquire(self, part: PartitionIndex) -> None:
+        """Take partition ownership (once: the rebalance hook and a re-acquire after a failed
+        transaction may race, and two producers of one transactional id fence each other)."""
+        async with part.acquiring:
+            if not part.owned:
+                await self._start_owning(part)
+
+    async def _start_owning(self, part: PartitionIndex) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            client_id=self.client_id,
+            transactional_id=self.topics.transactional_id(part.partition),
+            enable_idempotence=True,
+            acks="all",
+        )
+        try:
+            await producer.start()  # init_transactions: bumps the epoch, aborts a zombie's transaction
+            async with part.lock:
+                await self._catch_up(part)
+                part.producer = producer
+                part.owned = True
+                for key in [k for k in self._committed if k[1] == part.partition]:
+                    del self._committed[key]
+        except BaseException:
+            await _quiet_stop(producer)
+            raise
+        log.info("kafka.partition_acquired", partition=part.partition, offset=part.next_offset)
+        self._notify()
+
+    async def _release(self, part: PartitionIndex) -> None:
+        async with part.acquiring, part.lock:
+            producer, part.producer, part.owned = part.producer, None, False
+            part.pending_commits.clear()
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            log.info("kafka.partition_released", partition=part.partition)
+
+    def _lost(self, part: PartitionIndex, reason: str) -> PartitionNotOwnedError:
+        """The partition's producer was fenced: drop it (a newer owner writes now)."""
+        producer, part.producer, part.owned = part.producer, None, False
+        if producer is not None:
+            asyncio.get_running_loop().create_task(_quiet_stop(producer))
+        log.warning("kafka.partition_fenced", partition=part.partition, reason=reason)
+        # fenced while the group still assigns it to us: our view or the fencer's is stale; if the
+        # assignment stands after the group settles, this process is the owner and takes it back
+        asyncio.get_running_loop().create_task(self._reacquire(part, delay=REACQUIRE_DELAY_S))
+        return PartitionNotOwnedError(part.partition, reason)
+
+    # -- appends --------------------------------------------------------------------------------
+
+    async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
+        session_id = check_batch(events, expected_version)
+        part = self._parts[self.partition_of(session_id)]
+        async with part.lock:
+            if not part.owned:
+                raise PartitionNotOwnedError(part.partition)
+            actual = part.version(session_id)
+            if actual != expected_version:
+                raise ConcurrencyError(session_id, expected_version, actual)
+            records = await self._transaction(part, list(events))
+        self._notify()
+        return records
+
+    async def _transaction(
+        self,
+        part: PartitionIndex,
+        events: list[Event],
+        *,
+        inbox_offset: int | None = None,
+        dead: Sequence[tuple[Any, str]] = (),
+    ) -> list[LogRecord]:
+        """One Kafka transaction: events, dead letters, the inbox offset and pending group
+        offsets, all or nothing. Called with ``part.lock`` held by the partition's owner."""
+        producer = part.producer
+        assert producer is not None
+        p = part.partition
+        try:
+            async with asyncio.timeout(OPERATION_TIMEOUT_S), producer.transaction():
+                futures = [
+                    await producer.send(
+                        self.topics.events,
+                        codec.encode(e),
+                        key=e.session_id.encode(),
+                        partition=p,
+                        headers=_headers(e),
+                    )
+                    for e in events
+                ]
+                for msg, reason in dead:
+                    await producer.send(
+                        self.topics.dead_letter,
+                        msg.value,
+                        key=msg.key,
+                        partition=p,
+                        headers=[
+                            ("turnlog.reason", reason.encode()),
+                            ("turnlog.source", f"{msg.topic}/{msg.partition}/{msg.offset}".encode()),
+                        ],
+                    )
+                if inbox_offset is not None:
+                    await producer.send_offsets_to_transaction(
+                        {TopicPartition(self.topics.inbox, p): inbox_offset}, self.topics.owners_group
+                    )
+                for group, offset in part.pending_commits.items():
+                    await producer.send_offsets_to_transaction(
+                        {TopicPartition(self.topics.events, p): offset}, group
+                    )
+            metas = [await f for f in futures]
+        except ProducerFenced as exc:
+            raise self._lost(part, "fenced by a newer owner") from exc
+        except (KafkaError, TimeoutError) as exc:
+            # the outcome is unknown: re-acquire (aborting it if still open) and re-read the partition
+            raise await self._reset(part, exc) from exc
+        part.pending_commits.clear()
+        records = [LogRecord(p, m.offset, e) for m, e in zip(metas, events, strict=True)]
+        part.add(records)
+        return records
+
+    async def _reset(self, part: PartitionIndex, exc: Exception) -> LogError:
+        producer, part.producer, part.owned = part.producer, None, False
+        if producer is not None:
+            await _quiet_stop(producer)
+        log.warning("kafka.transaction_failed", partition=part.partition, error=repr(exc))
+        asyncio.get_running_loop().create_task(self._reacquire(part))
+        return LogUnavailableError(
+            f"partition {part.partition}: a Kafka transaction failed ({exc!r}); the owner re-reads "
+            "the partition before appending again, retry the operation"
+        )
+
+    async def _reacquire(self, part: PartitionIndex, delay: float = 0.0) -> None:
+        await asyncio.sleep(delay)
+        inbox = self._inbox
+        while inbox is not None and TopicPartition(self.topics.inbox, part.partition) in inbox.assignment():
+            if part.owned:
+                return
+            try:
+                await self._acquire(part)
+                return
+            except KafkaError as exc:
+                log.warning("kafka.reacquire_failed", partition=part.partition, error=repr(exc))
+                await asyncio.sleep(1.0)
+
+    async def submit(self, event: Event) -> Event:
+        if not isinstance(event, SUBMITTABLE):
+            raise LogError(f"only {', '.join(c.type for c in SUBMITTABLE)} are submitted, not {event.type}")
+        assert self._producer is not None, "call start() first"
+        part = self._parts[self.partition_of(event.session_id)]
+        waiter: asyncio.Future[Event] | None = None
+        if part.owned:  # we sequence it ourselves: return it as appended (read your writes)
+            waiter = self._submitted[event.event_id] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                await self._producer.send_and_wait(
+                    self.topics.inbox,
+                    codec.encode(event),
+                    key=event.session_id.encode(),
+                    partition=part.partition,
+                    headers=_headers(event),
+                )
+        except (KafkaError, TimeoutError) as exc:
+            self._submitted.pop(event.event_id, None)
+            raise LogUnavailableError(f"the inbox did not take the event: {exc!r}; retry") from exc
+        if waiter is None:
+            return dataclasses.replace(event, version=0)
+        try:
+            async with asyncio.timeout(SUBMIT_WAIT_S):
+                return await waiter
+        except TimeoutError:  # durable in the inbox; the partition's next owner sequences it
+            return dataclasses.replace(event, version=0)
+        finally:
+            self._submitted.pop(event.event_id, None)
+
+    # -- the owner's sequencer ------------------------------------------------------------------
+
+    async def _sequence_loop(self) -> None:
+        inbox = self._inbox
+        assert inbox is not None
+        while True:
+            try:
+                batches = await inbox.getmany(timeout_ms=100, max_records=500)
+                for tp, messages in batches.items():
+                    await self._sequence(self._parts[tp.partition], tp, messages)
+                if not batches:
+                    await self._flush_commits()
+            except (KafkaError, LogError) as exc:  # the broker is away: nothing was sequenced, retry
+                log.warning("kafka.sequencer_retry", error=repr(exc))
+                await asyncio.sleep(1.0)
+
+    async def _sequence(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
+        async with part.lock:
+            if part.owned:
+                await self._sequence_owned(part, tp, messages)
+                return
+            if self._inbox is None or tp not in self._inbox.assignment():
+                return  # revoked: the next owner reads these from the committed offset
+            self._inbox.seek(tp, messages[0].offset)  # still assigned, being re-acquired: read them again
+        await asyncio.sleep(0.2)
+
+    async def _sequence_owned(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
+        """Sequence a batch of inbox records; called with ``part.lock`` held by the owner."""
+        accepted: list[Event] = []
+        dead: list[tuple[Any, str]] = []
+        refused: dict[str, Exception] = {}
+        versions: dict[str, int] = {}
+        for msg in messages:
+            event, error = self._admit(part, msg, versions)
+            if event is not None:
+                accepted.append(event)
+            else:
+                assert error is not None
+                dead.append((msg, str(error)))
+                if (eid := _event_id(msg)) is not None:
+                    refused[eid] = error
+        try:
+            records = await self._transaction(part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead)
+        except LogError:
+            if self._inbox is not None and tp in self._inbox.assignment():
+                self._inbox.seek(tp, messages[0].offset)  # not sequenced: read them again
+            return
+        for record in records:
+            self._resolve(record.event.event_id, record.event, None)
+        for eid, error in refused.items():
+            self._resolve(eid, None, error)
+        if dead:
+            log.warning("kafka.dead_letters", partition=part.partition, count=len(dead), reason=dead[0][1])
+        self._notify()
+
+    def _admit(
+        self, part: PartitionIndex, msg: Any, versions: dict[str, int]
+    ) -> tuple[Event | None, Exception | None]:
+        """The inbox record as the session's next event, or why it cannot be."""
+        try:
+            event = codec.decode(msg.value)
+        except EventError as exc:
+            return None, exc
+        sid = event.session_id
+        current = versions.get(sid, part.version(sid))
+        if not isinstance(event, SUBMITTABLE):
+            return None, LogError(f"{event.type} cannot be submitted through the inbox")
+        if isinstance(event, SessionCreated) and current != 0:
+            return None, ConcurrencyError(sid, 0, current)
+        if isinstance(event, UserMessageReceived):
+            if current == 0:
+                return None, SessionNotFoundError(sid)
+            if sid in part.closed:
+                return None, SessionClosedError(sid, "closed before this message was sequenced")
+        versions[sid] = current + 1
+        return dataclasses.replace(event, version=current + 1), None
+
+    def _resolve(self, event_id: str, event: Event | None, error: Exception | None) -> None:
+        fut = self._submitted.get(event_id)
+        if fut is None or fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            assert event is not None
+            fut.set_result(event)
+
+    async def _flush_commits(self) -> None:
+        for part in self._parts:
+            if part.owned and part.pending_commits:
+                async with part.lock:
+                    if part.owned and part.pending_commits:
+                        with contextlib.suppress(LogError):
+                            await self._transaction(part, [])
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def _catch_up(self, part: PartitionIndex) -> None:
+        """Read the partition from where the index stopped to its last committed record."""
+        reader = self._reader
+        assert reader is not None, "call start() first"
+        tp = TopicPartition(self.topics.events, part.partition)
+        async with self._reader_lock:
+            try:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    await self._read_to_end(reader, part, tp)
+            except (KafkaError, TimeoutError) as exc:
+                raise LogUnavailableError(f"reading partition {part.partition} failed: {exc!r}") from exc
+
+    async def _read_to_end(self, reader: AIOKafkaConsumer, part: PartitionIndex, tp: TopicPartition) -> None:
+        end = (await reader.end_offsets([tp]))[tp]
+        if part.next_offset >= end:
+            return
+        reader.seek(tp, part.next_offset)
+        while part.next_offset < end:
+            batch = await reader.getmany(tp, timeout_ms=1000, max_records=1000)
+            records = [_record(part.partition, m) for m in batch.get(tp, [])]
+            part.add(records, await reader.position(tp))
+
+    async def _fresh(self, partition: int) -> PartitionIndex:
+        part = self._parts[partition]
+        if not part.owned:
+            await self._catch_up(part)
+        return part
+
+    async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
+        part = await self._fresh(self.partition_of(session_id))
+        return part.session_after(session_id, after_version)
+
+    async def session_version(self, session_id: str) -> int:
+        part = await self._fresh(self.partition_of(session_id))
+        return part.version(session_id)
+
+    async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
+        self._check_partition(partition)
+        part = await self._fresh(partition)
+        return part.read(offset, limit)
+
+    async def end_offset(self, partition: int) -> int:
+        self._check_partition(partition)
+        return (await self._fresh(partition)).next_offset
+
+    async def committed(self, group: str, partition: int) -> int:
+        key = (group, partition)
+        if key not in self._committed:
+            self._committed[key] = await committed_offset(
+                self.bootstrap, group, TopicPartition(self.topics.events, partition)
+            )
+        return self._committed[key]
+
+    async def commit(self, group: str, partition: int, offset: int) -> None:
+        """Recorded at once for this process; on Kafka with the partition's next transaction
+        (or when the owner is idle), so a fenced zombie cannot move a group's offsets."""
+        self._check_partition(partition)
+        self._committed[(group, partition)] = offset
+        part = self._parts[partition]
+        if part.owned:
+            part.pending_commits[group] = offset
+
+    async def wait_for_append(self, timeout: float) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        # appends by other processes are not announced: poll at least every 200 ms
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(fut, min(timeout, 0.2))
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _check_partition(self, partition: int) -> None:
+        if not 0 <= partition < self.partitions:
+            raise LogError(f"partition {partition} out of range 0..{self.partitions - 1}")
+
+
+class _Owners(ConsumerRebalanceListener):
+    """The owners' group hands partitions to this process and takes them away."""
+
+    def __init__(self, log: KafkaEventLog) -> None:
+        self.log = log
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        for tp in revoked:
+            await self.log._release(self.log._parts[tp.partition])
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await asyncio.gather(*(self._acquire(tp.partition) for tp in assigned))
+
+    async def _acquire(self, partition: int) -> None:
+        for attempt in range(1, 31):
+            try:
+                await self.log._acquire(self.log._parts[partition])
+                return
+            except (KafkaError, LogError) as exc:
+                log.warning("kafka.acquire_retry", partition=partition, attempt=attempt, error=repr(exc))
+                await asyncio.sleep(1.0)
+        log.error("kafka.acquire_failed", partition=partition)
+
+
+def _record(partition: int, msg: Any) -> LogRecord:
+    try:
+        return LogRecord(partition, msg.offset, codec.decode(msg.value))
+    except EventError as exc:
+        raise type(exc)(f"partition {partition} offset {msg.offset}: {exc}") from exc
+
+
+def _event_id(msg: Any) -> str | None:
+    with contextlib.suppress(EventError):
+        return codec.decode(msg.value).event_id
+    return None
+
+
+async def _quiet_stop(producer: AIOKafkaProducer) -> None:
+    with contextlib.suppress(Exception):
+        await producer.stop()

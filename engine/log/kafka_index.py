@@ -1,0 +1,68 @@
+"""What a Kafka log process knows of one partition of the events topic: its committed records in
+offset order, and each session's events, version and whether it is closed.
+
+The owner of a partition builds it by reading the partition (read_committed) after fencing the
+previous owner, then adds its own appends as they commit, so it is exact: the expected-version
+check of ``append`` is made against it. A process that does not own the partition catches it
+up from Kafka before answering a read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from ..events import Event, SessionClosed
+from .base import LogRecord
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
+
+
+@dataclass
+class PartitionIndex:
+    partition: int
+    records: list[LogRecord] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    """records[i].offset, for bisecting."""
+    sessions: dict[str, list[Event]] = field(default_factory=dict)
+    closed: set[str] = field(default_factory=set)
+    next_offset: int = 0
+    """Where reading the partition from Kafka continues (past records and transaction markers)."""
+    owned: bool = False
+    producer: AIOKafkaProducer | None = None
+    """The transactional producer whose id is this partition's: holding it fences older owners."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by whoever appends to the partition (one Kafka transaction at a time)."""
+    acquiring: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while taking ownership, so one process never runs two producers of one id."""
+    pending_commits: dict[str, int] = field(default_factory=dict)
+    """Consumer-group offsets on this partition to commit with its next transaction."""
+
+    def version(self, session_id: str) -> int:
+        events = self.sessions.get(session_id)
+        return events[-1].version if events else 0
+
+    def add(self, records: Sequence[LogRecord], next_offset: int | None = None) -> None:
+        for record in records:
+            self.records.append(record)
+            self.offsets.append(record.offset)
+            event = record.event
+            self.sessions.setdefault(event.session_id, []).append(event)
+            if isinstance(event, SessionClosed):
+                self.closed.add(event.session_id)
+        if records:
+            self.next_offset = max(self.next_offset, records[-1].offset + 1)
+        if next_offset is not None:
+            self.next_offset = max(self.next_offset, next_offset)
+
+    def read(self, offset: int, limit: int) -> list[LogRecord]:
+        start = bisect.bisect_left(self.offsets, offset)
+        return self.records[start : start + limit]
+
+    def session_after(self, session_id: str, after_version: int) -> list[Event]:
+        events = self.sessions.get(session_id, [])
+        # versions are 1..n without gaps, so version v sits at index v - 1
+        return events[after_version:]

@@ -1,0 +1,145 @@
+"""The processes tests start and kill, in one helper:
+
+python tests/procs.py crash LOG_PATH SESSION_ID {lookup|send|model}
+    (tests/test_recovery.py) creates the session, posts a message and runs the turn; the
+    model first asks for one tool, which (or, with ``model``, the model call itself) never
+    returns here, so the test can SIGKILL the process at a known point. The test imports
+    ``recovery_agent`` to run the same agent with a tool that does return.
+python tests/procs.py sqlite-worker LOG_PATH
+    (tests/test_worker.py) a turn worker whose `fetch_status` tool never returns.
+python tests/procs.py kafka-worker BOOTSTRAP TOPIC PARTITIONS DSN SCHEMA WORKER_ID
+    (tests/test_fault.py) a member of the Kafka owners' group running multi-step tool turns
+    until killed; its non-idempotent tool counts side effects in PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from consumers import TurnWorker
+from engine import (
+    Agent,
+    AgentDirectory,
+    AgentSessions,
+    FunctionModel,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    SqliteEventLog,
+    call,
+    reply,
+    tool,
+)
+from engine.models.base import ModelChunk
+from tests.fleet import kafka_worker_main
+
+# --- crash: tests/test_recovery.py -----------------------------------------------------------
+
+AGENT = "recovery"
+RECOVERY_PARTITIONS = 4
+TOOL_NAMES = {"lookup": "slow_lookup", "send": "slow_send", "model": "slow_lookup"}
+QUESTION = "Please handle order A-17."
+
+
+def tool_name(kind: str) -> str:
+    return TOOL_NAMES[kind]
+
+
+def answer(request: ModelRequest) -> ModelResponse | str:
+    """Asks for the tool once, then answers from its result."""
+    last = request.messages[-1]
+    if last.role == "tool":
+        return f"Done: {last.content}"
+    return reply("On it.", call(tool_name_from(request), {"order_id": "A-17"}, "call-1"))
+
+
+def tool_name_from(request: ModelRequest) -> str:
+    (spec,) = request.tools
+    return str(spec["name"])
+
+
+def recovery_agent(
+    kind: str, model: Model, handler: Callable[[str], Any], *, timeout_s: float = 10.0
+) -> Agent:
+    """The agent both processes run; only the model and the tool's body differ."""
+
+    async def body(order_id: str) -> str:
+        return await handler(order_id)
+
+    body.__doc__ = "Look an order up (read-only)." if kind != "send" else "Send the order to the carrier."
+    t = tool(body, name=tool_name(kind), idempotent=kind != "send", timeout_s=timeout_s)
+    return Agent(AGENT, model, [t], first_token_timeout_s=600, model_timeout_s=600)
+
+
+class HangingModel(Model):
+    """Never sends its first chunk."""
+
+    name = "hanging"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        await asyncio.Event().wait()
+        yield ModelResponse("unreachable")
+
+
+async def hang(order_id: str) -> str:
+    await asyncio.Event().wait()
+    return "unreachable"
+
+
+async def crash_main(log_path: str, session_id: str, kind: str) -> None:
+    model: Model = HangingModel() if kind == "model" else FunctionModel(answer)
+    agent = recovery_agent(kind, model, hang, timeout_s=3600)
+    log = SqliteEventLog(log_path, partitions=RECOVERY_PARTITIONS)
+    api = AgentSessions(log, AgentDirectory([agent]), producer="crash-worker")
+    await api.create_session(AGENT, "user-1", session_id=session_id)
+    async for _ in api.send_user_message(session_id, QUESTION):
+        pass
+    raise SystemExit("the turn was supposed to hang until the test kills this process")
+
+
+# --- sqlite-worker: tests/test_worker.py -----------------------------------------------------
+
+WORKER_PARTITIONS = 2
+
+
+def worker_answer(request: ModelRequest):
+    if not any(m.role == "tool" for m in request.messages):
+        return reply("", call("fetch_status", {"order_id": "O-1"}, "call_fetch"))
+    return reply("status fetched: " + request.messages[-1].content)
+
+
+def worker_agent(block: bool, calls: list[str]) -> Agent:
+    @tool(idempotent=True, timeout_s=3600)
+    async def fetch_status(order_id: str) -> dict:
+        """Fetch an order's status."""
+        calls.append(order_id)
+        if block:
+            await asyncio.Event().wait()
+        return {"order_id": order_id, "status": "delayed"}
+
+    return Agent.build("agent", FunctionModel(worker_answer), [fetch_status])
+
+
+async def sqlite_worker_main(path: str) -> None:
+    log = SqliteEventLog(path, partitions=WORKER_PARTITIONS)
+    worker = TurnWorker(log, AgentDirectory([worker_agent(True, [])]), worker_id="doomed-worker")
+    await worker.poll_once()
+
+
+def main(argv: list[str]) -> None:
+    command, args = argv[0], argv[1:]
+    if command == "crash":
+        asyncio.run(crash_main(*args[:3]))
+    elif command == "sqlite-worker":
+        asyncio.run(sqlite_worker_main(args[0]))
+    elif command == "kafka-worker":
+        asyncio.run(kafka_worker_main(*args))
+    else:
+        raise SystemExit(f"unknown command {command!r}; see the docstring of tests/procs.py")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,70 @@
+"""Connections to the test services (Kafka, PostgreSQL) started by scripts/kafka.sh and
+scripts/postgres.sh (``.ci/run`` starts both), with fresh topics / schemas per test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from engine.log.kafka import KafkaEventLog
+from engine.log.kafka_topics import TopicNames
+from projections.postgres import PostgresProjectionStore
+
+
+def need_service(variable: str) -> str:
+    """The service address in ``variable``; skip without it, but fail under CI."""
+    value = os.environ.get(variable, "")
+    if value:
+        return value
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{variable} is not set; CI must run every backend (.ci/run starts the services)")
+    pytest.skip(f"{variable} is not set (start the service with scripts/, see README)")
+
+
+def fresh_topic() -> str:
+    return f"test.{uuid.uuid4().hex[:12]}"
+
+
+@contextlib.asynccontextmanager
+async def kafka_log(
+    bootstrap: str, *, partitions: int = 4, topic: str | None = None, owner: bool = True
+) -> AsyncIterator[KafkaEventLog]:
+    """A started KafkaEventLog on fresh topics that owns every partition; topics deleted after."""
+    name = topic or fresh_topic()
+    log = KafkaEventLog(bootstrap, topic=name, partitions=partitions, owner=owner, session_timeout_ms=6000)
+    await log.start()
+    try:
+        if owner:
+            await log.wait_owned()
+        yield log
+    finally:
+        await log.close()
+        if topic is None:
+            await delete_topics(bootstrap, name)
+
+
+async def delete_topics(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        with contextlib.suppress(Exception):
+            await admin.delete_topics(list(TopicNames(topic).all()))
+    finally:
+        await admin.close()
+
+
+@contextlib.contextmanager
+def postgres_store(dsn: str, schema: str | None = None) -> Iterator[PostgresProjectionStore]:
+    """A PostgresProjectionStore in a fresh schema, dropped after."""
+    store = PostgresProjectionStore(dsn, schema=schema or f"test_{uuid.uuid4().hex[:12]}")
+    try:
+        yield store
+    finally:
+        if schema is None:
+            store.drop_schema()
+        store.close()

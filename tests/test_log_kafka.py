@@ -1,0 +1,185 @@
+"""What only the Kafka log does: topics it creates, records' headers, the inbox sequenced by the
+partition's owner, fencing of a zombie owner, dead letters. On a real broker
+(TURNLOG_KAFKA_BOOTSTRAP; scripts/kafka.sh start)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from engine import codec
+from engine import events as ev
+from engine.errors import (
+    ConcurrencyError,
+    ConfigurationError,
+    PartitionNotOwnedError,
+    SessionClosedError,
+    SessionNotFoundError,
+)
+from engine.log.kafka import KafkaEventLog
+from tests.services import kafka_log, need_service
+
+
+@pytest.fixture
+def bootstrap() -> str:
+    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
+
+
+@pytest.fixture
+async def owner(bootstrap: str) -> AsyncIterator[KafkaEventLog]:
+    async with kafka_log(bootstrap, partitions=3) as log:
+        yield log
+
+
+def created(sid: str) -> ev.SessionCreated:
+    return ev.SessionCreated(session_id=sid, version=1, agent_id="a", user_id="u")
+
+
+def message(sid: str, text: str = "hi") -> ev.UserMessageReceived:
+    return ev.UserMessageReceived(session_id=sid, version=0, message_id=ev.new_id(), text=text, user_id="u")
+
+
+async def read_topic(bootstrap: str, topic: str, partition: int) -> list:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        consumer.seek(tp, 0)
+        out: list = []
+        while await consumer.position(tp) < end:
+            out += (await consumer.getmany(tp, timeout_ms=1000)).get(tp, [])
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def test_topics_are_created_with_infinite_retention(owner: KafkaEventLog, bootstrap: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        topics = {t["topic"]: t for t in await admin.describe_topics(list(owner.topics.all()))}
+        assert {name: len(t["partitions"]) for name, t in topics.items()} == dict.fromkeys(
+            owner.topics.all(), 3
+        )
+        (described,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, owner.topics.events)]
+        )
+        configs = {name: value for name, value, *_ in described.resources[0][4]}
+        assert configs["retention.ms"] == "-1" and configs["retention.bytes"] == "-1"
+        assert configs["cleanup.policy"] == "delete"
+    finally:
+        await admin.close()
+
+
+async def test_reopening_with_another_partition_count_is_refused(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    other = KafkaEventLog(bootstrap, topic=owner.topics.events, partitions=5, owner=False)
+    with pytest.raises(ConfigurationError, match="has 3 partitions, not 5"):
+        await other.start()
+    await other.close()
+
+
+async def test_records_are_keyed_by_session_with_the_schema_fingerprint_header(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    await owner.submit(created("s-1"))
+    p = owner.partition_of("s-1")
+    (record,) = await read_topic(bootstrap, owner.topics.events, p)
+    headers = dict(record.headers)
+    assert record.key == b"s-1"
+    assert headers["turnlog.schema"] == codec.schema_fingerprint("SessionCreated") == record.value[2:10]
+    assert headers["turnlog.type"] == b"SessionCreated"
+    assert codec.decode(record.value) == (await owner.read_session("s-1"))[0]
+
+
+async def test_a_producer_that_owns_nothing_submits_through_the_inbox(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    async with kafka_log(bootstrap, partitions=3, topic=owner.topics.events, owner=False) as producer:
+        assert producer.owned_partitions() == []
+        sent = [await producer.submit(created("s-2")), await producer.submit(message("s-2", "one"))]
+        sent.append(await producer.submit(message("s-2", "two")))
+        assert [e.version for e in sent] == [0, 0, 0]  # the owner assigns the versions
+        with pytest.raises(PartitionNotOwnedError, match="does not own partition"):
+            await producer.append(
+                [ev.TurnStarted(session_id="s-2", version=4, turn_id="t", message_id="m")], expected_version=3
+            )
+        for _ in range(200):
+            if len(await producer.read_session("s-2")) == 3:
+                break
+            await asyncio.sleep(0.05)
+    events = await owner.read_session("s-2")
+    assert [(e.type, e.version) for e in events] == [
+        ("SessionCreated", 1),
+        ("UserMessageReceived", 2),
+        ("UserMessageReceived", 3),
+    ]
+    assert [e.event_id for e in events] == [e.event_id for e in sent]
+
+
+async def test_the_owner_refuses_what_does_not_fit_and_dead_letters_it(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    await owner.submit(created("s-3"))
+    with pytest.raises(ConcurrencyError):
+        await owner.submit(created("s-3"))  # the session exists
+    with pytest.raises(SessionNotFoundError):
+        await owner.submit(message("nobody"))
+    await owner.append(
+        [ev.SessionClosed(session_id="s-3", version=2, reason="done", actor="ops")], expected_version=1
+    )
+    with pytest.raises(SessionClosedError):
+        await owner.submit(message("s-3"))
+    dead = await read_topic(bootstrap, owner.topics.dead_letter, owner.partition_of("s-3"))
+    reasons = [dict(d.headers)["turnlog.reason"].decode() for d in dead if d.key == b"s-3"]
+    assert len(reasons) == 2 and "expected version 0 but the log is at 1" in reasons[0]
+    assert "closed" in reasons[1]
+    assert [e.type for e in await owner.read_session("s-3")] == ["SessionCreated", "SessionClosed"]
+
+
+async def test_undecodable_inbox_bytes_go_to_the_dead_letter_topic_and_the_partition_moves_on(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    p = owner.partition_of("s-4")
+    raw = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await raw.start()
+    try:
+        await raw.send_and_wait(owner.topics.inbox, b"\x00not avro", key=b"s-4", partition=p)
+    finally:
+        await raw.stop()
+    await owner.submit(created("s-4"))  # sequenced after the poison record
+    assert [e.type for e in await owner.read_session("s-4")] == ["SessionCreated"]
+    (dead,) = await read_topic(bootstrap, owner.topics.dead_letter, p)
+    assert dead.value == b"\x00not avro" and dead.key == b"s-4"
+    assert "not a turnlog event" in dict(dead.headers)["turnlog.reason"].decode()
+    assert dict(dead.headers)["turnlog.source"].decode() == f"{owner.topics.inbox}/{p}/0"
+
+
+async def test_a_zombie_owner_is_fenced_and_appends_nothing(owner: KafkaEventLog, bootstrap: str) -> None:
+    """A new owner of partition p starts a producer with p's transactional id (what the owners'
+    group assignment does). The old owner, which never heard of it, is fenced by the broker."""
+    await owner.submit(created("s-5"))
+    p = owner.partition_of("s-5")
+    successor = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, transactional_id=owner.topics.transactional_id(p)
+    )
+    await successor.start()
+    try:
+        late = ev.TurnStarted(session_id="s-5", version=2, turn_id="t", message_id="m")
+        with pytest.raises(PartitionNotOwnedError, match="fenced"):
+            await owner.append([late], expected_version=1)
+        assert p not in owner.owned_partitions()
+    finally:
+        await successor.stop()
+    on_topic = [codec.decode(r.value) for r in await read_topic(bootstrap, owner.topics.events, p)]
+    assert [e.type for e in on_topic if e.session_id == "s-5"] == ["SessionCreated"]
