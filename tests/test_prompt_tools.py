@@ -16,7 +16,7 @@ from engine.errors import ModelError
 from engine.messages import ChatMessage
 from engine.models.base import ModelRequest, ModelResponse, TextDelta
 from engine.models.openai_compat import OpenAICompatibleModel
-from engine.models.prompt_tools import PromptToolsModel, to_text_messages
+from engine.models.prompt_tools import NEXT_STEP_HINT, NO_TOOLS_REQUEST, PromptToolsModel, to_text_messages
 from engine.models.tool_text import parse_tool_text
 from engine.stream import ModelDelta
 from engine.tools.registry import tool
@@ -67,7 +67,7 @@ def test_history_is_written_as_text_the_model_can_follow() -> None:
     assert [m.role for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[0].content.startswith("Be brief.") and "- query_orders: Find orders." in sent[0].content
     assert '```json\n{"name": "query_orders", "arguments": {"anomalies_only": true}}\n```' == sent[2].content
-    assert sent[3].content == "Tool result of query_orders (call c1):\nFound 2 orders"
+    assert sent[3].content == "Tool result of query_orders (call c1):\nFound 2 orders" + NEXT_STEP_HINT
     assert all(not m.tool_calls for m in sent)
 
 
@@ -170,3 +170,26 @@ async def test_same_agent_runs_unchanged_on_a_model_without_native_tools(tmp_pat
     second = server.requests[1]["messages"]
     assert second[-1]["content"].startswith("Tool result of query_orders")
     assert [e.reason for e in events if isinstance(e, ev.TurnFinished)] == ["answered"]
+
+
+async def test_a_call_written_when_no_tools_are_offered_is_held_back_and_asked_again() -> None:
+    """The closing call of a capped turn offers no tools; a small model may still write one."""
+    from engine.models.scripted import call
+
+    history = [
+        ChatMessage.system("Be brief."),
+        ChatMessage.user("check orders"),
+        ChatMessage("assistant", "", (call("query_orders", {}, "c1"),)),
+        ChatMessage("tool", "Found 2 orders", tool_call_id="c1", name="query_orders"),
+        ChatMessage.system("Answer now without tools."),
+    ]
+    again = '```json\n{"name": "query_orders", "arguments": {}}\n```'
+    with serve_openai([FakeReply(again, chunk_size=4), FakeReply("There are 2 orders.")]) as server:
+        model = PromptToolsModel(OpenAICompatibleModel("fake-model", base_url=server.base_url))
+        streamed, response = await _collect(model, ModelRequest(history))
+        await model.aclose()
+    assert streamed == "There are 2 orders." and response.text == "There are 2 orders."
+    assert response.tool_calls == ()
+    first, second = server.requests[0]["messages"], server.requests[1]["messages"]
+    assert first[-1]["content"].endswith("Found 2 orders\n\nAnswer now without tools.")  # the note stays last
+    assert second[-1] == {"role": "user", "content": NO_TOOLS_REQUEST}

@@ -47,6 +47,20 @@ REPAIR_REQUEST = (
 )
 
 
+NO_TOOLS_REQUEST = (
+    "Tools cannot be called any more for this request. Do not write any JSON. Answer the user now "
+    "in plain text, from the tool results above."
+)
+NEXT_STEP_HINT = (
+    "\n\n(If the request still needs a tool, write its block. If everything asked for is done, "
+    "do not call any tool again: answer the user in plain text.)"
+)
+
+
+def _called_tools(messages: Sequence[ChatMessage]) -> list[str]:
+    return sorted({m.name for m in messages if m.role == "tool" and m.name})
+
+
 @dataclass(frozen=True, slots=True)
 class _Attempt:
     text: str
@@ -76,11 +90,13 @@ class PromptToolsModel(Model):
         return await self.inner.estimate_input_tokens(text_request)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        names = [str(spec["name"]) for spec in request.tools]
+        offered = [str(spec["name"]) for spec in request.tools]
+        known = offered or _called_tools(request.messages)
         messages = to_text_messages(request.messages, request.tools)
         used = Usage()
         for attempt_number in range(self.repair_attempts + 1):
-            gate = _StreamGate(enabled=bool(request.tools))
+            # without tools on offer (a closing call) a model that has used them may still write one
+            gate = _StreamGate(enabled=bool(known))
             attempt: _Attempt | None = None
             async for item in self._attempt(request, messages):
                 if isinstance(item, _Attempt):
@@ -91,17 +107,27 @@ class PromptToolsModel(Model):
                     yield TextDelta(gate.feed(item.text))  # "" while a call is held back: a heartbeat
             assert attempt is not None
             used = used + attempt.usage
-            parsed = parse_tool_text(attempt.text, names) if request.tools else ParsedToolText(attempt.text)
+            parsed = parse_tool_text(attempt.text, known) if known else ParsedToolText(attempt.text)
             if parsed.repaired or parsed.error:
                 self.repaired_texts.append(attempt.text)
+            last = attempt_number == self.repair_attempts
+            if parsed.calls and not offered:  # a call when none may be made: ask for the answer
+                if not last:
+                    messages = [
+                        *messages,
+                        ChatMessage("assistant", attempt.text),
+                        ChatMessage.user(NO_TOOLS_REQUEST),
+                    ]
+                    continue
+                parsed = ParsedToolText(parsed.text)  # the prose, or nothing: the engine fills in
             if parsed.error is None:
                 if not parsed.calls and (rest := gate.flush()):
                     yield TextDelta(rest)
-                text = parsed.text if parsed.calls else attempt.text
+                text = parsed.text if parsed.calls or not offered else attempt.text
                 finish = "tool_calls" if parsed.calls else attempt.finish_reason
                 yield ModelResponse(text, parsed.calls, used, finish, attempt.model)
                 return
-            if attempt_number == self.repair_attempts:
+            if last:
                 raise ModelError(
                     f"model {self.name!r} wrote a tool call that could not be read after "
                     f"{self.repair_attempts} repair requests: {parsed.error}"
@@ -165,22 +191,28 @@ def _partial_opener_length(text: str) -> int:
 
 
 def to_text_messages(messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> list[ChatMessage]:
-    """The history with tools described in the system prompt and tool traffic written as text."""
-    out: list[ChatMessage] = []
-    system = [m.content for m in messages if m.role == "system"]
+    """The history with tools described in the system prompt and tool traffic written as text.
+
+    System messages before the conversation form the system prompt; one that comes later (the
+    engine's note for a closing call) is put into the conversation where it was, because small
+    models follow the end of the prompt more than its start.
+    """
+    leading = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
+    system = [m.content for m in messages[:leading]]
     if tools:
         system.append(TOOL_INSTRUCTIONS.format(tools=describe_tools(tools)))
-    if system:
-        out.append(ChatMessage.system("\n\n".join(system)))
-    for message in messages:
+    out: list[ChatMessage] = [ChatMessage.system("\n\n".join(system))] if system else []
+    for message in messages[leading:]:
         if message.role == "assistant":
             out.append(ChatMessage("assistant", _assistant_text(message)))
         elif message.role == "tool":
             _append_user(
                 out, f"Tool result of {message.name} (call {message.tool_call_id}):\n{message.content}"
             )
-        elif message.role == "user":
+        else:
             _append_user(out, message.content)
+    if tools and messages and messages[-1].role == "tool":
+        out[-1] = ChatMessage.user(out[-1].content + NEXT_STEP_HINT)
     return out
 
 
