@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Coroutine
@@ -167,6 +168,55 @@ async def _rebuild(home: Path) -> int:
         return 0
     finally:
         await app_.close()
+
+
+@app.command(name="serve")
+def serve_cmd(
+    home: HomeOption = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    keys: Annotated[
+        Path | None, typer.Option(help="API key file (env TURNLOG_KEYS, default HOME/keys.toml).")
+    ] = None,
+    worker: Annotated[bool, typer.Option(help="Run turns in the gateway process.")] = True,
+    sample_rate: Annotated[float, typer.Option(help="Share of turns that log full context.")] = 0.01,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+) -> None:
+    """Serve the HTTP gateway (sessions, messages, event streams, metrics) on the embedded backend."""
+    from .serve import DEFAULT_KEYS_FILE, serve
+
+    root = home_dir(home)
+    keys_file = keys or Path(os.environ.get("TURNLOG_KEYS") or root / DEFAULT_KEYS_FILE)
+    try:
+        serve(
+            root, ModelSettings.from_env(base_url, api_key, model), host=host, port=port,
+            keys_file=keys_file, run_worker=worker, sample_rate=sample_rate,
+        )  # fmt: skip
+    except TurnlogError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@app.command(name="add-key")
+def add_key_cmd(
+    user: str,
+    role: Annotated[str, typer.Option(help="user or admin.")] = "user",
+    home: HomeOption = None,
+    keys: Annotated[Path | None, typer.Option(help="API key file (default HOME/keys.toml).")] = None,
+) -> None:
+    """Create an API key for USER; its SHA-256 goes to the key file, the key is printed once."""
+    from .serve import DEFAULT_KEYS_FILE, add_key
+
+    keys_file = keys or Path(os.environ.get("TURNLOG_KEYS") or home_dir(home) / DEFAULT_KEYS_FILE)
+    try:
+        key = add_key(keys_file, user, role)
+    except TurnlogError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(f"key for {user} ({role}), shown only now; its hash is in {keys_file}:", highlight=False)
+    print(key)
 
 
 @app.callback()

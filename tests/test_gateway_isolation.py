@@ -1,0 +1,119 @@
+"""The isolation walk: every route as the owner, as another user, as an admin, unauthenticated
+and with a wrong key, over real HTTP. Another user's session gets exactly the answer a missing
+one gets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.gateway_support import KEYS, auth, open_log, serve_gateway
+
+TIMEOUT = httpx.Timeout(30.0)
+MISSING = "0" * 32
+
+
+@dataclass(frozen=True)
+class RouteCase:
+    method: str
+    path: str
+    scope: str
+    """owner: a session's route; user: any authenticated key; admin: admin keys only."""
+    body: dict[str, Any] | None = None
+
+
+ROUTES = [
+    RouteCase("POST", "/v1/sessions", "user", {"agent": "support"}),
+    RouteCase("GET", "/v1/sessions", "user"),
+    RouteCase("GET", "/openapi.json", "user"),
+    RouteCase("GET", "/v1/sessions/{session_id}", "owner"),
+    RouteCase("GET", "/v1/sessions/{session_id}/history", "owner"),
+    RouteCase("POST", "/v1/sessions/{session_id}/messages", "owner", {"text": "Where is order A-17?"}),
+    RouteCase("GET", "/v1/sessions/{session_id}/events", "owner"),
+    RouteCase("GET", "/v1/admin/sessions", "admin"),
+    RouteCase("GET", "/v1/admin/analytics/daily", "admin"),
+    RouteCase("GET", "/metrics", "admin"),
+    RouteCase("POST", "/v1/admin/sessions/{session_id}/finish", "admin-owner", {"reason": "walk"}),
+]
+CALLERS = {
+    "owner": auth("alice"),
+    "other": auth("bob"),
+    "admin": auth("root"),
+    "anonymous": {},
+    "wrong key": {"Authorization": "Bearer " + KEYS["alice"] + "x"},
+}
+
+
+async def call(
+    client: httpx.AsyncClient, case: RouteCase, sid: str, headers: dict[str, str]
+) -> tuple[int, Any]:
+    """Status and body; an event stream is opened, its status read, and closed."""
+    url = case.path.format(session_id=sid)
+    async with client.stream(case.method, url, json=case.body, headers=headers) as response:
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return response.status_code, None
+        await response.aread()
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.status_code, response.json()
+        return response.status_code, response.text
+
+
+def expected_status(case: RouteCase, caller: str) -> int | str:
+    if caller in ("anonymous", "wrong key"):
+        return 401
+    if case.scope == "user":
+        return "2xx"
+    if case.scope in ("admin", "admin-owner"):
+        return "2xx" if caller == "admin" else 403
+    return 404 if caller == "other" else "2xx"
+
+
+async def test_every_route_as_owner_other_user_admin_and_unauthenticated(tmp_path: Path) -> None:
+    walked = []
+    with serve_gateway(tmp_path) as running:
+        async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+            for case in ROUTES:
+                for caller, headers in CALLERS.items():
+                    # a fresh session of alice's per call, so a force-finish cannot change later answers
+                    created = await client.post(
+                        "/v1/sessions", json={"agent": "support"}, headers=auth("alice")
+                    )
+                    sid = created.json()["session_id"]
+                    status, body = await call(client, case, sid, headers)
+                    want = expected_status(case, caller)
+                    ok = 200 <= status < 300 if want == "2xx" else status == want
+                    assert ok, f"{case.method} {case.path} as {caller}: {status} {body}, expected {want}"
+                    if want == 401:
+                        assert body["error"] == "unauthenticated"
+                    if want == 404:
+                        missing_status, missing_body = await call(client, case, MISSING, headers)
+                        assert (status, body) == (
+                            missing_status,
+                            {**missing_body, "detail": f"no session {sid}"},
+                        )
+                        assert body == {"error": "not_found", "detail": f"no session {sid}"}
+                    walked.append((case.path, case.method, caller))
+            assert len(walked) == len(ROUTES) * len(CALLERS)
+            assert {r.path for r in ROUTES} == {r.path for r in running.gateway.app().routes}  # type: ignore[attr-defined]
+
+            # bob never sees alice's sessions in a list; the admin sees them all
+            bobs = (await client.get("/v1/sessions?limit=500", headers=auth("bob"))).json()["sessions"]
+            assert {s["user_id"] for s in bobs} <= {"bob"}
+            everyone = (await client.get("/v1/admin/sessions?limit=500", headers=auth("root"))).json()[
+                "sessions"
+            ]
+            assert "alice" in {s["user_id"] for s in everyone}
+
+    log = open_log(running.log_path)
+    try:
+        writers = set()
+        for partition in range(log.partitions):
+            for record in await log.read_partition(partition, 0, 100_000):
+                if record.event.type == "UserMessageReceived":
+                    writers.add(record.event.user_id)  # type: ignore[attr-defined]
+        assert writers == {"alice"}  # bob's and the anonymous posts wrote nothing
+    finally:
+        await log.close()

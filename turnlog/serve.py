@@ -1,0 +1,81 @@
+"""`turnlog serve` and `turnlog keys add`: the HTTP gateway on the embedded backend.
+
+The gateway's packages are the ``gateway`` extra (``pip install 'turnlog[gateway]'``); they are
+imported only here, so the rest of the CLI works without them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from engine.errors import ConfigurationError
+from engine.models.base import Model
+
+from .config import ModelSettings
+
+DEFAULT_KEYS_FILE = "keys.toml"
+
+
+def _require_gateway() -> None:
+    try:
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the gateway needs its extra packages ({exc.name} is missing); install them with "
+            "pip install -e '.[gateway]'"
+        ) from None
+
+
+def add_key(keys_file: Path, user: str, role: str) -> str:
+    """Make a new key for ``user``, append its hash to ``keys_file``, return the clear key once."""
+    from gateway.auth import ROLES, hash_key, new_key
+
+    if role not in ROLES:
+        raise ConfigurationError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    if not user or any(c in user for c in '"\\\n'):
+        raise ConfigurationError("the user name must be non-empty, without quotes, backslashes or newlines")
+    key = new_key()
+    keys_file.parent.mkdir(parents=True, exist_ok=True)
+    with keys_file.open("a") as out:
+        out.write(f'\n[[keys]]\nuser = "{user}"\nrole = "{role}"\nsha256 = "{hash_key(key)}"\n')
+    return key
+
+
+def serve(
+    home: Path,
+    settings: ModelSettings,
+    *,
+    host: str,
+    port: int,
+    keys_file: Path,
+    run_worker: bool,
+    sample_rate: float,
+) -> None:
+    """Run the gateway (and, unless ``run_worker`` is False, the turn worker) until interrupted."""
+    _require_gateway()
+    import uvicorn
+
+    from examples.logistics import LogisticsBackend, build_agent, demo_model
+    from gateway import Gateway, GatewayConfig, KeyStore
+    from gateway.observe import configure_json_logs
+
+    from .app import EmbeddedApp
+
+    keys = KeyStore.from_file(keys_file)
+    model: Model = settings.build() if settings.configured else demo_model()
+    backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
+    app_ = EmbeddedApp(home, [build_agent(model, backend)])
+    if not 0 <= sample_rate <= 1:
+        raise ConfigurationError(f"--sample-rate must be between 0 and 1, not {sample_rate}")
+    configure_json_logs()
+    gateway = Gateway(
+        app_.log,
+        app_.store,
+        app_.agents,
+        keys,
+        GatewayConfig(run_worker=run_worker, log_sample_rate=sample_rate),
+    )
+    uvicorn.run(gateway.app(), host=host, port=port, log_level="warning")
