@@ -80,10 +80,20 @@ class Guard:
             raise HttpError(401, "unauthenticated", "unknown API key", {"WWW-Authenticate": "Bearer"})
         return principal
 
-    def wrap(self, handler: Handler, *, admin: bool = False) -> Handler:
+    def wrap(self, handler: Handler, *, admin: bool = False, query: tuple[str, ...] = ()) -> Handler:
+        """``query``: the query parameters the route takes; any other is a 422."""
+
         async def guarded(request: Request) -> Response:
             try:
                 principal = self.authenticate(request)
+                unknown = sorted(set(request.query_params) - set(query))
+                if unknown:
+                    takes = ", ".join(query) or "none"
+                    raise HttpError(
+                        422,
+                        "invalid_input",
+                        f"unknown query parameter {unknown[0]!r}; this route takes: {takes}",
+                    )
                 if admin and not principal.is_admin:
                     raise HttpError(403, "forbidden", "this route needs an API key with the admin role")
                 wait = self.rate.take(principal.user)

@@ -6,7 +6,8 @@ that every route of the app is described here and nothing else is.
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import Any, Sequence
 
 JSON = "application/json"
 
@@ -160,6 +161,26 @@ PATHS: dict[str, dict[str, Any]] = {
             "responses": {"200": _json({"type": "object"}, "days and per-tool rows"), **_errors(403, 422)},
         }
     },
+    "/v1/agui/{agent}": {
+        "post": {
+            "summary": "AG-UI 1.0: a RunAgentInput in, the run's AG-UI events out (Server-Sent Events)",
+            "description": (
+                "The thread is a session of the caller's (its id is a hash of user and threadId); the last "
+                "user message of `messages` is posted and its turn streamed as RUN_STARTED, STATE_SNAPSHOT, "
+                "STATE_DELTA, STEP_*, TEXT_MESSAGE_*, TOOL_CALL_*, then RUN_FINISHED or RUN_ERROR."
+            ),
+            "operationId": "aguiRun",
+            "parameters": [{"name": "agent", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "requestBody": _body({"type": "object", "description": "AG-UI RunAgentInput"}),
+            "responses": {
+                "200": {
+                    "description": "AG-UI event stream",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                **_errors(400, 404, 409, 413, 422),
+            },
+        }
+    },
     "/metrics": {
         "get": {
             "summary": "Prometheus metrics (admin)",
@@ -177,7 +198,7 @@ PATHS: dict[str, dict[str, Any]] = {
         "get": {
             "summary": "This document",
             "operationId": "openapi",
-            "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+            "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1"), **_errors()},
         }
     },
 }
@@ -214,7 +235,14 @@ SCHEMAS: dict[str, Any] = {
     "PostMessage": {
         "type": "object",
         "required": ["text"],
-        "properties": {"text": {"type": "string", "minLength": 1}},
+        "properties": {
+            "text": {
+                "type": "string",
+                "pattern": "\\S",
+                "maxLength": 8192,
+                "description": "not blank; at most the agent's max_message_bytes in UTF-8 (64 KiB default)",
+            }
+        },
     },
     "Posted": {
         "type": "object",
@@ -265,12 +293,16 @@ SCHEMAS: dict[str, Any] = {
 }
 
 
-def document() -> dict[str, Any]:
+def document(agents: Sequence[str] = ()) -> dict[str, Any]:
+    """The document; ``agents`` (the configured agent ids) become the enum of ``agent``."""
+    schemas = copy.deepcopy(SCHEMAS)
+    if agents:
+        schemas["CreateSession"]["properties"]["agent"]["enum"] = sorted(agents)
     return {
         "openapi": "3.1.0",
         "info": {"title": "turnlog gateway", "version": "1"},
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": schemas,
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"apiKey": []}],

@@ -15,6 +15,7 @@ from engine.errors import SessionNotFoundError
 from engine.fold import SessionState
 from projections import queries
 
+from .agui import AguiRoute
 from .http import HttpError, int_param, json_body, not_found, principal_of, string_field
 from .stream import SessionStream
 
@@ -29,19 +30,39 @@ class Routes:
     def table(self) -> list[Route]:
         wrap = self.gw.guard.wrap
         return [
-            Route("/v1/sessions", wrap(self.create_session), methods=["POST"]),
-            Route("/v1/sessions", wrap(self.list_sessions), methods=["GET"]),
+            Route(
+                "/v1/sessions",
+                _by_method(
+                    {"POST": wrap(self.create_session), "GET": wrap(self.list_sessions, query=("limit",))}
+                ),
+                methods=["GET", "POST"],
+            ),
             Route("/v1/sessions/{session_id}", wrap(self.get_session), methods=["GET"]),
-            Route("/v1/sessions/{session_id}/history", wrap(self.get_history), methods=["GET"]),
+            Route(
+                "/v1/sessions/{session_id}/history", wrap(self.get_history, query=("limit",)), methods=["GET"]
+            ),
             Route("/v1/sessions/{session_id}/messages", wrap(self.post_message), methods=["POST"]),
-            Route("/v1/sessions/{session_id}/events", wrap(self.stream_events), methods=["GET"]),
-            Route("/v1/admin/sessions", wrap(self.admin_sessions, admin=True), methods=["GET"]),
+            Route(
+                "/v1/sessions/{session_id}/events",
+                wrap(self.stream_events, query=("after",)),
+                methods=["GET"],
+            ),
+            Route(
+                "/v1/admin/sessions",
+                wrap(self.admin_sessions, admin=True, query=("limit", "user", "state", "agent")),
+                methods=["GET"],
+            ),
             Route(
                 "/v1/admin/sessions/{session_id}/finish",
                 wrap(self.force_finish, admin=True),
                 methods=["POST"],
             ),
-            Route("/v1/admin/analytics/daily", wrap(self.analytics, admin=True), methods=["GET"]),
+            Route(
+                "/v1/admin/analytics/daily",
+                wrap(self.analytics, admin=True, query=("days",)),
+                methods=["GET"],
+            ),
+            Route("/v1/agui/{agent}", wrap(AguiRoute(self.gw).run), methods=["POST"]),
             Route("/metrics", wrap(self.metrics, admin=True), methods=["GET"]),
             Route("/openapi.json", wrap(self.openapi), methods=["GET"]),
         ]
@@ -172,7 +193,7 @@ class Routes:
     async def openapi(self, request: Request) -> Response:
         from .openapi import document
 
-        return JSONResponse(document())
+        return JSONResponse(document([a.agent_id for a in self.gw.api.agents]))
 
     # -- admin routes ----------------------------------------------------------------------------
 
@@ -206,6 +227,17 @@ class Routes:
     async def metrics(self, request: Request) -> Response:
         body, content_type = await self.gw.metrics.render()
         return Response(body, media_type=content_type)
+
+
+def _by_method(handlers: dict[str, Any]) -> Any:
+    """One route per path, so a wrong method gets a 405 whose Allow lists every method of the path."""
+
+    async def dispatch(request: Request) -> Response:
+        handler = handlers.get(request.method) or handlers["GET"]  # HEAD goes to GET
+        response: Response = await handler(request)
+        return response
+
+    return dispatch
 
 
 def _last_event_id(request: Request) -> int:

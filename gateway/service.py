@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 import structlog
 from opentelemetry.trace import TracerProvider
@@ -50,6 +50,10 @@ class GatewayConfig:
     """Keep-alive comment interval on event streams."""
     log_sample_rate: float = 0.01
     """Share of turns whose full context is logged (0..1)."""
+    linger_s: float = 0.05
+    """How long the read-side consumers let appends gather before a pass."""
+    idle_wait_s: float = 1.0
+    """Longest wait between read-side passes (writers in other processes do not wake them)."""
 
 
 class Gateway:
@@ -87,6 +91,7 @@ class Gateway:
             else None
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
 
     async def consumer_lag(self) -> dict[tuple[str, int], int]:
         lag: dict[tuple[str, int], int] = {}
@@ -99,16 +104,32 @@ class Gateway:
         return lag
 
     async def start(self) -> None:
-        runners = [self.projector.run(), self.analytics.run(), self.observer.run()]
+        self._stop.clear()
+        runners = [
+            self._follow(c)
+            for c in (self.projector.catch_up, self.analytics.catch_up, self.observer.poll_once)
+        ]
         if self.worker is not None:
             runners.append(self.worker.run())
         self._tasks = [asyncio.create_task(r) for r in runners]
         log.info("gateway.start", worker=self.worker is not None)
 
+    async def _follow(self, catch_up: Callable[[], Awaitable[int]]) -> None:
+        """Run a read-side consumer: catch up, then wait for appends and let them gather for
+        ``linger_s``, so one pass (and one transaction) covers many appends. Reads that must be
+        fresh (the session routes) catch the projector up themselves."""
+        while not self._stop.is_set():
+            try:
+                await catch_up()
+            except Exception:
+                log.exception("gateway.consumer_failed", consumer=getattr(catch_up, "__qualname__", "?"))
+            await self.log.wait_for_append(self.config.idle_wait_s)
+            await asyncio.sleep(self.config.linger_s)
+
     async def stop(self) -> None:
-        for stoppable in (self.projector, self.analytics, self.observer, self.worker):
-            if stoppable is not None:
-                stoppable.stop()
+        self._stop.set()
+        if self.worker is not None:
+            self.worker.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -82,46 +82,51 @@ class SessionStream:
         self._open_steps: set[tuple[str, int]] = set()
 
     async def __aiter__(self) -> AsyncIterator[StreamMessage]:
+        async for item in self.items():
+            yield delta_message(item) if isinstance(item, ModelDelta) else event_message(item)
+
+    async def items(self) -> AsyncIterator[LogRecord | ModelDelta]:
+        """The session's log records after ``after_position`` and live deltas, in order, forever."""
         queue = self.hub.subscribe(self.session_id)
         try:
-            for message in await self._catch_up():
-                yield message
+            for out in await self._catch_up():
+                yield out
             while True:
                 try:
                     item: StreamItem | None = await asyncio.wait_for(queue.get(), self.poll_s)
                 except TimeoutError:
                     item = None
-                for message in await self._on(item):
-                    yield message
+                for out in await self._on(item):
+                    yield out
                 while not queue.empty():
-                    for message in await self._on(queue.get_nowait()):
-                        yield message
+                    for out in await self._on(queue.get_nowait()):
+                        yield out
         finally:
             self.hub.unsubscribe(self.session_id, queue)
 
-    async def _on(self, item: StreamItem | None) -> list[StreamMessage]:
+    async def _on(self, item: StreamItem | None) -> list[LogRecord | ModelDelta]:
         if isinstance(item, ModelDelta):
             step = (item.turn_id, item.step)
             if step not in self._open_steps:  # its ModelCallStarted is committed: read it first
                 out = await self._catch_up()
-                return [*out, delta_message(item)] if step in self._open_steps else out
-            return [delta_message(item)]
+                return [*out, item] if step in self._open_steps else out
+            return [item]
         if item is None:
             return await self._catch_up()
         # the hub delivers events in commit order, interleaved with the deltas between them:
         # read the log only up to this event, so the deltas after it stay in their place
         return await self._catch_up(upto=item.version) if item.version > self._version else []
 
-    async def _catch_up(self, upto: int | None = None) -> list[StreamMessage]:
+    async def _catch_up(self, upto: int | None = None) -> list[LogRecord | ModelDelta]:
         records = await self.log.read_session_records(self.session_id, self._version)
-        out = []
+        out: list[LogRecord | ModelDelta] = []
         for record in records:
             if upto is not None and record.event.version > upto:
                 break
             self._version = record.event.version
             self._track(record.event)
             if record.offset > self.after_position:
-                out.append(event_message(record))
+                out.append(record)
         return out
 
     def _track(self, event: ev.Event) -> None:

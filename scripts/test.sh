@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 ensure_venv "[test]"
+source scripts/_npm.sh
+ensure_agui_client
 .venv/bin/ruff check .
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

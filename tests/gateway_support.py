@@ -58,7 +58,10 @@ class GatedModel(Model):
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         self.requests.append(request)
         if request.tools and request.messages[-1].role == "user":
-            yield ModelResponse("", (call("lookup", {"order_id": "A-17"}),), Usage(20, 5), "tool_calls")
+            call_id = f"call_{len(self.requests)}"  # unique per session, as real models make them
+            yield ModelResponse(
+                "", (call("lookup", {"order_id": "A-17"}, call_id),), Usage(20, 5), "tool_calls"
+            )
             return
         yield TextDelta(self.first_half)
         while not self.gate.is_set():

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from engine import events as ev
 from tests.gateway_support import KEYS, auth, open_log, serve_gateway
 
 TIMEOUT = httpx.Timeout(30.0)
@@ -33,6 +34,10 @@ ROUTES = [
     RouteCase("GET", "/v1/sessions/{session_id}/history", "owner"),
     RouteCase("POST", "/v1/sessions/{session_id}/messages", "owner", {"text": "Where is order A-17?"}),
     RouteCase("GET", "/v1/sessions/{session_id}/events", "owner"),
+    RouteCase("POST", "/v1/agui/{agent}", "user", {
+        "threadId": "t-1", "runId": "r-1", "state": {}, "tools": [], "context": [], "forwardedProps": {},
+        "messages": [{"id": "m-1", "role": "user", "content": "Where is order A-17?"}],
+    }),  # fmt: skip
     RouteCase("GET", "/v1/admin/sessions", "admin"),
     RouteCase("GET", "/v1/admin/analytics/daily", "admin"),
     RouteCase("GET", "/metrics", "admin"),
@@ -51,7 +56,7 @@ async def call(
     client: httpx.AsyncClient, case: RouteCase, sid: str, headers: dict[str, str]
 ) -> tuple[int, Any]:
     """Status and body; an event stream is opened, its status read, and closed."""
-    url = case.path.format(session_id=sid)
+    url = case.path.format(session_id=sid, agent="support")
     async with client.stream(case.method, url, json=case.body, headers=headers) as response:
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             return response.status_code, None
@@ -109,11 +114,17 @@ async def test_every_route_as_owner_other_user_admin_and_unauthenticated(tmp_pat
 
     log = open_log(running.log_path)
     try:
-        writers = set()
+        owners: dict[str, str] = {}
+        writers: dict[str, set[str]] = {}
         for partition in range(log.partitions):
             for record in await log.read_partition(partition, 0, 100_000):
-                if record.event.type == "UserMessageReceived":
-                    writers.add(record.event.user_id)  # type: ignore[attr-defined]
-        assert writers == {"alice"}  # bob's and the anonymous posts wrote nothing
+                event = record.event
+                if isinstance(event, ev.SessionCreated):
+                    owners[event.session_id] = event.user_id
+                elif isinstance(event, ev.UserMessageReceived):
+                    writers.setdefault(event.session_id, set()).add(event.user_id)
+        # only a session's owner ever wrote into it (bob's and anonymous posts wrote nothing)
+        assert writers and all(users == {owners[sid]} for sid, users in writers.items())
+        assert {owners[sid] for sid in writers} == {"alice", "bob", "root"}  # AG-UI threads are per user
     finally:
         await log.close()

@@ -1,14 +1,14 @@
 """The observability consumer: its own group on the log, feeding logs, metrics and spans.
 
 At-least-once like every group member: after a crash the records since the last commit are seen
-again (a counter may count them twice; the analytics consumer is the exactly-once one).
+again (a counter may count them twice; the analytics consumer is the exactly-once one). It
+commits once per batch read, not per record: these are log lines and counters, not turns.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from consumers.runner import GroupConsumer
 from engine import events as ev
 from engine.fold import fold
 from engine.log.base import EventLog, LogRecord
@@ -29,12 +29,14 @@ class ObservabilityConsumer:
         metrics: GatewayMetrics | None = None,
         spans: SpanBuilder | None = None,
         partitions: Sequence[int] | None = None,
+        batch: int = 500,
     ) -> None:
         self.log = event_log
         self.logger = logger
         self.metrics = metrics
         self.spans = spans
-        self.consumer = GroupConsumer(event_log, GROUP, self.handle, partitions=partitions)
+        self.partitions = list(partitions) if partitions is not None else list(range(event_log.partitions))
+        self.batch = batch
 
     async def handle(self, record: LogRecord) -> None:
         event = record.event
@@ -50,10 +52,14 @@ class ObservabilityConsumer:
             )
 
     async def poll_once(self) -> int:
-        return await self.consumer.poll_once()
-
-    async def run(self) -> None:
-        await self.consumer.run()
-
-    def stop(self) -> None:
-        self.consumer.stop()
+        """Handle everything currently on the partitions; return records handled."""
+        handled = 0
+        for partition in self.partitions:
+            while records := await self.log.read_partition(
+                partition, await self.log.committed(GROUP, partition), self.batch
+            ):
+                for record in records:
+                    await self.handle(record)
+                await self.log.commit(GROUP, partition, records[-1].offset + 1)
+                handled += len(records)
+        return handled
