@@ -20,7 +20,7 @@ bench's agent with a zero-latency model); the client is httpx in this process.
 Wall times depend on how busy the machine is; the server's CPU time (from /proc) per message or
 event does much less, so both are reported.
 3. concurrent streams: K SSE streams held open on K sessions (one per user key), then one message
-   posted to each with the worker running, so every stream carries a whole turn (13 events and a
+   posted to each with the worker running, so every stream carries a whole turn (16 events and a
    few deltas); reported: whether every stream saw its TurnFinished, the time from the first post
    to the last TurnFinished, and the gateway's resident memory with the streams open.
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
+import structlog
+
 from engine.stream import StreamItem
 
+log = structlog.get_logger("turnlog.hub")
 Observer = Callable[[StreamItem], None]
 
 
@@ -41,7 +44,10 @@ class LiveHub:
 
     def publish(self, item: StreamItem) -> None:
         for observer in self._observers:
-            observer(item)
+            try:
+                observer(item)
+            except Exception:  # an observer's bug must never break the turn that publishes
+                log.exception("hub.observer_failed", observer=getattr(observer, "__qualname__", "?"))
         for queue in self._subscribers.get(item.session_id, ()):
             try:
                 queue.put_nowait(item)

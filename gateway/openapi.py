@@ -84,6 +84,16 @@ PATHS: dict[str, dict[str, Any]] = {
             "responses": {"200": _json(_ref("History"), "history"), **_errors(404, 422)},
         }
     },
+    "/v1/sessions/{session_id}/timeline": {
+        "get": {
+            "summary": "What the session did: turns, model calls, tool calls, state changes, messages",
+            "description": "From the projections: every model call (tokens, latency, status), every tool "
+            "call (arguments, result, status, duration, attempts) and every state transition with its cause.",
+            "operationId": "getTimeline",
+            "parameters": [SESSION_ID],
+            "responses": {"200": _json(_ref("Timeline"), "timeline"), **_errors(404)},
+        }
+    },
     "/v1/sessions/{session_id}/messages": {
         "post": {
             "summary": "Append a user message; answers with its log position, never waits for the turn",
@@ -282,6 +292,17 @@ SCHEMAS: dict[str, Any] = {
     "SessionList": {
         "type": "object",
         "properties": {"sessions": {"type": "array", "items": _ref("Session")}},
+    },
+    "Timeline": {
+        "type": "object",
+        "required": ["session", "messages", "turns", "model_calls", "tool_calls", "state_changes"],
+        "properties": {
+            "session": _ref("Session"),
+            **{
+                name: {"type": "array", "items": {"type": "object"}}
+                for name in ("messages", "turns", "model_calls", "tool_calls", "state_changes")
+            },
+        },
     },
     "History": {
         "type": "object",

@@ -41,6 +41,7 @@ class Routes:
             Route(
                 "/v1/sessions/{session_id}/history", wrap(self.get_history, query=("limit",)), methods=["GET"]
             ),
+            Route("/v1/sessions/{session_id}/timeline", wrap(self.get_timeline), methods=["GET"]),
             Route("/v1/sessions/{session_id}/messages", wrap(self.post_message), methods=["POST"]),
             Route(
                 "/v1/sessions/{session_id}/events",
@@ -144,6 +145,11 @@ class Routes:
         session = await self._projected(state)
         messages = queries.last_messages(self.gw.store, state.session_id, limit)
         return JSONResponse({"session": session, "messages": messages})
+
+    async def get_timeline(self, request: Request) -> Response:
+        state = await self._owned(request)
+        session = await self._projected(state)
+        return JSONResponse({"session": session, **queries.session_timeline(self.gw.store, state.session_id)})
 
     async def post_message(self, request: Request) -> Response:
         state = await self._owned(request)

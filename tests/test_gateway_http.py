@@ -120,6 +120,17 @@ async def test_reads_come_from_the_projections(running: RunningGateway) -> None:
         assert [m["role"] for m in history["messages"]] == ["tool", "assistant"]
         assert history["messages"][-1]["content"] == running.model.first_half + running.model.second_half
 
+        timeline = (await client.get(f"/v1/sessions/{sid}/timeline", headers=auth("alice"))).json()
+        assert [(c["step"], c["status"]) for c in timeline["model_calls"]] == [(0, "ok"), (1, "ok")]
+        assert [(t["tool_name"], t["status"], t["input_json"]) for t in timeline["tool_calls"]] == [
+            ("lookup", "success", '{"order_id": "A-17"}')
+        ]
+        assert [(c["to_state"], c["cause"]) for c in timeline["state_changes"]] == [
+            ("PROCESSING", "user_message"), ("TOOL_WAIT", "model_tool_call"),
+            ("PROCESSING", "tool_result"), ("FINISHED", "model_answer"),
+        ]  # fmt: skip
+        assert [t["outcome"] for t in timeline["turns"]] == ["answered"]
+
         listed = (await client.get("/v1/sessions", headers=auth("alice"))).json()["sessions"]
         assert [s["session_id"] for s in listed] == [sid]
         assert (await client.get("/v1/sessions", headers=auth("bob"))).json()["sessions"] == []
@@ -261,3 +272,41 @@ async def test_metrics_and_analytics_routes_reflect_the_log(running: RunningGate
         daily = (await client.get("/v1/admin/analytics/daily?days=1", headers=auth("root"))).json()
         assert daily["days"][0]["sessions"] == 2 and daily["days"][0]["turns"] == 1
         assert [t["tool_name"] for t in daily["tools"]] == ["lookup"]
+
+
+async def test_turns_run_by_a_separate_worker_process_reach_the_stream(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    with serve_gateway(tmp_path, run_worker=False) as running:
+        worker = subprocess.Popen(
+            [sys.executable, str(repo / "tests" / "gateway_worker_proc.py"), str(running.log_path)],
+            env={**os.environ, "PYTHONPATH": str(repo)},
+        )
+        try:
+            async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+                sid = (await create(client))["session_id"]
+                seen: list[SseMessage] = []
+                async with client.stream(
+                    "GET", f"/v1/sessions/{sid}/events", headers=auth("alice")
+                ) as response:
+                    stream = sse_messages(response)
+                    await read_until(stream, lambda m: m.event == "SessionCreated", seen)
+                    url = f"/v1/sessions/{sid}/messages"
+                    assert (
+                        await client.post(url, json={"text": "A-17?"}, headers=auth("alice"))
+                    ).status_code == 202
+                    await read_until(stream, lambda m: m.event == "TurnFinished", seen)
+        finally:
+            worker.kill()
+            worker.wait(timeout=30)
+    log = open_log(running.log_path)
+    try:
+        records = await log.read_session_records(sid)
+    finally:
+        await log.close()
+    assert [m.id for m in seen] == [r.offset for r in records]  # found by the stream's log poll
+    assert {r.event.producer for r in records if r.event.type == "TurnFinished"} == {"separate-worker"}
+    assert not [m for m in seen if m.event == "delta"]  # deltas stay in the worker's process

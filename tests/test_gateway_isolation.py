@@ -32,6 +32,7 @@ ROUTES = [
     RouteCase("GET", "/openapi.json", "user"),
     RouteCase("GET", "/v1/sessions/{session_id}", "owner"),
     RouteCase("GET", "/v1/sessions/{session_id}/history", "owner"),
+    RouteCase("GET", "/v1/sessions/{session_id}/timeline", "owner"),
     RouteCase("POST", "/v1/sessions/{session_id}/messages", "owner", {"text": "Where is order A-17?"}),
     RouteCase("GET", "/v1/sessions/{session_id}/events", "owner"),
     RouteCase("POST", "/v1/agui/{agent}", "user", {

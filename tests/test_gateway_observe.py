@@ -25,6 +25,7 @@ from engine import (
 )
 from engine import events as ev
 from engine.models.base import ModelRequest, ModelResponse
+from engine.stream import ModelDelta
 from gateway.hub import LiveHub
 from gateway.observe import EventLogger, GatewayMetrics, ObservabilityConsumer, SpanBuilder, redact
 from gateway.observe.logs import sampled
@@ -180,3 +181,20 @@ async def test_spans_follow_the_genai_conventions_with_event_times(tmp_path: Pat
     ]
     assert spans["execute_tool flaky"].status.status_code == StatusCode.ERROR
     assert spans["execute_tool send"].attributes["gen_ai.tool.call.id"] == "c1"  # type: ignore[index]
+
+
+def test_a_failing_observer_never_breaks_the_publisher() -> None:
+    hub = LiveHub()
+    seen: list[object] = []
+
+    def broken(item: object) -> None:
+        raise RuntimeError("observer bug")
+
+    hub.observe(broken)
+    hub.observe(seen.append)
+    queue = hub.subscribe("s1")
+    delta = ModelDelta("s1", "t1", 0, "hi")
+    with structlog.testing.capture_logs() as lines:
+        hub.publish(delta)
+    assert seen == [delta] and queue.get_nowait() == delta
+    assert [line["event"] for line in lines] == ["hub.observer_failed"]
