@@ -204,6 +204,16 @@ PATHS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "/viewer": {
+        "get": {
+            "summary": "The trace viewer page (static: loads without a key; every call it makes sends one)",
+            "operationId": "viewer",
+            "security": [],
+            "responses": {
+                "200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}
+            },
+        }
+    },
     "/openapi.json": {
         "get": {
             "summary": "This document",

@@ -4,11 +4,12 @@ or read the projections, answer JSON (or an event stream)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from engine.errors import SessionNotFoundError
@@ -66,6 +67,7 @@ class Routes:
             Route("/v1/agui/{agent}", wrap(AguiRoute(self.gw).run), methods=["POST"]),
             Route("/metrics", wrap(self.metrics, admin=True), methods=["GET"]),
             Route("/openapi.json", wrap(self.openapi), methods=["GET"]),
+            Route("/viewer", viewer_page, methods=["GET"]),
         ]
 
     # -- helpers -------------------------------------------------------------------------------
@@ -233,6 +235,17 @@ class Routes:
     async def metrics(self, request: Request) -> Response:
         body, content_type = await self.gw.metrics.render()
         return Response(body, media_type=content_type)
+
+
+VIEWER_HTML = (Path(__file__).parent / "viewer.html").read_text()
+
+
+async def viewer_page(request: Request) -> Response:
+    """The trace viewer: static code that holds no data (the one route without a key); every
+    request it makes carries the key typed into it, and sees what that key may see."""
+    return HTMLResponse(
+        VIEWER_HTML, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+    )
 
 
 def _by_method(handlers: dict[str, Any]) -> Any:

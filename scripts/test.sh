@@ -7,6 +7,8 @@ source scripts/_venv.sh
 ensure_venv "[test]"
 source scripts/_npm.sh
 ensure_agui_client
+source scripts/_browser.sh
+ensure_chromium
 .venv/bin/ruff check .
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"
