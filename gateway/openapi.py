@@ -94,6 +94,21 @@ PATHS: dict[str, dict[str, Any]] = {
             "responses": {"200": _json(_ref("Timeline"), "timeline"), **_errors(404)},
         }
     },
+    "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}": {
+        "get": {
+            "summary": "The messages one model call was sent, rebuilt from the log",
+            "operationId": "getModelRequest",
+            "parameters": [
+                SESSION_ID,
+                {"name": "turn_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                {"name": "step", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}},
+            ],
+            "responses": {
+                "200": _json({"type": "object"}, "model, message_count, exact, messages"),
+                **_errors(404),
+            },
+        }
+    },
     "/v1/sessions/{session_id}/messages": {
         "post": {
             "summary": "Append a user message; answers with its log position, never waits for the turn",

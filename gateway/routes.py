@@ -18,6 +18,7 @@ from projections import queries
 
 from .agui import AguiRoute
 from .http import HttpError, int_param, json_body, not_found, principal_of, string_field
+from .model_request import sent_messages
 from .stream import SessionStream
 
 if TYPE_CHECKING:
@@ -43,6 +44,11 @@ class Routes:
                 "/v1/sessions/{session_id}/history", wrap(self.get_history, query=("limit",)), methods=["GET"]
             ),
             Route("/v1/sessions/{session_id}/timeline", wrap(self.get_timeline), methods=["GET"]),
+            Route(
+                "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}",
+                wrap(self.get_model_request),
+                methods=["GET"],
+            ),
             Route("/v1/sessions/{session_id}/messages", wrap(self.post_message), methods=["POST"]),
             Route(
                 "/v1/sessions/{session_id}/events",
@@ -152,6 +158,19 @@ class Routes:
         state = await self._owned(request)
         session = await self._projected(state)
         return JSONResponse({"session": session, **queries.session_timeline(self.gw.store, state.session_id)})
+
+    async def get_model_request(self, request: Request) -> Response:
+        state = await self._owned(request)
+        turn_id, raw_step = request.path_params["turn_id"], request.path_params["step"]
+        if not raw_step.isdigit():
+            raise HttpError(422, "invalid_input", f"step must be a number (0, 1, ...), not {raw_step!r}")
+        step = int(raw_step)
+        sent = await sent_messages(self.gw.log, self.gw.api.agents, state.session_id, turn_id, step)
+        if sent is None:
+            raise HttpError(
+                404, "not_found", f"session {state.session_id} has no model call {step} in turn {turn_id}"
+            )
+        return JSONResponse(sent)
 
     async def post_message(self, request: Request) -> Response:
         state = await self._owned(request)

@@ -43,7 +43,9 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]
 
 
 @schema.parametrize()
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=12, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 @pytest.mark.parametrize("user", ["alice", "root"])
 def test_any_request_gets_a_documented_answer(
     case: schemathesis.Case, user: str, fuzzed: RunningGateway

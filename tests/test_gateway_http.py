@@ -130,6 +130,16 @@ async def test_reads_come_from_the_projections(running: RunningGateway) -> None:
             ("PROCESSING", "tool_result"), ("FINISHED", "model_answer"),
         ]  # fmt: skip
         assert [t["outcome"] for t in timeline["turns"]] == ["answered"]
+        turn_id = timeline["turns"][0]["turn_id"]
+        for step, request in enumerate(running.model.requests):  # rebuilt exactly as the model got it
+            url = f"/v1/sessions/{sid}/model_calls/{turn_id}/{step}"
+            sent = (await client.get(url, headers=auth("alice"))).json()
+            assert sent["exact"] is True and sent["message_count"] == len(request.messages)
+            assert [(m["role"], m["content"]) for m in sent["messages"]] == [
+                (m.role, m.content) for m in request.messages
+            ]
+        missing = await client.get(f"/v1/sessions/{sid}/model_calls/{turn_id}/9", headers=auth("alice"))
+        assert missing.status_code == 404 and "no model call 9" in missing.json()["detail"]
 
         listed = (await client.get("/v1/sessions", headers=auth("alice"))).json()["sessions"]
         assert [s["session_id"] for s in listed] == [sid]

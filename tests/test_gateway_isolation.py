@@ -4,6 +4,7 @@ one gets."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,23 @@ ROUTES = [
     RouteCase("GET", "/v1/sessions/{session_id}", "owner"),
     RouteCase("GET", "/v1/sessions/{session_id}/history", "owner"),
     RouteCase("GET", "/v1/sessions/{session_id}/timeline", "owner"),
+    RouteCase("GET", "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}", "owner"),
     RouteCase("POST", "/v1/sessions/{session_id}/messages", "owner", {"text": "Where is order A-17?"}),
     RouteCase("GET", "/v1/sessions/{session_id}/events", "owner"),
-    RouteCase("POST", "/v1/agui/{agent}", "user", {
-        "threadId": "t-1", "runId": "r-1", "state": {}, "tools": [], "context": [], "forwardedProps": {},
-        "messages": [{"id": "m-1", "role": "user", "content": "Where is order A-17?"}],
-    }),  # fmt: skip
+    RouteCase(
+        "POST",
+        "/v1/agui/{agent}",
+        "user",
+        {
+            "threadId": "t-1",
+            "runId": "r-1",
+            "state": {},
+            "tools": [],
+            "context": [],
+            "forwardedProps": {},
+            "messages": [{"id": "m-1", "role": "user", "content": "Where is order A-17?"}],
+        },
+    ),  # fmt: skip
     RouteCase("GET", "/v1/admin/sessions", "admin"),
     RouteCase("GET", "/v1/admin/analytics/daily", "admin"),
     RouteCase("GET", "/metrics", "admin"),
@@ -55,10 +67,10 @@ CALLERS = {
 
 
 async def call(
-    client: httpx.AsyncClient, case: RouteCase, sid: str, headers: dict[str, str]
+    client: httpx.AsyncClient, case: RouteCase, sid: str, headers: dict[str, str], turn_id: str = ""
 ) -> tuple[int, Any]:
     """Status and body; an event stream is opened, its status read, and closed."""
-    url = case.path.format(session_id=sid, agent="support")
+    url = case.path.format(session_id=sid, agent="support", turn_id=turn_id, step=0)
     async with client.stream(case.method, url, json=case.body, headers=headers) as response:
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             return response.status_code, None
@@ -66,6 +78,17 @@ async def call(
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.status_code, response.json()
         return response.status_code, response.text
+
+
+async def run_turn(client: httpx.AsyncClient, sid: str) -> str:
+    """Post a message of alice's and wait for its turn; return the turn id."""
+    await client.post(f"/v1/sessions/{sid}/messages", json={"text": "Where is A-17?"}, headers=auth("alice"))
+    for _ in range(600):
+        turns = (await client.get(f"/v1/sessions/{sid}/timeline", headers=auth("alice"))).json()["turns"]
+        if turns and turns[0]["outcome"]:
+            return str(turns[0]["turn_id"])
+        await asyncio.sleep(0.05)
+    raise AssertionError("the turn did not finish")
 
 
 def expected_status(case: RouteCase, caller: str) -> int | str:
@@ -91,14 +114,15 @@ async def test_every_route_as_owner_other_user_admin_and_unauthenticated(tmp_pat
                         "/v1/sessions", json={"agent": "support"}, headers=auth("alice")
                     )
                     sid = created.json()["session_id"]
-                    status, body = await call(client, case, sid, headers)
+                    turn_id = await run_turn(client, sid) if "{turn_id}" in case.path else ""
+                    status, body = await call(client, case, sid, headers, turn_id)
                     want = expected_status(case, caller)
                     ok = 200 <= status < 300 if want == "2xx" else status == want
                     assert ok, f"{case.method} {case.path} as {caller}: {status} {body}, expected {want}"
                     if want == 401:
                         assert body["error"] == "unauthenticated"
                     if want == 404:
-                        missing_status, missing_body = await call(client, case, MISSING, headers)
+                        missing_status, missing_body = await call(client, case, MISSING, headers, turn_id)
                         assert (status, body) == (
                             missing_status,
                             {**missing_body, "detail": f"no session {sid}"},

@@ -66,6 +66,11 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             assert '{"order_id": "A-17"}' in await tool.locator("pre").first.inner_text()
             assert await page.locator(".step.model").count() == 2
             assert running.model.second_half in await page.locator(".step.model").nth(1).inner_text()
+            await page.locator(".step.model").nth(1).locator("button.sent").click()
+            await page.wait_for_selector(".step.model >> nth=1 >> .sent-message")
+            sent = await page.locator(".step.model").nth(1).locator(".sent-message").all_inner_texts()
+            assert [line.split("]")[0] for line in sent] == ["[system", "[user", "[assistant", "[tool lookup"]
+            assert 'lookup({"order_id": "A-17"})' in sent[2] and '"status":"delayed"' in sent[3]
             transitions = await page.locator("#transitions").inner_text()
             assert "IDLE → PROCESSING" in transitions and "model_answer" in transitions
             await page.screenshot(path=str(ARTIFACTS / "viewer-admin-timeline.png"), full_page=True)
