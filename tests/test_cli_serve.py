@@ -3,15 +3,25 @@ on the embedded backend, with JSON logs on stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
+import uvicorn
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from examples.logistics import AGENT_ID, TASK
 from tests.openai_server import free_port
@@ -35,7 +45,47 @@ def add_key(home: Path, user: str, role: str) -> str:
     return run.stdout.strip().splitlines()[-1]
 
 
+@contextlib.contextmanager
+def otlp_receiver() -> Iterator[tuple[str, list[dict[str, object]]]]:
+    """A minimal OTLP/HTTP traces endpoint on loopback: decodes each export, keeps its spans."""
+    spans: list[dict[str, object]] = []
+
+    async def traces(request: Request) -> Response:
+        export = ExportTraceServiceRequest.FromString(await request.body())
+        for resource in export.resource_spans:
+            service = {a.key: a.value.string_value for a in resource.resource.attributes}["service.name"]
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    attributes = {a.key: a.value.string_value or a.value.int_value for a in span.attributes}
+                    spans.append({"name": span.name, "service": service, "attributes": attributes})
+        return Response(b"", media_type="application/x-protobuf")
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])]), log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", spans
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
 def test_serve_runs_the_demo_task_over_http(tmp_path: Path) -> None:
+    with otlp_receiver() as (otlp_url, spans):
+        serve_demo_task(tmp_path, otlp_url, spans)
+    names = {str(span["name"]) for span in spans}
+    assert {"invoke_agent logistics-assistant", "chat scripted-demo", "execute_tool query_orders"} <= names
+    assert {span["service"] for span in spans} == {"turnlog-gateway"}
+    chat = next(span for span in spans if span["name"] == "chat scripted-demo")
+    assert chat["attributes"]["gen_ai.operation.name"] == "chat"  # type: ignore[index]
+
+
+def serve_demo_task(tmp_path: Path, otlp_url: str, spans: list[dict[str, object]]) -> None:
     home = tmp_path / "home"
     key = add_key(home, "alice", "user")
     assert key.startswith("tlk_") and key not in (home / "keys.toml").read_text()
@@ -49,8 +99,9 @@ def test_serve_runs_the_demo_task_over_http(tmp_path: Path) -> None:
     stderr_path = tmp_path / "serve.err"
     with stderr_path.open("w") as stderr:
         command = ["serve", "--home", str(home), "--port", str(port), "--sample-rate", "1"]
+        env = {**_env(), "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "turnlog", *command], stdout=subprocess.DEVNULL, stderr=stderr, env=_env()
+            [sys.executable, "-m", "turnlog", *command], stdout=subprocess.DEVNULL, stderr=stderr, env=env
         )
     try:
         headers = {"Authorization": f"Bearer {key}"}
@@ -83,6 +134,10 @@ def test_serve_runs_the_demo_task_over_http(tmp_path: Path) -> None:
                     assert [m for m in model_marks[:i] if m != "delta"][-1] == "ModelCallStarted"
             session = client.get(f"/v1/sessions/{sid}", headers=headers).json()
             assert session["turns"] == 1 and session["current_state"] == "FINISHED"
+            for _ in range(600):  # the observability consumer ends the turn's span; the batch exports it
+                if any(str(span["name"]).startswith("invoke_agent") for span in spans):
+                    break
+                time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)

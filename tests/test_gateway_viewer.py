@@ -50,7 +50,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             await page.fill("#key", KEYS["root"])
             await page.click("#load")
             await page.wait_for_function("document.querySelectorAll('tr.session').length === 2")
-            assert await page.locator("figure.chart").count() == 3
+            await page.wait_for_function("document.querySelectorAll('figure.chart').length === 3")  # async
             await page.fill("#f-user", "alice")
             await page.click("#apply")
             await page.wait_for_function("document.querySelectorAll('tr.session').length === 1")
@@ -64,7 +64,8 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             tool = page.locator(".step.tool")
             assert "tool lookup" in await tool.inner_text() and "success" in await tool.inner_text()
             assert '{"order_id": "A-17"}' in await tool.locator("pre").first.inner_text()
-            assert await page.locator(".step.model").count() == 2
+            steps = await page.locator(".turn .step").evaluate_all("nodes => nodes.map(n => n.className)")
+            assert steps == ["step", "step model", "step tool", "step model"]  # user, model 0, tool, model 1
             assert running.model.second_half in await page.locator(".step.model").nth(1).inner_text()
             await page.locator(".step.model").nth(1).locator("button.sent").click()
             await page.wait_for_selector(".step.model >> nth=1 >> .sent-message")
@@ -83,6 +84,8 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
                 "document.querySelector('#who').textContent === 'your sessions' && "
                 "document.querySelectorAll('tr.session').length === 1"
             )
+            assert await page.locator("figure.chart").count() == 0  # the admin's charts are gone
+            assert await page.locator(".turn").count() == 0  # and so is the admin's timeline
             await page.locator("tr.session").click()
             await page.wait_for_selector(".turn")
             assert "Where is <b>order</b> B-2?" in await page.locator(".turn .step").first.inner_text()

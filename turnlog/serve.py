@@ -61,6 +61,7 @@ def serve(
     from examples.logistics import LogisticsBackend, build_agent, demo_model
     from gateway import Gateway, GatewayConfig, KeyStore
     from gateway.observe import configure_json_logs
+    from gateway.observe.otlp import otlp_tracer_provider
 
     from .app import EmbeddedApp
 
@@ -71,11 +72,17 @@ def serve(
     if not 0 <= sample_rate <= 1:
         raise ConfigurationError(f"--sample-rate must be between 0 and 1, not {sample_rate}")
     configure_json_logs()
+    tracing = otlp_tracer_provider()
     gateway = Gateway(
         app_.log,
         app_.store,
         app_.agents,
         keys,
         GatewayConfig(run_worker=run_worker, log_sample_rate=sample_rate),
+        tracer_provider=tracing,
     )
-    uvicorn.run(gateway.app(), host=host, port=port, log_level="warning")
+    try:
+        uvicorn.run(gateway.app(), host=host, port=port, log_level="warning")
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # flushes the spans still batched
