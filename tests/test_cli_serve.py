@@ -145,3 +145,52 @@ def serve_demo_task(tmp_path: Path, otlp_url: str, spans: list[dict[str, object]
     kinds = {line["event"] for line in lines}
     assert {"model.call", "tool.execution", "state.transition", "turn.context"} <= kinds
     assert all("timestamp" in line and "level" in line for line in lines)
+
+
+def test_serve_without_worker_and_a_separate_turnlog_worker(tmp_path: Path) -> None:
+    from engine import SqliteEventLog
+
+    home = tmp_path / "home"
+    key = add_key(home, "alice", "user")
+    port = free_port()
+    base = [sys.executable, "-m", "turnlog"]
+    commands = [
+        ["serve", "--home", str(home), "--port", str(port), "--no-worker"],
+        ["worker", "--home", str(home), "--id", "cli-worker"],
+    ]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen([*base, *command], env=_env(), **quiet) for command in commands]  # type: ignore[call-overload]
+    try:
+        headers = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                assert all(p.poll() is None for p in procs)
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get("/v1/sessions", headers=headers).status_code == 200:
+                        break
+                assert time.monotonic() < deadline, "turnlog serve did not answer in 60 s"
+                time.sleep(0.1)
+            sid = client.post("/v1/sessions", json={"agent": AGENT_ID}, headers=headers).json()["session_id"]
+            url = f"/v1/sessions/{sid}/messages"
+            assert client.post(url, json={"text": TASK}, headers=headers).status_code == 202
+            for _ in range(600):
+                session = client.get(f"/v1/sessions/{sid}", headers=headers).json()
+                if session["turns"] == 1:
+                    break
+                time.sleep(0.1)
+            assert session["turns"] == 1 and session["current_state"] == "FINISHED"
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=30)
+    import asyncio
+
+    async def producers() -> set[str]:
+        log = SqliteEventLog(home / "log.db")
+        try:
+            return {e.producer for e in await log.read_session(sid) if e.type == "TurnFinished"}
+        finally:
+            await log.close()
+
+    assert asyncio.run(producers()) == {"cli-worker"}

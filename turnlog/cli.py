@@ -199,6 +199,20 @@ def serve_cmd(
         raise typer.Exit(2) from None
 
 
+@app.command(name="worker")
+def worker_cmd(
+    home: HomeOption = None,
+    worker_id: Annotated[str, typer.Option("--id", help="Producer name on the events it writes.")] = "worker",
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+) -> None:
+    """Run turns for messages posted to the embedded log (by `turnlog serve --no-worker`)."""
+    from .serve import run_worker
+
+    _run(run_worker(home_dir(home), ModelSettings.from_env(base_url, api_key, model), worker_id))
+
+
 @app.command(name="add-key")
 def add_key_cmd(
     user: str,

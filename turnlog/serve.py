@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 from engine.errors import ConfigurationError
 from engine.models.base import Model
@@ -44,6 +45,29 @@ def add_key(keys_file: Path, user: str, role: str) -> str:
     return key
 
 
+def _demo_app(home: Path, settings: ModelSettings) -> Any:
+    from examples.logistics import LogisticsBackend, build_agent, demo_model
+
+    from .app import EmbeddedApp
+
+    model: Model = settings.build() if settings.configured else demo_model()
+    backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
+    return EmbeddedApp(home, [build_agent(model, backend)])
+
+
+async def run_worker(home: Path, settings: ModelSettings, worker_id: str) -> int:
+    """Run turns of messages on the embedded log (posted by a gateway with --no-worker) until stopped."""
+    from consumers import TurnWorker
+
+    app_ = _demo_app(home, settings)
+    worker = TurnWorker(app_.log, app_.agents, worker_id=worker_id)
+    try:
+        await worker.run()
+    finally:
+        await app_.close()
+    return 0
+
+
 def serve(
     home: Path,
     settings: ModelSettings,
@@ -58,17 +82,12 @@ def serve(
     _require_gateway()
     import uvicorn
 
-    from examples.logistics import LogisticsBackend, build_agent, demo_model
     from gateway import Gateway, GatewayConfig, KeyStore
     from gateway.observe import configure_json_logs
     from gateway.observe.otlp import otlp_tracer_provider
 
-    from .app import EmbeddedApp
-
     keys = KeyStore.from_file(keys_file)
-    model: Model = settings.build() if settings.configured else demo_model()
-    backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
-    app_ = EmbeddedApp(home, [build_agent(model, backend)])
+    app_ = _demo_app(home, settings)
     if not 0 <= sample_rate <= 1:
         raise ConfigurationError(f"--sample-rate must be between 0 and 1, not {sample_rate}")
     configure_json_logs()
