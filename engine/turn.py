@@ -320,14 +320,7 @@ class TurnRunner:
         self._finish_turn(w, "budget")
 
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
-        messages = [ChatMessage.system(agent.system_prompt)] if agent.system_prompt else []
-        messages += state.messages
-        turn = state.turn
-        if closing and turn is not None:
-            guard, reason = _stop_reason(turn, agent.max_tool_iterations)
-            messages.append(ChatMessage.system(guards.closing_note(guard, reason, agent.max_tool_iterations)))
-        tools = () if closing else tools_for_role(agent.tools, state.role).specs()
-        return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
+        return build_request(state, agent, closing)
 
     def _record_model_failure(
         self,
@@ -516,6 +509,19 @@ def _add_finished(
     )
 
 
+def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
+    """What a model step is sent: the system prompt, the history, and for a closing call (tools
+    withdrawn) the note saying why. Pure, so the gateway can show what any past call was sent."""
+    messages = [ChatMessage.system(agent.system_prompt)] if agent.system_prompt else []
+    messages += state.messages
+    turn = state.turn
+    if closing and turn is not None:
+        guard, reason = _stop_reason(turn, agent.max_tool_iterations)
+        messages.append(ChatMessage.system(guards.closing_note(guard, reason, agent.max_tool_iterations)))
+    tools = () if closing else tools_for_role(agent.tools, state.role).specs()
+    return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
+
+
 def _call_cost(agent: Agent, response: ModelResponse) -> int:
     """Micro-dollars by the agent's price table: under the model the server says answered, else
     under the configured name; 0 if neither is priced."""
@@ -543,6 +549,7 @@ def _gathered_summary(state: SessionState, reason: str) -> str:
 
 __all__ = [
     "CallModel",
+    "build_request",
     "Done",
     "RunTools",
     "StartTurn",

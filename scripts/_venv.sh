@@ -22,23 +22,3 @@ ensure_venv() {
         echo "$stamp" >> .venv/.turnlog-installed
     fi
 }
-
-# The reference MCP servers the tool tests run against, from tests/mcp/package-lock.json.
-# `npm ci` is redone when the lockfile changes (its hash is kept in tests/mcp/node_modules).
-ensure_mcp_servers() {
-    if ! command -v npm >/dev/null 2>&1; then
-        echo "the MCP tests need Node.js 18+ and npm (Debian: apt-get install nodejs npm)" >&2
-        exit 1
-    fi
-    local stamp
-    stamp="$(sha256sum tests/mcp/package-lock.json | cut -c1-16)"
-    if ! grep -qxF "$stamp" tests/mcp/node_modules/.turnlog-installed 2>/dev/null; then
-        echo "installing the MCP test servers into tests/mcp/node_modules ..." >&2
-        if ! (cd tests/mcp && npm ci --no-audit --no-fund) > /tmp/turnlog-npm-ci.log 2>&1; then
-            tail -n 30 /tmp/turnlog-npm-ci.log >&2
-            echo "npm ci in tests/mcp failed; check the network access to the npm registry" >&2
-            exit 1
-        fi
-        echo "$stamp" > tests/mcp/node_modules/.turnlog-installed
-    fi
-}

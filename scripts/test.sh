@@ -5,7 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 ensure_venv "[test,local]"
-ensure_mcp_servers
+source scripts/_npm.sh
+npm_ci_once tests/mcp "the reference MCP servers"
+npm_ci_once tests/agui "the AG-UI client"
+source scripts/_browser.sh
+ensure_chromium
 .venv/bin/ruff check .
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

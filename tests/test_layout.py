@@ -13,6 +13,7 @@ FORBIDDEN = {
     "engine": {"projections", "consumers", "turnlog", "gateway", "examples"},
     "projections": {"consumers", "turnlog", "gateway", "examples"},
     "consumers": {"turnlog", "gateway", "examples"},
+    "gateway": {"turnlog", "examples"},
 }
 
 

@@ -239,20 +239,6 @@ async def _rebuild(side: ReadSide) -> int:
 
 
 @app.command()
-def worker(
-    kafka: Annotated[str, typer.Option("--kafka", help="Kafka bootstrap address.")],
-    topic: TopicOption = "turnlog.events",
-    partitions: PartitionsOption = 8,
-    worker_id: Annotated[str, typer.Option(help="This worker's name on the events it writes.")] = "worker",
-    home: HomeOption = None,
-) -> None:
-    """Run the demo agent's turns for the partitions this process is assigned (until SIGTERM)."""
-    from .serve import run_worker
-
-    _run(run_worker(kafka, topic, partitions, worker_id, home_dir(home), ModelSettings.from_env()))
-
-
-@app.command()
 def projector(
     kafka: Annotated[str, typer.Option("--kafka", help="Kafka bootstrap address.")],
     postgres: Annotated[str, typer.Option("--postgres", help="PostgreSQL DSN of the projections.")],
@@ -261,7 +247,7 @@ def projector(
     schema: SchemaOption = "public",
 ) -> None:
     """Fold the Kafka log into the PostgreSQL read models, continuously (until SIGTERM)."""
-    from .serve import run_projector
+    from .distributed import run_projector
 
     _run(run_projector(kafka, topic, partitions, postgres, schema))
 
@@ -292,6 +278,81 @@ def replay(
 ) -> None:
     """Replay a session read-only, event by event, with the state each one leads to."""
     _run(admin_cli.replay(console, home_dir(home), session_id, start, end))
+
+
+@app.command(name="serve")
+def serve_cmd(
+    home: HomeOption = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    keys: Annotated[
+        Path | None, typer.Option(help="API key file (env TURNLOG_KEYS, default HOME/keys.toml).")
+    ] = None,
+    worker: Annotated[bool, typer.Option(help="Run turns in the gateway process.")] = True,
+    sample_rate: Annotated[float, typer.Option(help="Share of turns that log full context.")] = 0.01,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+) -> None:
+    """Serve the HTTP gateway (sessions, messages, event streams, metrics) on the embedded backend."""
+    from .serve import DEFAULT_KEYS_FILE, serve
+
+    root = home_dir(home)
+    keys_file = keys or Path(os.environ.get("TURNLOG_KEYS") or root / DEFAULT_KEYS_FILE)
+    try:
+        serve(
+            root, ModelSettings.from_env(base_url, api_key, model), host=host, port=port,
+            keys_file=keys_file, run_worker=worker, sample_rate=sample_rate,
+        )  # fmt: skip
+    except TurnlogError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@app.command(name="worker")
+def worker_cmd(
+    home: HomeOption = None,
+    kafka: Annotated[
+        str | None, typer.Option("--kafka", help="Kafka bootstrap address (default: the embedded log).")
+    ] = None,
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    worker_id: Annotated[str, typer.Option("--id", help="Producer name on the events it writes.")] = "worker",
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+) -> None:
+    """Run the demo agent's turns (until SIGTERM): for the Kafka partitions this process is
+    assigned (--kafka), or for messages posted to the embedded log (by `turnlog serve --no-worker`)."""
+    settings = ModelSettings.from_env(base_url, api_key, model)
+    if kafka:
+        from .distributed import run_worker as run_kafka_worker
+
+        _run(run_kafka_worker(kafka, topic, partitions, worker_id, home_dir(home), settings))
+    else:
+        from .serve import run_worker
+
+        _run(run_worker(home_dir(home), settings, worker_id))
+
+
+@app.command(name="add-key")
+def add_key_cmd(
+    user: str,
+    role: Annotated[str, typer.Option(help="user or admin.")] = "user",
+    home: HomeOption = None,
+    keys: Annotated[Path | None, typer.Option(help="API key file (default HOME/keys.toml).")] = None,
+) -> None:
+    """Create an API key for USER; its SHA-256 goes to the key file, the key is printed once."""
+    from .serve import DEFAULT_KEYS_FILE, add_key
+
+    keys_file = keys or Path(os.environ.get("TURNLOG_KEYS") or home_dir(home) / DEFAULT_KEYS_FILE)
+    try:
+        key = add_key(keys_file, user, role)
+    except TurnlogError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(f"key for {user} ({role}), shown only now; its hash is in {keys_file}:", highlight=False)
+    print(key)
 
 
 @app.callback()

@@ -1,68 +1,107 @@
-"""Long-running processes of the distributed deployment: a turn worker (a member of the Kafka
-owners' group running the demo agent) and the projector (Kafka -> PostgreSQL). `turnlog worker`
-and `turnlog projector` run them; docker-compose.yml starts them."""
+"""`turnlog serve` and `turnlog keys add`: the HTTP gateway on the embedded backend.
+
+The gateway's packages are the ``gateway`` extra (``pip install 'turnlog[gateway]'``); they are
+imported only here, so the rest of the CLI works without them.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import signal
 from pathlib import Path
+from typing import Any
 
-import structlog
-
-from consumers import Projector, TurnWorker
-from engine import AgentDirectory, KafkaEventLog
-from projections.postgres import PostgresProjectionStore
+from engine.errors import ConfigurationError
+from engine.models.base import Model
 
 from .config import ModelSettings
 
-log = structlog.get_logger("turnlog.serve")
+DEFAULT_KEYS_FILE = "keys.toml"
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+def _require_gateway() -> None:
+    try:
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the gateway needs its extra packages ({exc.name} is missing); install them with "
+            "pip install -e '.[gateway]'"
+        ) from None
 
 
-async def run_worker(
-    bootstrap: str, topic: str, partitions: int, worker_id: str, home: Path, settings: ModelSettings
-) -> int:
+def add_key(keys_file: Path, user: str, role: str) -> str:
+    """Make a new key for ``user``, append its hash to ``keys_file``, return the clear key once."""
+    from gateway.auth import ROLES, hash_key, new_key
+
+    if role not in ROLES:
+        raise ConfigurationError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    if not user or any(c in user for c in '"\\\n'):
+        raise ConfigurationError("the user name must be non-empty, without quotes, backslashes or newlines")
+    key = new_key()
+    keys_file.parent.mkdir(parents=True, exist_ok=True)
+    with keys_file.open("a") as out:
+        out.write(f'\n[[keys]]\nuser = "{user}"\nrole = "{role}"\nsha256 = "{hash_key(key)}"\n')
+    return key
+
+
+def _demo_app(home: Path, settings: ModelSettings) -> Any:
     from examples.logistics import LogisticsBackend, build_agent, demo_model
 
-    model = settings.build() if settings.configured else demo_model()
+    from .app import EmbeddedApp
+
+    model: Model = settings.build() if settings.configured else demo_model()
     backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
-    agents = AgentDirectory([build_agent(model, backend)])
-    event_log = KafkaEventLog(bootstrap, topic=topic, partitions=partitions, client_id=worker_id)
-    await event_log.start()
-    worker = TurnWorker(event_log, agents, worker_id=worker_id)
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
-    task = asyncio.create_task(worker.run())
-    log.info("worker.ready", worker=worker_id, topic=topic)
+    return EmbeddedApp(home, [build_agent(model, backend)])
+
+
+async def run_worker(home: Path, settings: ModelSettings, worker_id: str) -> int:
+    """Run turns of messages on the embedded log (posted by a gateway with --no-worker) until stopped."""
+    from consumers import TurnWorker
+
+    app_ = _demo_app(home, settings)
+    worker = TurnWorker(app_.log, app_.agents, worker_id=worker_id)
     try:
-        await stop.wait()
+        await worker.run()
     finally:
-        worker.stop()
-        await task
-        await event_log.close()
+        await app_.close()
     return 0
 
 
-async def run_projector(bootstrap: str, topic: str, partitions: int, dsn: str, schema: str) -> int:
-    event_log = KafkaEventLog(bootstrap, topic=topic, partitions=partitions, owner=False)
-    await event_log.start()
-    store = PostgresProjectionStore(dsn, schema=schema)
-    projector = Projector(event_log, store)
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
-    task = asyncio.create_task(projector.run())
+def serve(
+    home: Path,
+    settings: ModelSettings,
+    *,
+    host: str,
+    port: int,
+    keys_file: Path,
+    run_worker: bool,
+    sample_rate: float,
+) -> None:
+    """Run the gateway (and, unless ``run_worker`` is False, the turn worker) until interrupted."""
+    _require_gateway()
+    import uvicorn
+
+    from gateway import Gateway, GatewayConfig, KeyStore
+    from gateway.observe import configure_json_logs
+    from gateway.observe.otlp import otlp_tracer_provider
+
+    keys = KeyStore.from_file(keys_file)
+    app_ = _demo_app(home, settings)
+    if not 0 <= sample_rate <= 1:
+        raise ConfigurationError(f"--sample-rate must be between 0 and 1, not {sample_rate}")
+    configure_json_logs()
+    tracing = otlp_tracer_provider()
+    gateway = Gateway(
+        app_.log,
+        app_.store,
+        app_.agents,
+        keys,
+        GatewayConfig(run_worker=run_worker, log_sample_rate=sample_rate),
+        tracer_provider=tracing,
+    )
     try:
-        await stop.wait()
+        uvicorn.run(gateway.app(), host=host, port=port, log_level="warning")
     finally:
-        projector.stop()
-        await task
-        store.close()
-        await event_log.close()
-    return 0
+        if tracing is not None:
+            tracing.shutdown()  # flushes the spans still batched

@@ -136,6 +136,19 @@ class EventLog(abc.ABC):
                 return event
         return None
 
+    async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
+        """A session's events with version > after_version, with their log positions, in order.
+
+        This default scans the session's partition; backends with a per-session index override it.
+        """
+        partition, offset, found = self.partition_of(session_id), 0, []
+        while records := await self.read_partition(partition, offset):
+            found += [
+                r for r in records if r.event.session_id == session_id and r.event.version > after_version
+            ]
+            offset = records[-1].offset + 1
+        return found
+
     @abc.abstractmethod
     async def session_version(self, session_id: str) -> int:
         """The session's last version (0 if it has no events)."""

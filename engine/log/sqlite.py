@@ -138,6 +138,14 @@ class SqliteEventLog(EventLog):
         ).fetchone()
         return None if row is None else _decode(*row)
 
+    async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
+        rows = self._db.execute(
+            "SELECT partition, position, value FROM events WHERE session_id = ? AND version > ? "
+            "ORDER BY version",
+            (session_id, after_version),
+        ).fetchall()
+        return [LogRecord(p, o, _decode(p, o, v)) for p, o, v in rows]
+
     async def session_version(self, session_id: str) -> int:
         (version,) = self._db.execute(
             "SELECT COALESCE(MAX(version), 0) FROM events WHERE session_id = ?", (session_id,)

@@ -1,0 +1,65 @@
+"""The observability consumer: its own group on the log, feeding logs, metrics and spans.
+
+At-least-once like every group member: after a crash the records since the last commit are seen
+again (a counter may count them twice; the analytics consumer is the exactly-once one). It
+commits once per batch read, not per record: these are log lines and counters, not turns.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from engine import events as ev
+from engine.fold import fold
+from engine.log.base import EventLog, LogRecord
+
+from .logs import EventLogger
+from .metrics import GatewayMetrics
+from .traces import SpanBuilder
+
+GROUP = "observability"
+
+
+class ObservabilityConsumer:
+    def __init__(
+        self,
+        event_log: EventLog,
+        *,
+        logger: EventLogger,
+        metrics: GatewayMetrics | None = None,
+        spans: SpanBuilder | None = None,
+        partitions: Sequence[int] | None = None,
+        batch: int = 500,
+    ) -> None:
+        self.log = event_log
+        self.logger = logger
+        self.metrics = metrics
+        self.spans = spans
+        self.partitions = list(partitions) if partitions is not None else list(range(event_log.partitions))
+        self.batch = batch
+
+    async def handle(self, record: LogRecord) -> None:
+        event = record.event
+        self.logger.log(event)
+        if self.metrics is not None:
+            self.metrics.on_event(event)
+        if self.spans is not None:
+            self.spans.on_event(event)
+        if isinstance(event, ev.TurnFinished) and self.logger.wants_context(event):
+            events = await self.log.read_session(event.session_id)
+            self.logger.log_context(
+                event, fold(event.session_id, [e for e in events if e.version <= event.version])
+            )
+
+    async def poll_once(self) -> int:
+        """Handle everything currently on the partitions; return records handled."""
+        handled = 0
+        for partition in self.partitions:
+            while records := await self.log.read_partition(
+                partition, await self.log.committed(GROUP, partition), self.batch
+            ):
+                for record in records:
+                    await self.handle(record)
+                await self.log.commit(GROUP, partition, records[-1].offset + 1)
+                handled += len(records)
+        return handled

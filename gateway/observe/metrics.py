@@ -1,0 +1,135 @@
+"""Prometheus metrics derived from the event stream (seed §7.4).
+
+Counters and histograms are fed by the observability consumer (log events) and by the live hub
+(time to first token, which only the token stream shows). Gauges that describe "now" (sessions by
+state, consumer lag) are read from the projections and the log when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Awaitable, Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from engine import events as ev
+from engine.stream import ModelDelta, StreamItem
+
+LagSource = Callable[[], Awaitable[dict[tuple[str, int], int]]]
+StateSource = Callable[[], dict[str, int]]
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "turnlog_time_to_first_token_seconds",
+            "Model call start to its first text token.",
+            ["model"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tool_calls = Counter(
+            "turnlog_tool_calls",
+            "Finished tool calls by tool and status (success rate = success/all).",
+            ["tool", "status"],
+            registry=r,
+        )
+        self.tool_calls_per_session = Histogram(
+            "turnlog_tool_calls_per_session",
+            "Tool calls a session made, observed when it closes.",
+            buckets=COUNT_BUCKETS,
+            registry=r,
+        )
+        self.tool_calls_per_turn = Histogram(
+            "turnlog_tool_calls_per_turn", "Tool calls per finished turn.", buckets=COUNT_BUCKETS, registry=r
+        )
+        self.model_calls = Counter(
+            "turnlog_model_calls", "Model calls by model and status.", ["model", "status"], registry=r
+        )
+        self.model_errors = Counter(
+            "turnlog_model_errors", "Failed model calls by model.", ["model"], registry=r
+        )
+        self.model_fallbacks = Counter(
+            "turnlog_model_fallbacks",
+            "Model calls answered by another model than the session's.",
+            ["model"],
+            registry=r,
+        )
+        self.turns = Counter("turnlog_turns", "Finished turns by outcome.", ["reason"], registry=r)
+        self.active_sessions = Gauge(
+            "turnlog_active_sessions", "Open sessions by state.", ["state"], registry=r
+        )
+        self.consumer_lag = Gauge(
+            "turnlog_consumer_lag_records",
+            "Records a consumer group has not processed yet.",
+            ["group", "partition"],
+            registry=r,
+        )
+        self._first_token_wait: dict[tuple[str, str, int], tuple[float, str]] = {}
+        self._session_models: dict[str, str] = {}
+        self._session_tool_calls: dict[str, int] = {}
+        self._turn_tool_calls: dict[str, int] = {}
+        self.lag_source: LagSource | None = None
+        self.state_source: StateSource | None = None
+
+    # -- from the live hub ------------------------------------------------------------------------
+
+    def on_live(self, item: StreamItem) -> None:
+        if isinstance(item, ev.ModelCallStarted):
+            self._first_token_wait[(item.session_id, item.turn_id, item.step)] = (
+                time.monotonic(),
+                item.model,
+            )
+        elif isinstance(item, ModelDelta):
+            started = self._first_token_wait.pop((item.session_id, item.turn_id, item.step), None)
+            if started is not None:
+                self.ttft.labels(started[1]).observe(time.monotonic() - started[0])
+        elif isinstance(item, ev.ModelCallFinished):
+            self._first_token_wait.pop((item.session_id, item.turn_id, item.step), None)
+
+    # -- from the log -----------------------------------------------------------------------------
+
+    def on_event(self, event: ev.Event) -> None:
+        if isinstance(event, ev.SessionCreated):
+            self._session_models[event.session_id] = event.model
+        elif isinstance(event, ev.ModelCallFinished):
+            self.model_calls.labels(event.model, event.status).inc()
+            if event.status != "ok":
+                self.model_errors.labels(event.model).inc()
+            if event.model != self._session_models.get(event.session_id, event.model):
+                self.model_fallbacks.labels(event.model).inc()
+        elif isinstance(event, ev.ToolCallFinished):
+            self.tool_calls.labels(event.tool_name, event.status).inc()
+            sid = event.session_id
+            self._session_tool_calls[sid] = self._session_tool_calls.get(sid, 0) + 1
+            self._turn_tool_calls[event.turn_id] = self._turn_tool_calls.get(event.turn_id, 0) + 1
+        elif isinstance(event, ev.TurnFinished):
+            self.turns.labels(event.reason).inc()
+            self.tool_calls_per_turn.observe(self._turn_tool_calls.pop(event.turn_id, 0))
+        elif isinstance(event, ev.SessionClosed):
+            self.tool_calls_per_session.observe(self._session_tool_calls.pop(event.session_id, 0))
+            self._session_models.pop(event.session_id, None)
+
+    # -- scrape -----------------------------------------------------------------------------------
+
+    async def render(self) -> tuple[bytes, str]:
+        if self.state_source is not None:
+            self.active_sessions.clear()
+            for state, count in self.state_source().items():
+                self.active_sessions.labels(state).set(count)
+        if self.lag_source is not None:
+            for (group, partition), lag in (await self.lag_source()).items():
+                self.consumer_lag.labels(group, str(partition)).set(lag)
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

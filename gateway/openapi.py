@@ -1,0 +1,356 @@
+"""The OpenAPI 3.1 document of the gateway, served at /openapi.json.
+
+Written out rather than generated: the routes are few, and tests/test_gateway_http.py checks
+that every route of the app is described here and nothing else is.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+JSON = "application/json"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {
+        400: "malformed request (bad JSON, bad Last-Event-ID)",
+        401: "no or unknown API key",
+        403: "the key's role does not allow this",
+        404: "no such session, or not yours (the same answer)",
+        409: "the session is closed, or a concurrent write won",
+        413: "body or message too large",
+        422: "invalid field",
+        429: "rate limit or open-stream limit reached",
+    }
+    return {str(c): _json(_ref("Error"), text[c]) for c in (401, 429, *codes)}
+
+
+SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _limit(default: int, high: int) -> dict[str, Any]:
+    return {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": high, "default": default},
+    }
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {JSON: {"schema": schema}}}
+
+
+PATHS: dict[str, dict[str, Any]] = {
+    "/v1/sessions": {
+        "post": {
+            "summary": "Open a session with an agent; its role cannot exceed your key's role",
+            "operationId": "createSession",
+            "requestBody": _body(_ref("CreateSession")),
+            "responses": {
+                "201": _json(_ref("Created"), "the session, durable on the log"),
+                **_errors(400, 403, 413, 422),
+            },
+        },
+        "get": {
+            "summary": "Your sessions, newest first (from the projections)",
+            "operationId": "listSessions",
+            "parameters": [_limit(50, 500)],
+            "responses": {"200": _json(_ref("SessionList"), "sessions"), **_errors(422)},
+        },
+    },
+    "/v1/sessions/{session_id}": {
+        "get": {
+            "summary": "One session (from the projections)",
+            "operationId": "getSession",
+            "parameters": [SESSION_ID],
+            "responses": {"200": _json(_ref("Session"), "the session"), **_errors(404)},
+        }
+    },
+    "/v1/sessions/{session_id}/history": {
+        "get": {
+            "summary": "The session and its last messages, oldest first (from the projections)",
+            "operationId": "getHistory",
+            "parameters": [SESSION_ID, _limit(50, 1000)],
+            "responses": {"200": _json(_ref("History"), "history"), **_errors(404, 422)},
+        }
+    },
+    "/v1/sessions/{session_id}/timeline": {
+        "get": {
+            "summary": "What the session did: turns, model calls, tool calls, state changes, messages",
+            "description": "From the projections: every model call (tokens, latency, status), every tool "
+            "call (arguments, result, status, duration, attempts) and every state transition with its cause.",
+            "operationId": "getTimeline",
+            "parameters": [SESSION_ID],
+            "responses": {"200": _json(_ref("Timeline"), "timeline"), **_errors(404)},
+        }
+    },
+    "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}": {
+        "get": {
+            "summary": "The messages one model call was sent, rebuilt from the log",
+            "operationId": "getModelRequest",
+            "parameters": [
+                SESSION_ID,
+                {"name": "turn_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                {"name": "step", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}},
+            ],
+            "responses": {
+                "200": _json({"type": "object"}, "model, message_count, exact, messages"),
+                **_errors(404),
+            },
+        }
+    },
+    "/v1/sessions/{session_id}/messages": {
+        "post": {
+            "summary": "Append a user message; answers with its log position, never waits for the turn",
+            "operationId": "postMessage",
+            "parameters": [SESSION_ID],
+            "requestBody": _body(_ref("PostMessage")),
+            "responses": {
+                "202": _json(_ref("Posted"), "durable on the log"),
+                **_errors(400, 404, 409, 413, 422),
+            },
+        }
+    },
+    "/v1/sessions/{session_id}/events": {
+        "get": {
+            "summary": "Session events as Server-Sent Events (id = log position; resume: Last-Event-ID)",
+            "description": (
+                "Each log event is sent as `event: <EventType>`, `id: <position>`, `data: <event JSON>`, "
+                "with a "
+                "`phase` (turn.start, turn.end, model.start, model.end, tool.start, tool.end) where it marks "
+                "one. Token deltas are sent as `event: delta` without an id and are not replayed."
+            ),
+            "operationId": "streamEvents",
+            "parameters": [
+                SESSION_ID,
+                {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "integer"}},
+                {"name": "after", "in": "query", "required": False, "schema": {"type": "integer"}},
+            ],
+            "responses": {
+                "200": {
+                    "description": "event stream",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                **_errors(400, 404),
+            },
+        }
+    },
+    "/v1/admin/sessions": {
+        "get": {
+            "summary": "Every user's sessions, filtered (admin)",
+            "operationId": "adminListSessions",
+            "parameters": [
+                _limit(50, 500),
+                *(
+                    {"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
+                    for n in ("user", "state", "agent")
+                ),
+            ],
+            "responses": {"200": _json(_ref("SessionList"), "sessions"), **_errors(403, 422)},
+        }
+    },
+    "/v1/admin/sessions/{session_id}/finish": {
+        "post": {
+            "summary": "Force-finish a session: end its turn and close it (admin)",
+            "operationId": "forceFinish",
+            "parameters": [SESSION_ID],
+            "requestBody": _body(_ref("Finish")),
+            "responses": {
+                "200": _json(_ref("Session"), "the closed session"),
+                **_errors(400, 403, 404, 409, 413, 422),
+            },
+        }
+    },
+    "/v1/admin/analytics/daily": {
+        "get": {
+            "summary": "Daily aggregates from the analytics consumer (admin)",
+            "operationId": "dailyAnalytics",
+            "parameters": [
+                {
+                    "name": "days",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 3660, "default": 30},
+                }
+            ],
+            "responses": {"200": _json({"type": "object"}, "days and per-tool rows"), **_errors(403, 422)},
+        }
+    },
+    "/v1/agui/{agent}": {
+        "post": {
+            "summary": "AG-UI 1.0: a RunAgentInput in, the run's AG-UI events out (Server-Sent Events)",
+            "description": (
+                "The thread is a session of the caller's (its id is a hash of user and threadId); the last "
+                "user message of `messages` is posted and its turn streamed as RUN_STARTED, STATE_SNAPSHOT, "
+                "STATE_DELTA, STEP_*, TEXT_MESSAGE_*, TOOL_CALL_*, then RUN_FINISHED or RUN_ERROR."
+            ),
+            "operationId": "aguiRun",
+            "parameters": [{"name": "agent", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "requestBody": _body({"type": "object", "description": "AG-UI RunAgentInput"}),
+            "responses": {
+                "200": {
+                    "description": "AG-UI event stream",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                **_errors(400, 404, 409, 413, 422),
+            },
+        }
+    },
+    "/metrics": {
+        "get": {
+            "summary": "Prometheus metrics (admin)",
+            "operationId": "metrics",
+            "responses": {
+                "200": {
+                    "description": "Prometheus text format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+                **_errors(403),
+            },
+        }
+    },
+    "/viewer": {
+        "get": {
+            "summary": "The trace viewer page (static: loads without a key; every call it makes sends one)",
+            "operationId": "viewer",
+            "security": [],
+            "responses": {
+                "200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}
+            },
+        }
+    },
+    "/openapi.json": {
+        "get": {
+            "summary": "This document",
+            "operationId": "openapi",
+            "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1"), **_errors()},
+        }
+    },
+}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error", "detail"],
+        "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
+    },
+    "CreateSession": {
+        "type": "object",
+        "required": ["agent"],
+        "properties": {
+            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
+            "role": {"type": "string", "enum": ["user", "admin"], "default": "user"},
+            "metadata": {"type": "object"},
+        },
+    },
+    "Created": {
+        "type": "object",
+        "required": ["session_id", "agent", "user", "role", "status", "version", "position", "partition"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "agent": {"type": "string"},
+            "user": {"type": "string"},
+            "role": {"type": "string"},
+            "status": {"type": "string"},
+            "version": {"type": "integer"},
+            "position": {"type": "integer"},
+            "partition": {"type": "integer"},
+        },
+    },
+    "PostMessage": {
+        "type": "object",
+        "required": ["text"],
+        "properties": {
+            "text": {
+                "type": "string",
+                "pattern": "\\S",
+                "maxLength": 8192,
+                "description": "not blank; at most the agent's max_message_bytes in UTF-8 (64 KiB default)",
+            }
+        },
+    },
+    "Posted": {
+        "type": "object",
+        "required": ["message_id", "version", "position", "partition"],
+        "properties": {
+            "message_id": {"type": "string"},
+            "version": {"type": "integer"},
+            "position": {"type": "integer"},
+            "partition": {"type": "integer"},
+        },
+    },
+    "Finish": {
+        "type": "object",
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
+    },
+    "Session": {
+        "type": "object",
+        "required": ["session_id", "user_id", "agent_id", "role", "current_state", "state_version", "closed"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "user_id": {"type": "string"},
+            "agent_id": {"type": "string"},
+            "role": {"type": "string"},
+            "model_name": {"type": "string"},
+            "current_state": {"type": "string"},
+            "state_version": {"type": "integer"},
+            "message_count": {"type": "integer"},
+            "turns": {"type": "integer"},
+            "input_tokens": {"type": "integer"},
+            "output_tokens": {"type": "integer"},
+            "closed": {"type": "boolean"},
+            "close_reason": {"type": "string"},
+            "start_time_ms": {"type": "integer"},
+            "update_time_ms": {"type": "integer"},
+        },
+    },
+    "SessionList": {
+        "type": "object",
+        "properties": {"sessions": {"type": "array", "items": _ref("Session")}},
+    },
+    "Timeline": {
+        "type": "object",
+        "required": ["session", "messages", "turns", "model_calls", "tool_calls", "state_changes"],
+        "properties": {
+            "session": _ref("Session"),
+            **{
+                name: {"type": "array", "items": {"type": "object"}}
+                for name in ("messages", "turns", "model_calls", "tool_calls", "state_changes")
+            },
+        },
+    },
+    "History": {
+        "type": "object",
+        "properties": {
+            "session": _ref("Session"),
+            "messages": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+}
+
+
+def document(agents: Sequence[str] = ()) -> dict[str, Any]:
+    """The document; ``agents`` (the configured agent ids) become the enum of ``agent``."""
+    schemas = copy.deepcopy(SCHEMAS)
+    if agents:
+        schemas["CreateSession"]["properties"]["agent"]["enum"] = sorted(agents)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "turnlog gateway", "version": "1"},
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"apiKey": []}],
+        "paths": PATHS,
+    }

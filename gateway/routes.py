@@ -1,0 +1,296 @@
+"""The HTTP routes. Each handler is small: check who may see the session, call the engine's API
+or read the projections, answer JSON (or an event stream)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from engine.errors import SessionNotFoundError
+from engine.fold import SessionState
+from projections import queries
+
+from .agui import AguiRoute
+from .http import HttpError, int_param, json_body, not_found, principal_of, string_field
+from .model_request import sent_messages
+from .stream import SessionStream
+
+if TYPE_CHECKING:
+    from .service import Gateway
+
+
+class Routes:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    def table(self) -> list[Route]:
+        wrap = self.gw.guard.wrap
+        return [
+            Route(
+                "/v1/sessions",
+                _by_method(
+                    {"POST": wrap(self.create_session), "GET": wrap(self.list_sessions, query=("limit",))}
+                ),
+                methods=["GET", "POST"],
+            ),
+            Route("/v1/sessions/{session_id}", wrap(self.get_session), methods=["GET"]),
+            Route(
+                "/v1/sessions/{session_id}/history", wrap(self.get_history, query=("limit",)), methods=["GET"]
+            ),
+            Route("/v1/sessions/{session_id}/timeline", wrap(self.get_timeline), methods=["GET"]),
+            Route(
+                "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}",
+                wrap(self.get_model_request),
+                methods=["GET"],
+            ),
+            Route("/v1/sessions/{session_id}/messages", wrap(self.post_message), methods=["POST"]),
+            Route(
+                "/v1/sessions/{session_id}/events",
+                wrap(self.stream_events, query=("after",)),
+                methods=["GET"],
+            ),
+            Route(
+                "/v1/admin/sessions",
+                wrap(self.admin_sessions, admin=True, query=("limit", "user", "state", "agent")),
+                methods=["GET"],
+            ),
+            Route(
+                "/v1/admin/sessions/{session_id}/finish",
+                wrap(self.force_finish, admin=True),
+                methods=["POST"],
+            ),
+            Route(
+                "/v1/admin/analytics/daily",
+                wrap(self.analytics, admin=True, query=("days",)),
+                methods=["GET"],
+            ),
+            Route("/v1/agui/{agent}", wrap(AguiRoute(self.gw).run), methods=["POST"]),
+            Route("/metrics", wrap(self.metrics, admin=True), methods=["GET"]),
+            Route("/openapi.json", wrap(self.openapi), methods=["GET"]),
+            Route("/viewer", viewer_page, methods=["GET"]),
+        ]
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    async def _owned(self, request: Request) -> SessionState:
+        """The session named in the path, if the caller may see it; 404 alike otherwise."""
+        session_id = request.path_params["session_id"]
+        principal = principal_of(request)
+        try:
+            state = await self.gw.api.get_state(session_id)
+        except SessionNotFoundError:
+            raise not_found(session_id) from None
+        if state.user_id != principal.user and not principal.is_admin:
+            raise not_found(session_id)
+        return state
+
+    async def _projected(self, state: SessionState) -> dict[str, Any]:
+        """The session's projection row, caught up at least to the state we just folded."""
+        row = self.gw.store.session(state.session_id)
+        if row is None or int(row["state_version"]) < state.version:
+            await self.gw.projector.catch_up()
+            row = self.gw.store.session(state.session_id)
+        if row is None:
+            raise not_found(state.session_id)
+        return _session_json(row)
+
+    # -- user routes -----------------------------------------------------------------------------
+
+    async def create_session(self, request: Request) -> Response:
+        principal = principal_of(request)
+        body = await json_body(request, self.gw.limits.max_message_bytes)
+        agent_id = string_field(body, "agent")
+        role = string_field(body, "role", default="user", max_chars=20)
+        if agent_id not in self.gw.api.agents:
+            known = ", ".join(sorted(a.agent_id for a in self.gw.api.agents)) or "none"
+            raise HttpError(422, "unknown_agent", f"no agent {agent_id!r}; known agents: {known}")
+        if not principal.may_open(role):
+            raise HttpError(
+                403,
+                "forbidden",
+                f"a key with role {principal.role!r} cannot open a session with role {role!r}",
+            )
+        metadata = body.get("metadata", {})
+        if not isinstance(metadata, dict):
+            raise HttpError(422, "invalid_input", "'metadata' must be a JSON object")
+        info = await self.gw.api.create_session(agent_id, principal.user, role=role, metadata=metadata)
+        (record,) = await self.gw.log.read_session_records(info.session_id, 0)
+        self.gw.hub.publish(record.event)
+        return JSONResponse(
+            {
+                "session_id": info.session_id,
+                "agent": info.agent_id,
+                "user": info.user_id,
+                "role": info.role,
+                "status": info.status,
+                "version": info.version,
+                "position": record.offset,
+                "partition": record.partition,
+            },
+            201,
+        )
+
+    async def list_sessions(self, request: Request) -> Response:
+        principal = principal_of(request)
+        limit = int_param(request, "limit", 50, 1, 500)
+        await self.gw.projector.catch_up()
+        rows = queries.list_sessions(self.gw.store, user_id=principal.user, limit=limit)
+        return JSONResponse({"sessions": [_session_json(r) for r in rows]})
+
+    async def get_session(self, request: Request) -> Response:
+        state = await self._owned(request)
+        return JSONResponse(await self._projected(state))
+
+    async def get_history(self, request: Request) -> Response:
+        state = await self._owned(request)
+        limit = int_param(request, "limit", 50, 1, 1000)
+        session = await self._projected(state)
+        messages = queries.last_messages(self.gw.store, state.session_id, limit)
+        return JSONResponse({"session": session, "messages": messages})
+
+    async def get_timeline(self, request: Request) -> Response:
+        state = await self._owned(request)
+        session = await self._projected(state)
+        return JSONResponse({"session": session, **queries.session_timeline(self.gw.store, state.session_id)})
+
+    async def get_model_request(self, request: Request) -> Response:
+        state = await self._owned(request)
+        turn_id, raw_step = request.path_params["turn_id"], request.path_params["step"]
+        if not raw_step.isdigit():
+            raise HttpError(422, "invalid_input", f"step must be a number (0, 1, ...), not {raw_step!r}")
+        step = int(raw_step)
+        sent = await sent_messages(self.gw.log, self.gw.api.agents, state.session_id, turn_id, step)
+        if sent is None:
+            raise HttpError(
+                404, "not_found", f"session {state.session_id} has no model call {step} in turn {turn_id}"
+            )
+        return JSONResponse(sent)
+
+    async def post_message(self, request: Request) -> Response:
+        state = await self._owned(request)
+        body = await json_body(request, self.gw.limits.max_message_bytes)
+        text = body.get("text")
+        if not isinstance(text, str):
+            raise HttpError(422, "invalid_input", "'text' must be a string")
+        event = await self.gw.api.post_user_message(state.session_id, text)
+        (record,) = await self.gw.log.read_session_records(state.session_id, event.version - 1)
+        self.gw.hub.publish(event)
+        return JSONResponse(
+            {
+                "message_id": event.message_id,
+                "version": event.version,
+                "position": record.offset,
+                "partition": record.partition,
+            },
+            202,
+        )
+
+    async def stream_events(self, request: Request) -> Response:
+        state = await self._owned(request)
+        after = _last_event_id(request)
+        user = principal_of(request).user
+        if not self.gw.streams.try_open(user):
+            raise HttpError(
+                429,
+                "too_many_streams",
+                f"you already have {self.gw.limits.streams_per_user} event streams open; close one first",
+            )
+        stream = SessionStream(
+            self.gw.log, self.gw.hub, state.session_id, after, poll_s=self.gw.config.poll_s
+        )
+        return EventSourceResponse(
+            self._sse(stream, user), ping=self.gw.config.ping_s, headers={"Cache-Control": "no-store"}
+        )
+
+    async def _sse(self, stream: SessionStream, user: str) -> AsyncIterator[ServerSentEvent]:
+        try:
+            async for message in stream:
+                yield ServerSentEvent(
+                    data=message.data, event=message.event, id=None if message.id is None else str(message.id)
+                )
+        finally:
+            self.gw.streams.close(user)
+
+    async def openapi(self, request: Request) -> Response:
+        from .openapi import document
+
+        return JSONResponse(document([a.agent_id for a in self.gw.api.agents]))
+
+    # -- admin routes ----------------------------------------------------------------------------
+
+    async def admin_sessions(self, request: Request) -> Response:
+        limit = int_param(request, "limit", 50, 1, 500)
+        await self.gw.projector.catch_up()
+        params = request.query_params
+        rows = queries.list_sessions(
+            self.gw.store,
+            user_id=params.get("user"),
+            state=params.get("state"),
+            agent_id=params.get("agent"),
+            limit=limit,
+        )
+        return JSONResponse({"sessions": [_session_json(r) for r in rows]})
+
+    async def force_finish(self, request: Request) -> Response:
+        state = await self._owned(request)
+        body = await json_body(request, self.gw.limits.max_message_bytes)
+        reason = string_field(body, "reason", default="finished by an admin", max_chars=500)
+        await self.gw.api.force_finish(state.session_id, reason, actor=principal_of(request).user)
+        for record in await self.gw.log.read_session_records(state.session_id, state.version):
+            self.gw.hub.publish(record.event)
+        return JSONResponse(await self._projected(await self.gw.api.get_state(state.session_id)))
+
+    async def analytics(self, request: Request) -> Response:
+        days = int_param(request, "days", 30, 1, 3660)
+        await self.gw.analytics.catch_up()
+        return JSONResponse(self.gw.analytics.report(days))
+
+    async def metrics(self, request: Request) -> Response:
+        body, content_type = await self.gw.metrics.render()
+        return Response(body, media_type=content_type)
+
+
+VIEWER_HTML = (Path(__file__).parent / "viewer.html").read_text()
+
+
+async def viewer_page(request: Request) -> Response:
+    """The trace viewer: static code that holds no data (the one route without a key); every
+    request it makes carries the key typed into it, and sees what that key may see."""
+    return HTMLResponse(
+        VIEWER_HTML, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+    )
+
+
+def _by_method(handlers: dict[str, Any]) -> Any:
+    """One route per path, so a wrong method gets a 405 whose Allow lists every method of the path."""
+
+    async def dispatch(request: Request) -> Response:
+        handler = handlers.get(request.method) or handlers["GET"]  # HEAD goes to GET
+        response: Response = await handler(request)
+        return response
+
+    return dispatch
+
+
+def _last_event_id(request: Request) -> int:
+    raw = request.headers.get("last-event-id") or request.query_params.get("after")
+    if raw is None or raw == "":
+        return -1
+    try:
+        return int(raw)
+    except ValueError:
+        raise HttpError(
+            400, "bad_last_event_id", f"Last-Event-ID must be a log position (an integer), not {raw!r}"
+        ) from None
+
+
+def _session_json(row: dict[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    out["closed"] = bool(out.get("closed"))
+    return json.loads(json.dumps(out))

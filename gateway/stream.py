@@ -1,0 +1,136 @@
+"""A session's event stream for Server-Sent Events.
+
+Every event goes out with ``id`` = its log position (the offset in the session's partition), read
+from the log itself, so a client that reconnects with ``Last-Event-ID`` gets exactly the events
+after the last one it saw. Token deltas go out between them as ``event: delta`` without an id:
+they are ephemeral, never replayed, and a reconnect does not move past an event because of them.
+
+The hub wakes the stream when this process's worker commits or streams something, in commit
+order with the deltas in between, and the stream reads the log up to each event it is told of, so
+deltas land between the ModelCallStarted and ModelCallFinished they belong to. A delta whose model
+call is already finished on the stream (the stream read ahead) is dropped: the complete text is in
+the AssistantMessage. A poll every ``poll_s`` catches up with writers in other processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from engine import events as ev
+from engine.log.base import EventLog, LogRecord
+from engine.stream import ModelDelta, StreamItem
+
+from .hub import LiveHub
+
+PHASES: dict[str, str] = {
+    "TurnStarted": "turn.start",
+    "TurnFinished": "turn.end",
+    "ModelCallStarted": "model.start",
+    "ModelCallFinished": "model.end",
+    "ToolCallStarted": "tool.start",
+    "ToolCallFinished": "tool.end",
+}
+"""Process hints (seed §5.2): which events mark a turn, a model step or a tool call beginning or ending."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMessage:
+    """One SSE message: ``id`` is set for log events and None for ephemeral deltas."""
+
+    event: str
+    data: str
+    id: int | None = None
+
+
+def event_payload(record: LogRecord) -> dict[str, Any]:
+    event = record.event
+    body = dataclasses.asdict(event)
+    body["type"] = event.type
+    body["position"] = record.offset
+    body["partition"] = record.partition
+    phase = PHASES.get(event.type)
+    if phase is not None:
+        body["phase"] = phase
+    return body
+
+
+def event_message(record: LogRecord) -> StreamMessage:
+    return StreamMessage(record.event.type, json.dumps(event_payload(record)), record.offset)
+
+
+def delta_message(delta: ModelDelta) -> StreamMessage:
+    data = {"turn_id": delta.turn_id, "step": delta.step, "text": delta.text}
+    return StreamMessage("delta", json.dumps(data))
+
+
+class SessionStream:
+    """Iterate to get a session's messages from ``after_position`` on, live, until cancelled."""
+
+    def __init__(
+        self, log: EventLog, hub: LiveHub, session_id: str, after_position: int = -1, *, poll_s: float = 1.0
+    ) -> None:
+        self.log = log
+        self.hub = hub
+        self.session_id = session_id
+        self.after_position = after_position
+        self.poll_s = poll_s
+        self._version = 0
+        self._open_steps: set[tuple[str, int]] = set()
+
+    async def __aiter__(self) -> AsyncIterator[StreamMessage]:
+        async for item in self.items():
+            yield delta_message(item) if isinstance(item, ModelDelta) else event_message(item)
+
+    async def items(self) -> AsyncIterator[LogRecord | ModelDelta]:
+        """The session's log records after ``after_position`` and live deltas, in order, forever."""
+        queue = self.hub.subscribe(self.session_id)
+        try:
+            for out in await self._catch_up():
+                yield out
+            while True:
+                try:
+                    item: StreamItem | None = await asyncio.wait_for(queue.get(), self.poll_s)
+                except TimeoutError:
+                    item = None
+                for out in await self._on(item):
+                    yield out
+                while not queue.empty():
+                    for out in await self._on(queue.get_nowait()):
+                        yield out
+        finally:
+            self.hub.unsubscribe(self.session_id, queue)
+
+    async def _on(self, item: StreamItem | None) -> list[LogRecord | ModelDelta]:
+        if isinstance(item, ModelDelta):
+            step = (item.turn_id, item.step)
+            if step not in self._open_steps:  # its ModelCallStarted is committed: read it first
+                out = await self._catch_up()
+                return [*out, item] if step in self._open_steps else out
+            return [item]
+        if item is None:
+            return await self._catch_up()
+        # the hub delivers events in commit order, interleaved with the deltas between them:
+        # read the log only up to this event, so the deltas after it stay in their place
+        return await self._catch_up(upto=item.version) if item.version > self._version else []
+
+    async def _catch_up(self, upto: int | None = None) -> list[LogRecord | ModelDelta]:
+        records = await self.log.read_session_records(self.session_id, self._version)
+        out: list[LogRecord | ModelDelta] = []
+        for record in records:
+            if upto is not None and record.event.version > upto:
+                break
+            self._version = record.event.version
+            self._track(record.event)
+            if record.offset > self.after_position:
+                out.append(record)
+        return out
+
+    def _track(self, event: ev.Event) -> None:
+        if isinstance(event, ev.ModelCallStarted):
+            self._open_steps.add((event.turn_id, event.step))
+        elif isinstance(event, ev.ModelCallFinished):
+            self._open_steps.discard((event.turn_id, event.step))

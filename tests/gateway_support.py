@@ -1,0 +1,166 @@
+"""Helpers for the gateway tests: a real gateway on a loopback port (uvicorn in a thread with
+its own event loop, as in production), an SSE reader over a real httpx response, test agents."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator
+
+import httpx
+import uvicorn
+
+from engine import Agent, AgentDirectory, SqliteEventLog, tool
+from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from engine.models.scripted import call
+from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal
+from projections import SqliteProjectionStore
+
+KEYS = {
+    "alice": "tlk_alice_key_0123456789abcdefghij",
+    "bob": "tlk_bob_key_0123456789abcdefghijkl",
+    "root": "tlk_root_key_0123456789abcdefghijk",
+}
+PRINCIPALS = {"alice": "user", "bob": "user", "root": "admin"}
+PARTITIONS = 4
+
+
+def auth(user: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[user]}"}
+
+
+@tool(idempotent=True)
+async def lookup(order_id: str) -> dict[str, str]:
+    """Look up an order's shipping status."""
+    return {"order_id": order_id, "status": "delayed"}
+
+
+class GatedModel(Model):
+    """Asks for ``lookup`` once, then streams its answer in two halves with a gate between, so a
+    test can act while the turn is in the middle of streaming. The gate is a thread event: the
+    model runs on the gateway's loop, the test on its own."""
+
+    name = "gated"
+    first_half = "Order A-17 "
+    second_half = "is delayed by two days."
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        self.requests.append(request)
+        if request.tools and request.messages[-1].role == "user":
+            call_id = f"call_{len(self.requests)}"  # unique per session, as real models make them
+            yield ModelResponse(
+                "", (call("lookup", {"order_id": "A-17"}, call_id),), Usage(20, 5), "tool_calls"
+            )
+            return
+        yield TextDelta(self.first_half)
+        while not self.gate.is_set():
+            await asyncio.sleep(0.01)
+        yield TextDelta(self.second_half)
+        yield ModelResponse(self.first_half + self.second_half, (), Usage(30, 8), "stop")
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    gateway: Gateway
+    model: GatedModel
+    log_path: Path
+    thread: threading.Thread
+    server: uvicorn.Server
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_gateway(home: Path, limits: Limits | None = None, **config: Any) -> tuple[Gateway, GatedModel]:
+    model = GatedModel()
+    agents = AgentDirectory([Agent.build("support", model, [lookup], system_prompt="You help with orders.")])
+    keys = KeyStore.from_plain({KEYS[u]: Principal(u, role) for u, role in PRINCIPALS.items()})
+    gw = Gateway(
+        SqliteEventLog(home / "log.db", partitions=PARTITIONS),
+        SqliteProjectionStore(home / "projections.db"),
+        agents,
+        keys,
+        GatewayConfig(limits=limits or Limits(), poll_s=0.2, ping_s=5, **config),
+    )
+    return gw, model
+
+
+def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not thread.is_alive():
+            raise RuntimeError("the gateway thread exited during startup")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"the gateway did not accept connections on port {port} in {timeout_s} s")
+
+
+@contextlib.contextmanager
+def serve_gateway(home: Path, limits: Limits | None = None, **config: Any) -> Iterator[RunningGateway]:
+    gw, model = build_gateway(home, limits, **config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(
+        uvicorn.Config(gw.app(), log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gateway", daemon=True)
+    thread.start()
+    try:
+        _wait_until_accepting(port, thread)
+        yield RunningGateway(f"http://127.0.0.1:{port}", gw, model, home / "log.db", thread, server)
+    finally:
+        model.gate.set()
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
+@dataclass
+class SseMessage:
+    event: str
+    data: str
+    id: int | None
+
+    @property
+    def json(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.data)
+        return value
+
+
+async def sse_messages(response: httpx.Response) -> AsyncIterator[SseMessage]:
+    """Parse a text/event-stream body as it arrives (comments and pings skipped)."""
+    event, data, ident = "message", [], None
+    async for line in response.aiter_lines():
+        if line == "":
+            if data:
+                yield SseMessage(event, "\n".join(data), ident)
+            event, data, ident = "message", [], None
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+            elif name == "id":
+                ident = int(value)
+
+
+def open_log(path: Path) -> SqliteEventLog:
+    """A second handle on the gateway's log file, to compare what was streamed with the log."""
+    return SqliteEventLog(path, partitions=PARTITIONS)

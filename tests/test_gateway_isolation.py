@@ -1,0 +1,158 @@
+"""The isolation walk: every route as the owner, as another user, as an admin, unauthenticated
+and with a wrong key, over real HTTP. Another user's session gets exactly the answer a missing
+one gets."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine import events as ev
+from tests.gateway_support import KEYS, auth, open_log, serve_gateway
+
+TIMEOUT = httpx.Timeout(30.0)
+MISSING = "0" * 32
+
+
+@dataclass(frozen=True)
+class RouteCase:
+    method: str
+    path: str
+    scope: str
+    """owner: a session's route; user: any authenticated key; admin: admin keys only."""
+    body: dict[str, Any] | None = None
+
+
+ROUTES = [
+    RouteCase("POST", "/v1/sessions", "user", {"agent": "support"}),
+    RouteCase("GET", "/v1/sessions", "user"),
+    RouteCase("GET", "/openapi.json", "user"),
+    RouteCase("GET", "/viewer", "public"),
+    RouteCase("GET", "/v1/sessions/{session_id}", "owner"),
+    RouteCase("GET", "/v1/sessions/{session_id}/history", "owner"),
+    RouteCase("GET", "/v1/sessions/{session_id}/timeline", "owner"),
+    RouteCase("GET", "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}", "owner"),
+    RouteCase("POST", "/v1/sessions/{session_id}/messages", "owner", {"text": "Where is order A-17?"}),
+    RouteCase("GET", "/v1/sessions/{session_id}/events", "owner"),
+    RouteCase(
+        "POST",
+        "/v1/agui/{agent}",
+        "user",
+        {
+            "threadId": "t-1",
+            "runId": "r-1",
+            "state": {},
+            "tools": [],
+            "context": [],
+            "forwardedProps": {},
+            "messages": [{"id": "m-1", "role": "user", "content": "Where is order A-17?"}],
+        },
+    ),  # fmt: skip
+    RouteCase("GET", "/v1/admin/sessions", "admin"),
+    RouteCase("GET", "/v1/admin/analytics/daily", "admin"),
+    RouteCase("GET", "/metrics", "admin"),
+    RouteCase("POST", "/v1/admin/sessions/{session_id}/finish", "admin-owner", {"reason": "walk"}),
+]
+CALLERS = {
+    "owner": auth("alice"),
+    "other": auth("bob"),
+    "admin": auth("root"),
+    "anonymous": {},
+    "wrong key": {"Authorization": "Bearer " + KEYS["alice"] + "x"},
+}
+
+
+async def call(
+    client: httpx.AsyncClient, case: RouteCase, sid: str, headers: dict[str, str], turn_id: str = ""
+) -> tuple[int, Any]:
+    """Status and body; an event stream is opened, its status read, and closed."""
+    url = case.path.format(session_id=sid, agent="support", turn_id=turn_id, step=0)
+    async with client.stream(case.method, url, json=case.body, headers=headers) as response:
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return response.status_code, None
+        await response.aread()
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.status_code, response.json()
+        return response.status_code, response.text
+
+
+async def run_turn(client: httpx.AsyncClient, sid: str) -> str:
+    """Post a message of alice's and wait for its turn; return the turn id."""
+    await client.post(f"/v1/sessions/{sid}/messages", json={"text": "Where is A-17?"}, headers=auth("alice"))
+    for _ in range(600):
+        turns = (await client.get(f"/v1/sessions/{sid}/timeline", headers=auth("alice"))).json()["turns"]
+        if turns and turns[0]["outcome"]:
+            return str(turns[0]["turn_id"])
+        await asyncio.sleep(0.05)
+    raise AssertionError("the turn did not finish")
+
+
+def expected_status(case: RouteCase, caller: str) -> int | str:
+    if case.scope == "public":  # static page code, no data
+        return "2xx"
+    if caller in ("anonymous", "wrong key"):
+        return 401
+    if case.scope == "user":
+        return "2xx"
+    if case.scope in ("admin", "admin-owner"):
+        return "2xx" if caller == "admin" else 403
+    return 404 if caller == "other" else "2xx"
+
+
+async def test_every_route_as_owner_other_user_admin_and_unauthenticated(tmp_path: Path) -> None:
+    walked = []
+    with serve_gateway(tmp_path) as running:
+        async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+            for case in ROUTES:
+                for caller, headers in CALLERS.items():
+                    # a fresh session of alice's per call, so a force-finish cannot change later answers
+                    created = await client.post(
+                        "/v1/sessions", json={"agent": "support"}, headers=auth("alice")
+                    )
+                    sid = created.json()["session_id"]
+                    turn_id = await run_turn(client, sid) if "{turn_id}" in case.path else ""
+                    status, body = await call(client, case, sid, headers, turn_id)
+                    want = expected_status(case, caller)
+                    ok = 200 <= status < 300 if want == "2xx" else status == want
+                    assert ok, f"{case.method} {case.path} as {caller}: {status} {body}, expected {want}"
+                    if want == 401:
+                        assert body["error"] == "unauthenticated"
+                    if want == 404:
+                        missing_status, missing_body = await call(client, case, MISSING, headers, turn_id)
+                        assert (status, body) == (
+                            missing_status,
+                            {**missing_body, "detail": f"no session {sid}"},
+                        )
+                        assert body == {"error": "not_found", "detail": f"no session {sid}"}
+                    walked.append((case.path, case.method, caller))
+            assert len(walked) == len(ROUTES) * len(CALLERS)
+            assert {r.path for r in ROUTES} == {r.path for r in running.gateway.app().routes}  # type: ignore[attr-defined]
+
+            # bob never sees alice's sessions in a list; the admin sees them all
+            bobs = (await client.get("/v1/sessions?limit=500", headers=auth("bob"))).json()["sessions"]
+            assert {s["user_id"] for s in bobs} <= {"bob"}
+            everyone = (await client.get("/v1/admin/sessions?limit=500", headers=auth("root"))).json()[
+                "sessions"
+            ]
+            assert "alice" in {s["user_id"] for s in everyone}
+
+    log = open_log(running.log_path)
+    try:
+        owners: dict[str, str] = {}
+        writers: dict[str, set[str]] = {}
+        for partition in range(log.partitions):
+            for record in await log.read_partition(partition, 0, 100_000):
+                event = record.event
+                if isinstance(event, ev.SessionCreated):
+                    owners[event.session_id] = event.user_id
+                elif isinstance(event, ev.UserMessageReceived):
+                    writers.setdefault(event.session_id, set()).add(event.user_id)
+        # only a session's owner ever wrote into it (bob's and anonymous posts wrote nothing)
+        assert writers and all(users == {owners[sid]} for sid, users in writers.items())
+        assert {owners[sid] for sid in writers} == {"alice", "bob", "root"}  # AG-UI threads are per user
+    finally:
+        await log.close()

@@ -1,0 +1,200 @@
+"""Logs, metrics and spans derived from the event stream by the observability consumer (and the
+live hub for time to first token), checked against the events on the log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from consumers import TurnWorker
+from engine import (
+    Agent,
+    AgentDirectory,
+    AgentSessions,
+    FunctionModel,
+    SqliteEventLog,
+    ToolFailure,
+    call,
+    reply,
+    tool,
+)
+from engine import events as ev
+from engine.models.base import ModelRequest, ModelResponse
+from engine.stream import ModelDelta
+from gateway.hub import LiveHub
+from gateway.observe import EventLogger, GatewayMetrics, ObservabilityConsumer, SpanBuilder, redact
+from gateway.observe.logs import sampled
+
+SECRET = "sk-live0123456789abcdefghijkl"
+EMAIL = "pat@customer.example"
+
+
+@tool
+async def send(to: str, api_key: str) -> str:
+    """Send a notice."""
+    return f"sent to {to} using {api_key}"
+
+
+@tool
+async def flaky() -> str:
+    """Always fails."""
+    raise ToolFailure("the mail server refused the connection")
+
+
+def answer(request: ModelRequest) -> ModelResponse | str:
+    if request.messages[-1].role == "user":
+        return reply("", call("send", {"to": EMAIL, "api_key": SECRET}, "c1"), call("flaky", {}, "c2"))
+    return "Sent one notice; the other failed."
+
+
+async def run_one_turn(tmp_path: Path) -> tuple[SqliteEventLog, AgentSessions, GatewayMetrics, str]:
+    log = SqliteEventLog(tmp_path / "log.db", partitions=2)
+    agents = AgentDirectory(
+        [Agent.build("notify", FunctionModel(answer, name="fn-model", chunk_chars=5), [send, flaky])]
+    )
+    api = AgentSessions(log, agents, producer="test")
+    sid = (await api.create_session("notify", "alice")).session_id
+    await api.post_user_message(sid, f"Notify {EMAIL}; my key is {SECRET}")
+    metrics = GatewayMetrics()
+    hub = LiveHub()
+    hub.observe(metrics.on_live)
+    await TurnWorker(log, agents, on_item=hub.publish).poll_once()
+    return log, api, metrics, sid
+
+
+async def test_logs_carry_sizes_and_statuses_never_values_and_redact_secrets(tmp_path: Path) -> None:
+    log, _, _, sid = await run_one_turn(tmp_path)
+    with structlog.testing.capture_logs() as lines:
+        await ObservabilityConsumer(log, logger=EventLogger(sample_rate=0)).poll_once()
+    events = await log.read_session(sid)
+    by_kind: dict[str, list[dict[str, object]]] = {}
+    for line in lines:
+        by_kind.setdefault(str(line["event"]), []).append(line)
+
+    model_calls = [e for e in events if isinstance(e, ev.ModelCallFinished)]
+    assert [
+        (m["step"], m["input_tokens"], m["output_tokens"], m["status"]) for m in by_kind["model.call"]
+    ] == [(e.step, e.input_tokens, e.output_tokens, e.status) for e in model_calls]
+    transitions = [e for e in events if isinstance(e, ev.StateChanged)]
+    assert [(t["from_state"], t["to_state"], t["cause"]) for t in by_kind["state.transition"]] == [
+        (e.from_state, e.to_state, e.cause) for e in transitions
+    ]
+    tools = {str(t["tool"]): t for t in by_kind["tool.execution"]}
+    requested = {e.tool_name: e for e in events if isinstance(e, ev.ToolCallRequested)}
+    assert tools["send"]["argument_bytes"] == len(requested["send"].arguments_json.encode())
+    assert tools["send"]["argument_keys"] == ["api_key", "to"]
+    assert tools["send"]["status"] == "success" and tools["flaky"]["status"] == "failed"
+    assert tools["send"]["summary"] == "sent to pat@customer.example using [REDACTED]"
+    assert "turn.context" not in by_kind  # sample rate 0
+    everything = repr(lines)
+    assert SECRET not in everything and '"to": "pat' not in everything
+
+
+async def test_one_in_n_turns_logs_its_full_context_marked_sampled(tmp_path: Path) -> None:
+    log, _, _, sid = await run_one_turn(tmp_path)
+    with structlog.testing.capture_logs() as lines:
+        await ObservabilityConsumer(log, logger=EventLogger(sample_rate=1.0)).poll_once()
+    (context,) = [line for line in lines if line["event"] == "turn.context"]
+    assert context["sampled"] is True and context["session_id"] == sid
+    contents = [m["content"] for m in context["messages"]]  # type: ignore[attr-defined]
+    assert contents[0] == f"Notify {EMAIL}; my key is [REDACTED]"
+    assert contents[-1] == "Sent one notice; the other failed."
+    assert SECRET not in repr(context)
+    turn_ids = [ev.new_id() for _ in range(2000)]
+    share = sum(sampled(t, 0.1) for t in turn_ids) / len(turn_ids)
+    assert 0.05 < share < 0.15 and all(sampled(t, 0.1) == sampled(t, 0.1) for t in turn_ids[:50])
+
+
+def test_redaction_by_key_name_and_by_pattern() -> None:
+    data = {
+        "password": "hunter2",
+        "input_tokens": 12,
+        "headers": {"Authorization": "Bearer abc.def.ghi-123", "x": "ok"},
+        "note": f"use {SECRET} or AKIAABCDEFGHIJKLMNOP",
+        "items": [{"api_key": "k"}, "tlk_" + "a" * 30],
+    }
+    assert redact(data) == {
+        "password": "[REDACTED]",
+        "input_tokens": 12,
+        "headers": {"Authorization": "[REDACTED]", "x": "ok"},
+        "note": "use [REDACTED] or [REDACTED]",
+        "items": [{"api_key": "[REDACTED]"}, "[REDACTED]"],
+    }
+
+
+async def test_metrics_follow_the_events(tmp_path: Path) -> None:
+    log, api, metrics, sid = await run_one_turn(tmp_path)
+    consumer = ObservabilityConsumer(log, logger=EventLogger(0), metrics=metrics)
+    await consumer.poll_once()
+    await api.force_finish(sid, "done")
+    await consumer.poll_once()
+    value = metrics.registry.get_sample_value
+    assert value("turnlog_tool_calls_total", {"tool": "send", "status": "success"}) == 1
+    assert value("turnlog_tool_calls_total", {"tool": "flaky", "status": "failed"}) == 1
+    assert value("turnlog_model_calls_total", {"model": "fn-model", "status": "ok"}) == 2
+    assert value("turnlog_model_errors_total", {"model": "fn-model"}) is None
+    assert value("turnlog_tool_calls_per_turn_sum") == 2
+    assert (
+        value("turnlog_tool_calls_per_session_sum") == 2
+        and value("turnlog_tool_calls_per_session_count") == 1
+    )
+    # only the second model call streamed text, so only it has a time to first token
+    assert value("turnlog_time_to_first_token_seconds_count", {"model": "fn-model"}) == 1
+    assert value("turnlog_turns_total", {"reason": "answered"}) == 1
+
+
+async def test_spans_follow_the_genai_conventions_with_event_times(tmp_path: Path) -> None:
+    log, _, _, sid = await run_one_turn(tmp_path)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spans_from = SpanBuilder(provider.get_tracer("test"))
+    await ObservabilityConsumer(log, logger=EventLogger(0), spans=spans_from).poll_once()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert sorted(spans) == [
+        "chat fn-model",
+        "execute_tool flaky",
+        "execute_tool send",
+        "invoke_agent notify",
+    ]
+    assert len(exporter.get_finished_spans()) == 5  # two chat spans
+    events = await log.read_session(sid)
+    turn = spans["invoke_agent notify"]
+    started = next(e for e in events if isinstance(e, ev.TurnStarted))
+    finished = next(e for e in events if isinstance(e, ev.TurnFinished))
+    assert (turn.start_time, turn.end_time) == (started.time_ms * 10**6, finished.time_ms * 10**6)
+    assert turn.attributes is not None and turn.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert turn.attributes["gen_ai.usage.input_tokens"] == finished.input_tokens
+    for span in exporter.get_finished_spans():
+        if span is not turn:
+            assert span.parent is not None and span.parent.span_id == turn.context.span_id
+            assert span.context.trace_id == turn.context.trace_id
+    chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
+    model_events = [e for e in events if isinstance(e, ev.ModelCallFinished)]
+    assert [(s.kind, s.attributes["gen_ai.usage.output_tokens"]) for s in chats] == [  # type: ignore[index]
+        (SpanKind.CLIENT, e.output_tokens) for e in model_events
+    ]
+    assert spans["execute_tool flaky"].status.status_code == StatusCode.ERROR
+    assert spans["execute_tool send"].attributes["gen_ai.tool.call.id"] == "c1"  # type: ignore[index]
+
+
+def test_a_failing_observer_never_breaks_the_publisher() -> None:
+    hub = LiveHub()
+    seen: list[object] = []
+
+    def broken(item: object) -> None:
+        raise RuntimeError("observer bug")
+
+    hub.observe(broken)
+    hub.observe(seen.append)
+    queue = hub.subscribe("s1")
+    delta = ModelDelta("s1", "t1", 0, "hi")
+    with structlog.testing.capture_logs() as lines:
+        hub.publish(delta)
+    assert seen == [delta] and queue.get_nowait() == delta
+    assert [line["event"] for line in lines] == ["hub.observer_failed"]
