@@ -10,6 +10,7 @@ idempotent tool is run again, a started non-idempotent one is reported as interr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import time
 import weakref
@@ -30,6 +31,7 @@ from .errors import (
     SessionNotFoundError,
     SnapshotFormatError,
 )
+from .events import ToolCallSpec
 from .fold import SessionState, ToolCallProgress, TurnProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
@@ -362,7 +364,7 @@ class TurnRunner:
         turn = w.state.turn
         assert turn is not None
         tid = turn.turn_id
-        calls = () if closing else response.tool_calls
+        calls = () if closing else unique_call_ids(response.tool_calls, turn)
         text = response.text
         guard, reason = _stop_reason(turn, agent.max_tool_iterations)
         if closing and not text.strip():
@@ -507,6 +509,20 @@ def _add_finished(
         error=outcome.error,
         correlation_id=turn_id,
     )
+
+
+def unique_call_ids(calls: tuple[ToolCallSpec, ...], turn: TurnProgress) -> tuple[ToolCallSpec, ...]:
+    """The calls with ids unique within the turn: some models number their calls afresh on
+    every step ("call_0"), and a call id must name one call (results, approvals, projections)."""
+    used = {r.call_id for r in turn.history} | set(turn.tool_calls)
+    unique = []
+    for call in calls:
+        call_id = call.call_id or f"call_{ev.new_id()[:24]}"
+        if call_id in used:
+            call_id = f"{call_id}~{ev.new_id()[:8]}"
+        used.add(call_id)
+        unique.append(call if call_id == call.call_id else dataclasses.replace(call, call_id=call_id))
+    return tuple(unique)
 
 
 def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequest:

@@ -227,8 +227,8 @@ def _tool_started(e: ev.ToolCallStarted) -> list[Statement]:
         session_update(e),
         (
             "UPDATE tool_calls SET status = 'executing', attempts = ?, updated_at_ms = ? "
-            "WHERE session_id = ? AND call_id = ?",
-            (e.attempt, e.time_ms, e.session_id, e.call_id),
+            "WHERE session_id = ? AND turn_id = ? AND call_id = ?",
+            (e.attempt, e.time_ms, e.session_id, e.turn_id, e.call_id),
         ),
     ]
 
@@ -240,7 +240,7 @@ def _tool_finished(e: ev.ToolCallFinished) -> list[Statement]:
         ),
         (
             "UPDATE tool_calls SET status = ?, output_json = ?, content = ?, error = ?, attempts = ?, "
-            "elapsed_time_ms = ?, updated_at_ms = ? WHERE session_id = ? AND call_id = ?",
+            "elapsed_time_ms = ?, updated_at_ms = ? WHERE session_id = ? AND turn_id = ? AND call_id = ?",
             (
                 e.status,
                 e.output_json,
@@ -250,6 +250,7 @@ def _tool_finished(e: ev.ToolCallFinished) -> list[Statement]:
                 e.elapsed_ms,
                 e.time_ms,
                 e.session_id,
+                e.turn_id,
                 e.call_id,
             ),
         ),
@@ -286,8 +287,8 @@ def _approval_requested(e: ev.ApprovalRequested) -> list[Statement]:
         session_update(e),
         (
             "UPDATE tool_calls SET status = 'awaiting_approval', approval = 'pending', updated_at_ms = ? "
-            "WHERE session_id = ? AND call_id = ?",
-            (e.time_ms, e.session_id, e.call_id),
+            "WHERE session_id = ? AND turn_id = ? AND call_id = ?",
+            (e.time_ms, e.session_id, e.turn_id, e.call_id),
         ),
     ]
 
@@ -297,8 +298,8 @@ def _approval_decided(e: ev.ApprovalDecided) -> list[Statement]:
         session_update(e),
         (
             "UPDATE tool_calls SET status = 'requested', approval = ?, approved_json = ?, updated_at_ms = ? "
-            "WHERE session_id = ? AND call_id = ?",
-            (e.decision, e.arguments_json, e.time_ms, e.session_id, e.call_id),
+            "WHERE session_id = ? AND turn_id = ? AND call_id = ?",
+            (e.decision, e.arguments_json, e.time_ms, e.session_id, e.turn_id, e.call_id),
         ),
     ]
 
@@ -317,8 +318,8 @@ def _superseded(e: ev.ToolResultSuperseded) -> list[Statement]:
     return [
         session_update(e),
         (
-            "UPDATE tool_calls SET superseded_by = ? WHERE session_id = ? AND call_id = ?",
-            (e.superseded_by, e.session_id, e.call_id),
+            "UPDATE tool_calls SET superseded_by = ? WHERE session_id = ? AND turn_id = ? AND call_id = ?",
+            (e.superseded_by, e.session_id, e.turn_id, e.call_id),
         ),
     ]
 

@@ -6,6 +6,8 @@ so dropping the tables and refolding the log from offset 0 gives identical rows.
 
 from __future__ import annotations
 
+import hashlib
+
 TABLES: dict[str, str] = {
     "sessions": """
         CREATE TABLE IF NOT EXISTS sessions (
@@ -62,7 +64,7 @@ TABLES: dict[str, str] = {
             invoked_by      TEXT,
             created_at_ms   BIGINT NOT NULL,
             updated_at_ms   BIGINT NOT NULL,
-            PRIMARY KEY (session_id, call_id)
+            PRIMARY KEY (session_id, turn_id, call_id)
         )""",
     "state_changes": """
         CREATE TABLE IF NOT EXISTS state_changes (
@@ -141,6 +143,10 @@ TABLES: dict[str, str] = {
         )""",
 }
 
+SCHEMA_TABLE = "CREATE TABLE IF NOT EXISTS projection_schema (schema_id TEXT NOT NULL)"
+SCHEMA_ID = hashlib.sha256("".join(TABLES.values()).encode()).hexdigest()[:16]
+"""Changes with any DDL above: a store made by another schema is dropped and refolded (store.create)."""
+
 READ_MODELS = (
     "sessions",
     "messages",
@@ -156,7 +162,7 @@ READ_MODELS = (
 ORDER_BY = {
     "sessions": "session_id",
     "messages": "session_id, seq",
-    "tool_calls": "session_id, call_id",
+    "tool_calls": "session_id, turn_id, call_id",
     "state_changes": "session_id, version",
     "model_calls": "session_id, turn_id, step",
     "turns": "session_id, turn_id",

@@ -18,7 +18,7 @@ from engine.events import Event
 from engine.log.base import LogRecord
 
 from .apply import Statement, statements_for
-from .schema import ORDER_BY, READ_MODELS, TABLES
+from .schema import ORDER_BY, READ_MODELS, SCHEMA_ID, SCHEMA_TABLE, TABLES
 
 Row = dict[str, Any]
 
@@ -38,15 +38,30 @@ class ProjectionStore(abc.ABC):
         """A context manager around one transaction."""
 
     def create(self) -> None:
+        """Create the read models; if they were made by another schema, drop and recreate them.
+
+        The read models are derived data, so a schema change is migrated by refolding: the
+        offsets go with the tables, and the projector rebuilds every row from offset 0.
+        """
+        with self._transaction():
+            self._execute(SCHEMA_TABLE)
+            found = self._query("SELECT schema_id FROM projection_schema")
+        if found and found[0]["schema_id"] != SCHEMA_ID:
+            self._drop_read_models()
         with self._transaction():
             for ddl in TABLES.values():
                 self._execute(ddl)
+            self._execute("DELETE FROM projection_schema")
+            self._execute("INSERT INTO projection_schema (schema_id) VALUES (?)", (SCHEMA_ID,))
 
-    def reset(self) -> None:
-        """Drop every read model and the offsets; ``create`` runs again."""
+    def _drop_read_models(self) -> None:
         with self._transaction():
             for table in TABLES:
                 self._execute(f"DROP TABLE IF EXISTS {table}")
+
+    def reset(self) -> None:
+        """Drop every read model and the offsets; ``create`` runs again."""
+        self._drop_read_models()
         self.create()
 
     def next_offset(self, partition: int) -> int:
