@@ -110,12 +110,12 @@ class KafkaEventLog(EventLog):
             bootstrap_servers=self.bootstrap,
             client_id=self.client_id,
             isolation_level="read_committed",
+            fetch_max_wait_ms=20,  # a catch-up waits for an in-flight fetch: keep it short
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
         await self._producer.start()
         await self._reader.start()
-        self._reader.assign([TopicPartition(self.topics.events, p) for p in range(self.partitions)])
         if self.owner:
             self._inbox = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
@@ -261,13 +261,17 @@ class KafkaEventLog(EventLog):
                             ("turnlog.source", f"{msg.topic}/{msg.partition}/{msg.offset}".encode()),
                         ],
                     )
+                # aiokafka commits one consumer group's offsets per transaction (a second group
+                # fails the transaction): the inbox offset if any, else one pending group's
+                group = None if inbox_offset is not None else next(iter(part.pending_commits), None)
                 if inbox_offset is not None:
                     await producer.send_offsets_to_transaction(
                         {TopicPartition(self.topics.inbox, p): inbox_offset}, self.topics.owners_group
                     )
-                for group, offset in part.pending_commits.items():
+                elif group is not None:
+                    committing = part.pending_commits[group]
                     await producer.send_offsets_to_transaction(
-                        {TopicPartition(self.topics.events, p): offset}, group
+                        {TopicPartition(self.topics.events, p): committing}, group
                     )
             metas = [await f for f in futures]
         except ProducerFenced as exc:
@@ -275,7 +279,8 @@ class KafkaEventLog(EventLog):
         except (KafkaError, TimeoutError) as exc:
             # the outcome is unknown: re-acquire (aborting it if still open) and re-read the partition
             raise await self._reset(part, exc) from exc
-        part.pending_commits.clear()
+        if group is not None and part.pending_commits.get(group) == committing:
+            del part.pending_commits[group]  # unless a newer offset came in meanwhile
         records = [LogRecord(p, m.offset, e) for m, e in zip(metas, events, strict=True)]
         part.add(records)
         return records
@@ -447,11 +452,15 @@ class KafkaEventLog(EventLog):
         end = (await reader.end_offsets([tp]))[tp]
         if part.next_offset >= end:
             return
+        if reader.assignment() != {tp}:
+            reader.assign([tp])  # one partition at a time: no prefetching of the others
+        reader.resume(tp)
         reader.seek(tp, part.next_offset)
         while part.next_offset < end:
             batch = await reader.getmany(tp, timeout_ms=1000, max_records=1000)
             records = [_record(part.partition, m) for m in batch.get(tp, [])]
             part.add(records, await reader.position(tp))
+        reader.pause(tp)  # no background long polls between catch-ups
 
     async def _fresh(self, partition: int) -> PartitionIndex:
         part = self._parts[partition]
