@@ -41,7 +41,9 @@ from ..errors import (
     SessionClosedError,
     SessionNotFoundError,
 )
-from ..events import Event, SessionCreated, UserMessageReceived
+from ..events import Event, SessionCreated, StateChanged, UserMessageReceived
+from ..fold import fold
+from ..states import RESTING, Cause, SessionStatus
 from .base import EventLog, LogRecord, check_batch
 from .kafka_index import PartitionIndex
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
@@ -375,11 +377,13 @@ class KafkaEventLog(EventLog):
             event, error = self._admit(part, msg, versions)
             if event is not None:
                 accepted.append(event)
-            else:
-                assert error is not None
-                dead.append((msg, str(error)))
-                if (eid := _event_id(msg)) is not None:
-                    refused[eid] = error
+                continue
+            assert error is not None
+            dead.append((msg, str(error)))
+            if (eid := _event_id(msg)) is not None:
+                refused[eid] = error
+            elif (marked := self._poisoned(part, msg, str(error), versions)) is not None:
+                accepted.append(marked)
         try:
             records = await self._transaction(part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead)
         except LogError:
@@ -415,6 +419,32 @@ class KafkaEventLog(EventLog):
                 return None, SessionClosedError(sid, "closed before this message was sequenced")
         versions[sid] = current + 1
         return dataclasses.replace(event, version=current + 1), None
+
+    def _poisoned(
+        self, part: PartitionIndex, msg: Any, reason: str, versions: dict[str, int]
+    ) -> StateChanged | None:
+        """The resting session an undecodable inbox record names (by its key) goes to ERROR
+        with the reason; a session with a turn running is left to it (the dead letter stays)."""
+        sid = msg.key.decode("utf-8", "replace") if msg.key else ""
+        current = versions.get(sid, part.version(sid))
+        if current == 0 or current != part.version(sid):  # unknown, or already touched in this batch
+            return None
+        state = fold(sid, part.session_after(sid, 0))
+        if state.turn is not None or state.status not in RESTING or state.status == SessionStatus.ERROR:
+            return None
+        versions[sid] = current + 1
+        detail = (
+            f"inbox record {msg.topic}/{msg.partition}/{msg.offset} went to the dead-letter topic: {reason}"
+        )
+        return StateChanged(
+            session_id=sid,
+            version=current + 1,
+            from_state=str(state.status),
+            to_state=str(SessionStatus.ERROR),
+            cause=str(Cause.POISON_RECORD),
+            detail=detail[:2000],
+            producer=f"{self.client_id}:owner",
+        )
 
     def _resolve(self, event_id: str, event: Event | None, error: Exception | None) -> None:
         fut = self._submitted.get(event_id)
