@@ -45,6 +45,16 @@ def message(sid: str, text: str = "hi") -> ev.UserMessageReceived:
 
 
 async def read_topic(bootstrap: str, topic: str, partition: int) -> list:
+    """Every committed record of a partition; retried while a just-committed write is not yet
+    visible to a new consumer (its end offset can lag by a metadata refresh)."""
+    for _ in range(50):
+        if records := await _read_topic_once(bootstrap, topic, partition):
+            return records
+        await asyncio.sleep(0.1)
+    return []
+
+
+async def _read_topic_once(bootstrap: str, topic: str, partition: int) -> list:
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         isolation_level="read_committed",

@@ -38,18 +38,14 @@ from ..errors import (
     LogError,
     LogUnavailableError,
     PartitionNotOwnedError,
-    SessionClosedError,
-    SessionNotFoundError,
 )
-from ..events import Event, SessionCreated, StateChanged, UserMessageReceived
-from ..fold import fold
-from ..states import RESTING, Cause, SessionStatus
+from ..events import Event
 from .base import EventLog, LogRecord, check_batch
+from .kafka_inbox import SUBMITTABLE, admit, event_id, poisoned
 from .kafka_index import PartitionIndex
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
 
 log = structlog.get_logger("turnlog.kafka")
-SUBMITTABLE = (SessionCreated, UserMessageReceived)
 SUBMIT_WAIT_S = 30.0
 OPERATION_TIMEOUT_S = 30.0
 REACQUIRE_DELAY_S = 3.0
@@ -374,15 +370,15 @@ class KafkaEventLog(EventLog):
         refused: dict[str, Exception] = {}
         versions: dict[str, int] = {}
         for msg in messages:
-            event, error = self._admit(part, msg, versions)
+            event, error = admit(part, msg, versions)
             if event is not None:
                 accepted.append(event)
                 continue
             assert error is not None
             dead.append((msg, str(error)))
-            if (eid := _event_id(msg)) is not None:
+            if (eid := event_id(msg)) is not None:
                 refused[eid] = error
-            elif (marked := self._poisoned(part, msg, str(error), versions)) is not None:
+            elif (marked := poisoned(part, msg, str(error), versions, f"{self.client_id}:owner")) is not None:
                 accepted.append(marked)
         try:
             records = await self._transaction(part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead)
@@ -397,54 +393,6 @@ class KafkaEventLog(EventLog):
         if dead:
             log.warning("kafka.dead_letters", partition=part.partition, count=len(dead), reason=dead[0][1])
         self._notify()
-
-    def _admit(
-        self, part: PartitionIndex, msg: Any, versions: dict[str, int]
-    ) -> tuple[Event | None, Exception | None]:
-        """The inbox record as the session's next event, or why it cannot be."""
-        try:
-            event = codec.decode(msg.value)
-        except EventError as exc:
-            return None, exc
-        sid = event.session_id
-        current = versions.get(sid, part.version(sid))
-        if not isinstance(event, SUBMITTABLE):
-            return None, LogError(f"{event.type} cannot be submitted through the inbox")
-        if isinstance(event, SessionCreated) and current != 0:
-            return None, ConcurrencyError(sid, 0, current)
-        if isinstance(event, UserMessageReceived):
-            if current == 0:
-                return None, SessionNotFoundError(sid)
-            if sid in part.closed:
-                return None, SessionClosedError(sid, "closed before this message was sequenced")
-        versions[sid] = current + 1
-        return dataclasses.replace(event, version=current + 1), None
-
-    def _poisoned(
-        self, part: PartitionIndex, msg: Any, reason: str, versions: dict[str, int]
-    ) -> StateChanged | None:
-        """The resting session an undecodable inbox record names (by its key) goes to ERROR
-        with the reason; a session with a turn running is left to it (the dead letter stays)."""
-        sid = msg.key.decode("utf-8", "replace") if msg.key else ""
-        current = versions.get(sid, part.version(sid))
-        if current == 0 or current != part.version(sid):  # unknown, or already touched in this batch
-            return None
-        state = fold(sid, part.session_after(sid, 0))
-        if state.turn is not None or state.status not in RESTING or state.status == SessionStatus.ERROR:
-            return None
-        versions[sid] = current + 1
-        detail = (
-            f"inbox record {msg.topic}/{msg.partition}/{msg.offset} went to the dead-letter topic: {reason}"
-        )
-        return StateChanged(
-            session_id=sid,
-            version=current + 1,
-            from_state=str(state.status),
-            to_state=str(SessionStatus.ERROR),
-            cause=str(Cause.POISON_RECORD),
-            detail=detail[:2000],
-            producer=f"{self.client_id}:owner",
-        )
 
     def _resolve(self, event_id: str, event: Event | None, error: Exception | None) -> None:
         fut = self._submitted.get(event_id)
@@ -579,12 +527,6 @@ def _record(partition: int, msg: Any) -> LogRecord:
         return LogRecord(partition, msg.offset, codec.decode(msg.value))
     except EventError as exc:
         raise type(exc)(f"partition {partition} offset {msg.offset}: {exc}") from exc
-
-
-def _event_id(msg: Any) -> str | None:
-    with contextlib.suppress(EventError):
-        return codec.decode(msg.value).event_id
-    return None
 
 
 async def _quiet_stop(producer: AIOKafkaProducer) -> None:
