@@ -153,11 +153,13 @@ async def run_backend(name: str, events: int, samples: int, tmp: Path) -> dict[s
     result: dict[str, Any] = {}
     for partitions in (1, 8):
         log, rate = await append_run(backend, partitions, events)
+        print(f"{name}: append {partitions}p {rate:.0f}/s", file=sys.stderr, flush=True)
         result[f"append_{partitions}p_events_per_s"] = round(rate)
         result[f"consume_{partitions}p_events_per_s"] = round(await consume_run(backend, log))
         if partitions == 8:
             result["rebuild_events_per_s"] = round(await rebuild_run(backend, log))
         await log.close()
+    print(f"{name}: consume + rebuild done", file=sys.stderr, flush=True)
     median, p95 = await latency_run(backend, samples)
     result["latency_ms_median"] = round(median, 2)
     result["latency_ms_p95"] = round(p95, 2)

@@ -38,6 +38,7 @@ from .fold import SessionState, ToolCallProgress
 from .log.base import EventLog
 from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
+from .turn_records import add_tool_finished, add_turn_finished
 from .writer import SessionWriter
 
 REBASABLE: frozenset[type[ev.Event]] = frozenset({ev.UserMessageReceived, ev.CancelRequested})
@@ -86,19 +87,7 @@ def stop_turn(w: SessionWriter, stop: Stop, agent: Agent, encoder: snapshots.Sna
     for call in turn.unfinished_calls():
         _finish_unrun(w, tid, call, stop.reason)
     w.transition(SessionStatus.CANCELLED, stop.cause, detail=stop.reason, correlation_id=tid)
-    w.add(
-        ev.TurnFinished,
-        turn_id=tid,
-        message_id=turn.message_id,
-        reason="cancelled",
-        iterations=turn.iterations,
-        model_calls=turn.model_calls,
-        input_tokens=turn.input_tokens,
-        output_tokens=turn.output_tokens,
-        correlation_id=tid,
-    )
-    if encoder is not None:
-        snapshots.take(w, encoder, correlation_id=tid)
+    add_turn_finished(w, "cancelled", encoder)
 
 
 def _finish_unrun(w: SessionWriter, turn_id: str, call: ToolCallProgress, reason: str) -> None:
@@ -111,17 +100,7 @@ def _finish_unrun(w: SessionWriter, turn_id: str, call: ToolCallProgress, reason
             attempts=0,
             error=reason,
         )
-    w.add(
-        ev.ToolCallFinished,
-        turn_id=turn_id,
-        call_id=call.call_id,
-        tool_name=call.tool_name,
-        status=str(outcome.status),
-        content=outcome.content,
-        attempts=call.attempts,
-        error=outcome.error,
-        correlation_id=turn_id,
-    )
+    add_tool_finished(w, turn_id, call, outcome, attempts=call.attempts)
 
 
 class Rebaser:

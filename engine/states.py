@@ -43,6 +43,8 @@ class Cause(StrEnum):
     USER_APPROVAL = "user_approval"
     INTERRUPT = "interrupt"
     ADMIN = "admin"
+    POISON_RECORD = "poison_record"
+    """A record for the session could not be read or sequenced (Kafka inbox dead letter)."""
 
 
 S, C = SessionStatus, Cause
@@ -79,6 +81,10 @@ TRANSITIONS: dict[tuple[SessionStatus, SessionStatus], frozenset[Cause]] = {
     (S.PAUSED_FOR_USER, S.FINISHED): frozenset({C.ADMIN}),
     (S.ERROR, S.FINISHED): frozenset({C.ADMIN}),
     (S.CANCELLED, S.FINISHED): frozenset({C.ADMIN}),
+    # a resting session whose inbox record was dead-lettered (docs/architecture.md, Kafka)
+    (S.IDLE, S.ERROR): frozenset({C.POISON_RECORD}),
+    (S.FINISHED, S.ERROR): frozenset({C.POISON_RECORD}),
+    (S.CANCELLED, S.ERROR): frozenset({C.POISON_RECORD}),
 }
 """Every legal edge with the causes allowed on it. docs/architecture.md renders this table."""
 

@@ -42,6 +42,7 @@ from .stream import ModelDelta, StreamItem
 from .tools import Tool, batch, guards
 from .tools import execute as tool_exec
 from .tools.permissions import tools_for_role
+from .turn_records import add_tool_finished, add_turn_finished
 from .writer import SessionWriter
 
 S = SessionStatus
@@ -419,22 +420,7 @@ class TurnRunner:
         )
 
     def _finish_turn(self, w: SessionWriter, reason: str) -> None:
-        turn = w.state.turn
-        assert turn is not None
-        w.add(
-            ev.TurnFinished,
-            turn_id=turn.turn_id,
-            message_id=turn.message_id,
-            reason=reason,
-            iterations=turn.iterations,
-            model_calls=turn.model_calls,
-            input_tokens=turn.input_tokens,
-            output_tokens=turn.output_tokens,
-            cost_micros=turn.cost_micros,
-            correlation_id=turn.turn_id,
-        )
-        if self.snapshots is not None:
-            _snapshots.take(w, self.snapshots, correlation_id=turn.turn_id)
+        add_turn_finished(w, reason, self.snapshots)
 
     async def _run_tools(self, step: RunTools, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
         turn = w.state.turn
@@ -474,7 +460,7 @@ class TurnRunner:
             results[call.call_id] = (prior, outcome)
         for call in step.calls:  # results go back in the order the model asked for them
             prior, outcome = results[call.call_id]
-            _add_finished(w, tid, call, outcome, prior_attempts=prior)
+            add_tool_finished(w, tid, call, outcome, attempts=prior + outcome.attempts)
         batch.after_batch(w, tid, len(step.calls), plan.trip, agent.max_tool_iterations)
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
         if self.snapshots is not None:
@@ -486,29 +472,6 @@ def _stop_reason(turn: TurnProgress, cap: int) -> tuple[str, str]:
     if turn.guard:
         return turn.guard, turn.guard_reason
     return str(guards.Guard.ITERATION_CAP), f"the turn used its maximum of {cap} tool steps"
-
-
-def _add_finished(
-    w: SessionWriter,
-    turn_id: str,
-    call: ToolCallProgress,
-    outcome: tool_exec.ToolOutcome,
-    *,
-    prior_attempts: int,
-) -> None:
-    w.add(
-        ev.ToolCallFinished,
-        turn_id=turn_id,
-        call_id=call.call_id,
-        tool_name=call.tool_name,
-        status=str(outcome.status),
-        content=outcome.content,
-        output_json=outcome.output_json,
-        elapsed_ms=outcome.elapsed_ms,
-        attempts=prior_attempts + outcome.attempts,
-        error=outcome.error,
-        correlation_id=turn_id,
-    )
 
 
 def unique_call_ids(calls: tuple[ToolCallSpec, ...], turn: TurnProgress) -> tuple[ToolCallSpec, ...]:

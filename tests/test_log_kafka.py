@@ -45,8 +45,21 @@ def message(sid: str, text: str = "hi") -> ev.UserMessageReceived:
 
 
 async def read_topic(bootstrap: str, topic: str, partition: int) -> list:
+    """Every committed record of a partition; retried while a just-committed write is not yet
+    visible to a new consumer (its end offset can lag by a metadata refresh)."""
+    for _ in range(50):
+        if records := await _read_topic_once(bootstrap, topic, partition):
+            return records
+        await asyncio.sleep(0.1)
+    return []
+
+
+async def _read_topic_once(bootstrap: str, topic: str, partition: int) -> list:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
     )
     await consumer.start()
     try:
@@ -147,22 +160,32 @@ async def test_the_owner_refuses_what_does_not_fit_and_dead_letters_it(
     assert [e.type for e in await owner.read_session("s-3")] == ["SessionCreated", "SessionClosed"]
 
 
-async def test_undecodable_inbox_bytes_go_to_the_dead_letter_topic_and_the_partition_moves_on(
+async def test_undecodable_inbox_bytes_go_to_the_dead_letter_topic_and_the_session_to_error(
     owner: KafkaEventLog, bootstrap: str
 ) -> None:
+    await owner.submit(created("s-4"))
     p = owner.partition_of("s-4")
     raw = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await raw.start()
     try:
-        await raw.send_and_wait(owner.topics.inbox, b"\x00not avro", key=b"s-4", partition=p)
+        poison = await raw.send_and_wait(owner.topics.inbox, b"\x00not avro", key=b"s-4", partition=p)
     finally:
         await raw.stop()
-    await owner.submit(created("s-4"))  # sequenced after the poison record
-    assert [e.type for e in await owner.read_session("s-4")] == ["SessionCreated"]
+    after = await owner.submit(message("s-4", "still there?"))  # the partition keeps moving
+    assert after.version == 3
+
+    events = await owner.read_session("s-4")
+    assert [e.type for e in events] == ["SessionCreated", "StateChanged", "UserMessageReceived"]
+    error = events[1]
+    assert isinstance(error, ev.StateChanged)
+    assert (error.from_state, error.to_state, error.cause) == ("IDLE", "ERROR", "poison_record")
+    assert (
+        f"{owner.topics.inbox}/{p}/{poison.offset}" in error.detail and "not a turnlog event" in error.detail
+    )
     (dead,) = await read_topic(bootstrap, owner.topics.dead_letter, p)
     assert dead.value == b"\x00not avro" and dead.key == b"s-4"
     assert "not a turnlog event" in dict(dead.headers)["turnlog.reason"].decode()
-    assert dict(dead.headers)["turnlog.source"].decode() == f"{owner.topics.inbox}/{p}/0"
+    assert dict(dead.headers)["turnlog.source"].decode() == f"{owner.topics.inbox}/{p}/{poison.offset}"
 
 
 async def test_a_zombie_owner_is_fenced_and_appends_nothing(owner: KafkaEventLog, bootstrap: str) -> None:

@@ -46,7 +46,7 @@ def test_every_edge_refuses_at_least_one_cause() -> None:
     [
         (S.FINISHED, S.TOOL_WAIT, C.MODEL_TOOL_CALL),
         (S.IDLE, S.TOOL_LOOP, C.MODEL_TOOL_CALL),
-        (S.IDLE, S.ERROR, C.MODEL_ERROR),
+        (S.ERROR, S.ERROR, C.MODEL_ERROR),
         (S.FINISHED, S.FINISHED, C.ADMIN),
         (S.CANCELLED, S.CANCELLED, C.INTERRUPT),
         (S.ERROR, S.CANCELLED, C.INTERRUPT),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from consumers import TurnWorker
 from consumers.turn_worker import GROUP
-from engine import AgentDirectory, AgentSessions, SqliteEventLog
+from engine import AgentDirectory, AgentSessions, EventLog, SqliteEventLog
 from engine import events as ev
 from tests.procs import WORKER_PARTITIONS as PARTITIONS
 from tests.procs import worker_agent as build_agent
@@ -23,8 +23,8 @@ def types(events: list[ev.Event]) -> list[str]:
     return [e.type for e in events]
 
 
-async def test_worker_runs_posted_messages_once(tmp_path: Path) -> None:
-    log = SqliteEventLog(tmp_path / "log.db", partitions=PARTITIONS)
+async def test_worker_runs_posted_messages_once(log: EventLog) -> None:
+    """Both backends (on Kafka this process owns every partition)."""
     calls: list[str] = []
     agents = AgentDirectory([build_agent(False, calls)])
     producer = AgentSessions(log, agents, producer="gateway")
@@ -37,21 +37,19 @@ async def test_worker_runs_posted_messages_once(tmp_path: Path) -> None:
     for sid in sids:
         events = await log.read_session(sid)
         assert types(events[-2:]) == ["TurnFinished", "SnapshotTaken"] and events[-1].producer == "w1"
-    for p in range(PARTITIONS):
+    for p in range(log.partitions):
         assert await log.committed(GROUP, p) == await log.end_offset(p)
 
     # redelivery: rewind the group to 0; every message is seen again, no turn runs twice
     versions = [await log.session_version(sid) for sid in sids]
-    for p in range(PARTITIONS):
+    for p in range(log.partitions):
         await log.commit(GROUP, p, 0)
     await TurnWorker(log, agents, worker_id="w2").poll_once()
     assert [await log.session_version(sid) for sid in sids] == versions
     assert len(calls) == 5
-    await log.close()
 
 
-async def test_workers_split_partitions(tmp_path: Path) -> None:
-    log = SqliteEventLog(tmp_path / "log.db", partitions=PARTITIONS)
+async def test_workers_split_partitions(log: EventLog) -> None:
     agents = AgentDirectory([build_agent(False, [])])
     producer = AgentSessions(log, agents)
     sids = [(await producer.create_session("agent", f"u{i}")).session_id for i in range(8)]
@@ -66,7 +64,6 @@ async def test_workers_split_partitions(tmp_path: Path) -> None:
             assert types(events[-2:]) == ["TurnFinished", "SnapshotTaken"] and last.producer == "w0"
         else:
             assert last.type == "UserMessageReceived"
-    await log.close()
 
 
 async def test_killed_worker_mid_turn_is_continued_by_its_successor(tmp_path: Path) -> None:

@@ -38,16 +38,14 @@ from ..errors import (
     LogError,
     LogUnavailableError,
     PartitionNotOwnedError,
-    SessionClosedError,
-    SessionNotFoundError,
 )
-from ..events import Event, SessionCreated, UserMessageReceived
+from ..events import Event
 from .base import EventLog, LogRecord, check_batch
+from .kafka_inbox import SUBMITTABLE, admit, event_id, poisoned
 from .kafka_index import PartitionIndex
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
 
 log = structlog.get_logger("turnlog.kafka")
-SUBMITTABLE = (SessionCreated, UserMessageReceived)
 SUBMIT_WAIT_S = 30.0
 OPERATION_TIMEOUT_S = 30.0
 REACQUIRE_DELAY_S = 3.0
@@ -110,12 +108,12 @@ class KafkaEventLog(EventLog):
             bootstrap_servers=self.bootstrap,
             client_id=self.client_id,
             isolation_level="read_committed",
+            fetch_max_wait_ms=20,  # a catch-up waits for an in-flight fetch: keep it short
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
         await self._producer.start()
         await self._reader.start()
-        self._reader.assign([TopicPartition(self.topics.events, p) for p in range(self.partitions)])
         if self.owner:
             self._inbox = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
@@ -261,13 +259,17 @@ class KafkaEventLog(EventLog):
                             ("turnlog.source", f"{msg.topic}/{msg.partition}/{msg.offset}".encode()),
                         ],
                     )
+                # aiokafka commits one consumer group's offsets per transaction (a second group
+                # fails the transaction): the inbox offset if any, else one pending group's
+                group = None if inbox_offset is not None else next(iter(part.pending_commits), None)
                 if inbox_offset is not None:
                     await producer.send_offsets_to_transaction(
                         {TopicPartition(self.topics.inbox, p): inbox_offset}, self.topics.owners_group
                     )
-                for group, offset in part.pending_commits.items():
+                elif group is not None:
+                    committing = part.pending_commits[group]
                     await producer.send_offsets_to_transaction(
-                        {TopicPartition(self.topics.events, p): offset}, group
+                        {TopicPartition(self.topics.events, p): committing}, group
                     )
             metas = [await f for f in futures]
         except ProducerFenced as exc:
@@ -275,7 +277,8 @@ class KafkaEventLog(EventLog):
         except (KafkaError, TimeoutError) as exc:
             # the outcome is unknown: re-acquire (aborting it if still open) and re-read the partition
             raise await self._reset(part, exc) from exc
-        part.pending_commits.clear()
+        if group is not None and part.pending_commits.get(group) == committing:
+            del part.pending_commits[group]  # unless a newer offset came in meanwhile
         records = [LogRecord(p, m.offset, e) for m, e in zip(metas, events, strict=True)]
         part.add(records)
         return records
@@ -367,14 +370,16 @@ class KafkaEventLog(EventLog):
         refused: dict[str, Exception] = {}
         versions: dict[str, int] = {}
         for msg in messages:
-            event, error = self._admit(part, msg, versions)
+            event, error = admit(part, msg, versions)
             if event is not None:
                 accepted.append(event)
-            else:
-                assert error is not None
-                dead.append((msg, str(error)))
-                if (eid := _event_id(msg)) is not None:
-                    refused[eid] = error
+                continue
+            assert error is not None
+            dead.append((msg, str(error)))
+            if (eid := event_id(msg)) is not None:
+                refused[eid] = error
+            elif (marked := poisoned(part, msg, str(error), versions, f"{self.client_id}:owner")) is not None:
+                accepted.append(marked)
         try:
             records = await self._transaction(part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead)
         except LogError:
@@ -388,28 +393,6 @@ class KafkaEventLog(EventLog):
         if dead:
             log.warning("kafka.dead_letters", partition=part.partition, count=len(dead), reason=dead[0][1])
         self._notify()
-
-    def _admit(
-        self, part: PartitionIndex, msg: Any, versions: dict[str, int]
-    ) -> tuple[Event | None, Exception | None]:
-        """The inbox record as the session's next event, or why it cannot be."""
-        try:
-            event = codec.decode(msg.value)
-        except EventError as exc:
-            return None, exc
-        sid = event.session_id
-        current = versions.get(sid, part.version(sid))
-        if not isinstance(event, SUBMITTABLE):
-            return None, LogError(f"{event.type} cannot be submitted through the inbox")
-        if isinstance(event, SessionCreated) and current != 0:
-            return None, ConcurrencyError(sid, 0, current)
-        if isinstance(event, UserMessageReceived):
-            if current == 0:
-                return None, SessionNotFoundError(sid)
-            if sid in part.closed:
-                return None, SessionClosedError(sid, "closed before this message was sequenced")
-        versions[sid] = current + 1
-        return dataclasses.replace(event, version=current + 1), None
 
     def _resolve(self, event_id: str, event: Event | None, error: Exception | None) -> None:
         fut = self._submitted.get(event_id)
@@ -447,11 +430,15 @@ class KafkaEventLog(EventLog):
         end = (await reader.end_offsets([tp]))[tp]
         if part.next_offset >= end:
             return
+        if reader.assignment() != {tp}:
+            reader.assign([tp])  # one partition at a time: no prefetching of the others
+        reader.resume(tp)
         reader.seek(tp, part.next_offset)
         while part.next_offset < end:
             batch = await reader.getmany(tp, timeout_ms=1000, max_records=1000)
             records = [_record(part.partition, m) for m in batch.get(tp, [])]
             part.add(records, await reader.position(tp))
+        reader.pause(tp)  # no background long polls between catch-ups
 
     async def _fresh(self, partition: int) -> PartitionIndex:
         part = self._parts[partition]
@@ -540,12 +527,6 @@ def _record(partition: int, msg: Any) -> LogRecord:
         return LogRecord(partition, msg.offset, codec.decode(msg.value))
     except EventError as exc:
         raise type(exc)(f"partition {partition} offset {msg.offset}: {exc}") from exc
-
-
-def _event_id(msg: Any) -> str | None:
-    with contextlib.suppress(EventError):
-        return codec.decode(msg.value).event_id
-    return None
 
 
 async def _quiet_stop(producer: AIOKafkaProducer) -> None:

@@ -47,6 +47,8 @@ class PartitionIndex:
 
     def add(self, records: Sequence[LogRecord], next_offset: int | None = None) -> None:
         for record in records:
+            if self.offsets and record.offset <= self.offsets[-1]:
+                continue  # already indexed (a re-read after a reset of the reader's position)
             self.records.append(record)
             self.offsets.append(record.offset)
             event = record.event

@@ -1,0 +1,48 @@
+"""The events that close a tool call and a turn, written one way whoever closes them: the turn
+loop, or a stop (a cancel or an interrupting message, engine.interrupts)."""
+
+from __future__ import annotations
+
+from . import events as ev
+from . import snapshots
+from .fold import ToolCallProgress
+from .tools import execute as tool_exec
+from .writer import SessionWriter
+
+
+def add_tool_finished(
+    w: SessionWriter, turn_id: str, call: ToolCallProgress, outcome: tool_exec.ToolOutcome, *, attempts: int
+) -> None:
+    w.add(
+        ev.ToolCallFinished,
+        turn_id=turn_id,
+        call_id=call.call_id,
+        tool_name=call.tool_name,
+        status=str(outcome.status),
+        content=outcome.content,
+        output_json=outcome.output_json,
+        elapsed_ms=outcome.elapsed_ms,
+        attempts=attempts,
+        error=outcome.error,
+        correlation_id=turn_id,
+    )
+
+
+def add_turn_finished(w: SessionWriter, reason: str, encoder: snapshots.SnapshotEncoder | None) -> None:
+    """TurnFinished with the turn's totals, then (unless snapshots are off) the turn-end snapshot."""
+    turn = w.state.turn
+    assert turn is not None
+    w.add(
+        ev.TurnFinished,
+        turn_id=turn.turn_id,
+        message_id=turn.message_id,
+        reason=reason,
+        iterations=turn.iterations,
+        model_calls=turn.model_calls,
+        input_tokens=turn.input_tokens,
+        output_tokens=turn.output_tokens,
+        cost_micros=turn.cost_micros,
+        correlation_id=turn.turn_id,
+    )
+    if encoder is not None:
+        snapshots.take(w, encoder, correlation_id=turn.turn_id)
