@@ -162,7 +162,7 @@ READ_MODELS = (
 ORDER_BY = {
     "sessions": "session_id",
     "messages": "session_id, seq",
-    "tool_calls": "session_id, turn_id, call_id",
+    "tool_calls": "session_id, created_at_ms, turn_id, call_id",
     "state_changes": "session_id, version",
     "model_calls": "session_id, turn_id, step",
     "turns": "session_id, turn_id",
