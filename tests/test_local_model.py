@@ -79,7 +79,10 @@ async def test_the_demo_scenario_completes_on_the_local_model(
     assert list((tmp_path / "reports").glob("*.md"))
 
     [turn] = [e for e in events if isinstance(e, ev.TurnFinished)]
-    assert turn.reason == "answered"
+    # answered, or (a small model that keeps calling tools) stopped by a loop guard and then made to answer
+    assert turn.reason in ("answered", "iteration_cap", "repeated_call", "unchanged_result")
+    answer = [e for e in events if isinstance(e, ev.AssistantMessage)][-1]
+    assert answer.text.strip() and not answer.tool_calls and '"arguments"' not in answer.text
     streamed = "".join(i.text for i in items if isinstance(i, ModelDelta))
     assert '"arguments"' not in streamed and "```json" not in streamed  # no tool-call JSON reached the user
 

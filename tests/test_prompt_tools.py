@@ -193,3 +193,22 @@ async def test_a_call_written_when_no_tools_are_offered_is_held_back_and_asked_a
     first, second = server.requests[0]["messages"], server.requests[1]["messages"]
     assert first[-1]["content"].endswith("Found 2 orders\n\nAnswer now without tools.")  # the note stays last
     assert second[-1] == {"role": "user", "content": NO_TOOLS_REQUEST}
+
+
+async def test_repeating_the_call_that_just_succeeded_is_turned_into_a_request_to_answer() -> None:
+    from engine.models.prompt_tools import REPEAT_REQUEST
+    from engine.models.scripted import call
+
+    history = [
+        ChatMessage.user("save the report"),
+        ChatMessage("assistant", "", (call("save_report", {"title": "T"}, "c1"),)),
+        ChatMessage("tool", "Report saved.", tool_call_id="c1", name="save_report"),
+    ]
+    again = '```json\n{"name": "save_report", "arguments": {"title": "T"}}\n```'
+    save = {"name": "save_report", "description": "Save.", "parameters": {"type": "object"}}
+    with serve_openai([FakeReply(again), FakeReply("The report is saved.")]) as server:
+        model = PromptToolsModel(OpenAICompatibleModel("fake-model", base_url=server.base_url))
+        streamed, response = await _collect(model, ModelRequest(history, [save]))
+        await model.aclose()
+    assert response.tool_calls == () and response.text == "The report is saved." == streamed
+    assert server.requests[1]["messages"][-1] == {"role": "user", "content": REPEAT_REQUEST}

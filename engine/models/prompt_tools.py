@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 from ..errors import ModelError
+from ..events import ToolCallSpec
 from ..messages import ChatMessage
 from .base import Model, ModelChunk, ModelRequest, ModelResponse, ModelSwitch, TextDelta, Usage
 from .tool_text import ParsedToolText, parse_tool_text
@@ -55,6 +56,24 @@ NEXT_STEP_HINT = (
     "\n\n(If the request still needs a tool, write its block. If everything asked for is done, "
     "do not call any tool again: answer the user in plain text.)"
 )
+
+
+REPEAT_REQUEST = (
+    "You already made exactly this call and its result is above. Do not repeat it. If the request "
+    "needs a different tool call, write that one; otherwise answer the user now in plain text."
+)
+
+
+def _repeats_last_calls(calls: Sequence[ToolCallSpec], messages: Sequence[ChatMessage]) -> bool:
+    """True if ``calls`` are exactly the previous step's calls (same tools, same arguments)."""
+    previous = next((m for m in reversed(messages) if m.role == "assistant"), None)
+    if previous is None or not previous.tool_calls:
+        return False
+    return [_call_key(c) for c in calls] == [_call_key(c) for c in previous.tool_calls]
+
+
+def _call_key(call: ToolCallSpec) -> tuple[str, Any]:
+    return call.name, _arguments(call.arguments_json)
 
 
 def _called_tools(messages: Sequence[ChatMessage]) -> list[str]:
@@ -111,6 +130,14 @@ class PromptToolsModel(Model):
             if parsed.repaired or parsed.error:
                 self.repaired_texts.append(attempt.text)
             last = attempt_number == self.repair_attempts
+            if parsed.calls and offered and not last and _repeats_last_calls(parsed.calls, request.messages):
+                # small models tend to repeat a call that already succeeded instead of answering
+                messages = [
+                    *messages,
+                    ChatMessage("assistant", attempt.text),
+                    ChatMessage.user(REPEAT_REQUEST),
+                ]
+                continue
             if parsed.calls and not offered:  # a call when none may be made: ask for the answer
                 if not last:
                     messages = [
