@@ -259,3 +259,15 @@ async def test_fake_server_also_speaks_plain_json_and_lists_models() -> None:
     assert plain.choices[0].message.content == "plain" and plain.usage is not None
     assert tools.choices[0].finish_reason == "tool_calls"
     assert tools.choices[0].message.tool_calls[0].function.arguments == "{}"  # type: ignore[index,union-attr]
+
+
+async def test_temperature_and_answer_cap_are_sent_when_set() -> None:
+    with serve_openai([FakeReply("ok"), FakeReply("ok")]) as server:
+        capped = OpenAICompatibleModel("fake-model", base_url=server.base_url, temperature=0.0, max_tokens=64)
+        plain = OpenAICompatibleModel("fake-model", base_url=server.base_url)
+        await collect(capped, ask("hi"))
+        await collect(plain, ask("hi"))
+        await capped.aclose()
+        await plain.aclose()
+    assert (server.requests[0]["temperature"], server.requests[0]["max_tokens"]) == (0.0, 64)
+    assert "temperature" not in server.requests[1] and "max_tokens" not in server.requests[1]

@@ -41,7 +41,10 @@ PARTS = 22
 CONTEXT_TOKENS = 8192
 FIRST_TOKEN_TIMEOUT_S = 300.0
 """Prompt processing runs at about 80 tokens/s on two cores: a long prompt takes minutes."""
-RESPONSE_TIMEOUT_S = 900.0
+RESPONSE_TIMEOUT_S = 600.0
+MAX_ANSWER_TOKENS = 1024
+"""A 1.5B model at temperature 0 can fall into repeating itself; this bounds one answer (a
+report cut here reaches the tool as truncated JSON, which the parser closes)."""
 STARTUP_TIMEOUT_S = 120.0
 
 Progress = Callable[[int, int], None]
@@ -174,6 +177,7 @@ class LocalModelServer:
             base_url=self.base_url,
             request_timeout_s=RESPONSE_TIMEOUT_S,
             temperature=0.0,
+            max_tokens=MAX_ANSWER_TOKENS,
             token_counter=ServerTokenCounter(self.base_url),
         )
         inner.first_token_timeout_s = FIRST_TOKEN_TIMEOUT_S

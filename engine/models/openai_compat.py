@@ -136,6 +136,7 @@ class OpenAICompatibleModel(Model):
         request_timeout_s: float = 120.0,
         max_retries: int = 0,
         temperature: float | None = None,
+        max_tokens: int | None = None,
         token_counter: TokenCounter | None = None,
     ) -> None:
         self.name = model
@@ -143,6 +144,8 @@ class OpenAICompatibleModel(Model):
         """The model name sent to the endpoint; ``name`` is what turnlog records (a router renames it)."""
         self.request_timeout_s = request_timeout_s
         self.temperature = temperature
+        self.max_tokens = max_tokens
+        """Cap on one answer's length (a small model can run away); None leaves it to the server."""
         self._token_counter = token_counter
         self._owns_client = client is None
         self._client = client or openai.AsyncOpenAI(
@@ -204,6 +207,8 @@ class OpenAICompatibleModel(Model):
             kwargs["tools"] = to_openai_tools(request.tools)
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            kwargs["max_tokens"] = self.max_tokens
         try:
             return await self._client.chat.completions.create(**kwargs)
         except Exception as exc:
