@@ -212,3 +212,17 @@ async def test_repeating_the_call_that_just_succeeded_is_turned_into_a_request_t
         await model.aclose()
     assert response.tool_calls == () and response.text == "The report is saved." == streamed
     assert server.requests[1]["messages"][-1] == {"role": "user", "content": REPEAT_REQUEST}
+
+
+async def test_a_model_that_insists_on_a_call_when_none_is_offered_never_streams_it() -> None:
+    history = [
+        ChatMessage.user("check orders"),
+        ChatMessage("tool", "Found 2 orders", tool_call_id="c1", name="query_orders"),
+    ]
+    again = 'Sure.\n```json\n{"name": "query_orders", "arguments": {}}\n```'
+    with serve_openai([FakeReply(again, chunk_size=4)] * 3) as server:
+        model = PromptToolsModel(OpenAICompatibleModel("fake-model", base_url=server.base_url))
+        streamed, response = await _collect(model, ModelRequest(history))
+        await model.aclose()
+    assert response.tool_calls == () and response.text == "Sure."
+    assert "```" not in streamed and '"arguments"' not in streamed

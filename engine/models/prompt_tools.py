@@ -138,6 +138,7 @@ class PromptToolsModel(Model):
                     ChatMessage.user(REPEAT_REQUEST),
                 ]
                 continue
+            wrote_call = bool(parsed.calls)
             if parsed.calls and not offered:  # a call when none may be made: ask for the answer
                 if not last:
                     messages = [
@@ -148,7 +149,7 @@ class PromptToolsModel(Model):
                     continue
                 parsed = ParsedToolText(parsed.text)  # the prose, or nothing: the engine fills in
             if parsed.error is None:
-                if not parsed.calls and (rest := gate.flush()):
+                if not wrote_call and (rest := gate.flush()):  # held back, but it was no call after all
                     yield TextDelta(rest)
                 text = parsed.text if parsed.calls or not offered else attempt.text
                 finish = "tool_calls" if parsed.calls else attempt.finish_reason
