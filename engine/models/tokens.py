@@ -14,7 +14,6 @@ llama.cpp server); the engine prefers the provider's reported usage whenever the
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import hashlib
 import importlib.util
@@ -124,7 +123,8 @@ def count_chat_tokens(
 class ServerTokenCounter:
     """A local model's own tokenizer, through its llama.cpp server's ``/tokenize`` endpoint.
 
-    Counting is a blocking loopback request, so callers on an event loop use ``count_async``.
+    Counting is a blocking loopback request, so callers on an event loop run it in a thread
+    (``OpenAICompatibleModel.estimate_input_tokens`` does).
     """
 
     def __init__(self, server_url: str) -> None:
@@ -141,6 +141,3 @@ class ServerTokenCounter:
 
     def count(self, text: str) -> int:  # replaced by the cached version in __init__
         return self._count(text)
-
-    async def count_chat_async(self, messages: Sequence[ChatMessage]) -> int:
-        return await asyncio.to_thread(count_chat_tokens, self, messages)
