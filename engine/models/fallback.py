@@ -17,6 +17,7 @@ from ..errors import ConfigurationError, ModelError
 from ..messages import ChatMessage
 from .base import Model, ModelChunk, ModelRequest, ModelSwitch, TextDelta
 from .limits import stream_within
+from .tokens import TokenCounter
 
 DEFAULT_FIRST_TOKEN_S = 15.0
 DEFAULT_RESPONSE_S = 120.0
@@ -50,6 +51,10 @@ class FallbackModel(Model):
     async def aclose(self) -> None:
         for model in self.chain:
             await model.aclose()
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        return self.chain[0].token_counter
 
     async def estimate_input_tokens(self, request: ModelRequest) -> int:
         return await self.chain[0].estimate_input_tokens(request)

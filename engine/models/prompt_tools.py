@@ -25,6 +25,7 @@ from ..errors import ModelError
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
 from .base import Model, ModelChunk, ModelRequest, ModelResponse, ModelSwitch, TextDelta, Usage
+from .tokens import TokenCounter
 from .tool_text import ParsedToolText, parse_tool_text
 
 _CALL_OPENERS = ("```", "<tool_call>", "{", "[{")
@@ -102,6 +103,10 @@ class PromptToolsModel(Model):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        return self.inner.token_counter
 
     async def estimate_input_tokens(self, request: ModelRequest) -> int:
         """The inner model's count of what it is really sent: tools as prompt text."""
