@@ -166,7 +166,8 @@ class ContextManager:
             w.state.messages,
             size.counts,
             protected_from=size.current,
-            keep_turns=policy.verbatim_turns,
+            # the provider measured it too long: keep only the last exchange word for word
+            keep_turns=1 if reason == "context_length" else policy.verbatim_turns,
         )
         if cut == 0:
             return False

@@ -26,9 +26,10 @@ Open items: what is still to do or to answer.
 Facts: every id, order number, amount, date, name and number a later step may need, with what it is.
 Keep the user's own words for preferences. No preamble, no commentary."""
 FALLBACK_NOTE = "(The summariser was unavailable; these lines were extracted from the earlier conversation.)"
+NUMBER = re.compile(r"\d")
 KEEP = re.compile(
     r"\d|prefer|always|never|please|don'?t|do not|must|should|want|need|like|decid|agree|conclu|"
-    r"instead|actually|correct|change|todo|to do|pending|open|next|remember|deadline|budget|"
+    r"instead|actually|correct|change|todo|to do|pending|still|remember|deadline|budget|only|"
     r"喜欢|偏好|总是|不要|别|必须|需要|希望|决定|同意|结论|改为|改成|其实|待办|下一步|记住|预算|截止",
     re.IGNORECASE,
 )
@@ -90,27 +91,33 @@ async def summarize(
 
 
 def extractive_summary(messages: Sequence[ChatMessage], max_chars: int) -> str:
-    """Lines that carry preferences, decisions, open items, ids and numbers, in order; when they
-    do not fit, the newest are kept (a correction comes after what it corrects)."""
-    lines: list[str] = []
+    """Lines that carry preferences, decisions, open items, ids and numbers, in their order.
+    The user's own lines come first when they do not all fit, then the newest (a correction
+    comes after what it corrects); a line said twice is kept once."""
+    candidates: list[tuple[int, str]] = []  # (priority, line)
     for m in messages:
         if m.role == "system" and m.content.startswith(SUMMARY_HEADER):
             body = m.content.removeprefix(SUMMARY_HEADER).removeprefix(FALLBACK_NOTE)
-            lines += [line for line in body.splitlines() if line.strip()]
+            candidates += [(2, line) for line in body.splitlines() if line.strip()]
             continue
         for sentence in SENTENCE.split(m.content):
             sentence = sentence.strip()
-            if sentence and KEEP.search(sentence):
-                who = "user" if m.role == "user" else (f"tool {m.name}" if m.role == "tool" else "assistant")
-                lines.append(f"- {who}: {sentence[:300]}")
+            if not sentence:
+                continue
+            if m.role == "user" and KEEP.search(sentence):
+                candidates.append((2, f"- user: {sentence[:300]}"))
+            elif m.role != "user" and NUMBER.search(sentence):
+                who = f"tool {m.name}" if m.role == "tool" else "assistant"
+                candidates.append((1, f"- {who}: {sentence[:300]}"))
         for call in m.tool_calls:
-            lines.append(f"- called {call.name}({call.arguments_json[:200]})")
-    kept: list[str] = []
-    size = 0
-    for line in reversed(lines):
-        if size + len(line) + 1 > max_chars:
-            break
-        kept.append(line)
-        size += len(line) + 1
-    kept.reverse()
-    return "\n".join(kept)
+            candidates.append((1, f"- called {call.name}({call.arguments_json[:200]})"))
+    unique: dict[str, int] = {}
+    for position, (_, line) in enumerate(candidates):
+        unique.setdefault(line, position)
+    ranked = sorted(unique.items(), key=lambda item: (-candidates[item[1]][0], -item[1]))
+    chosen, size = [], 0
+    for line, position in ranked:
+        if size + len(line) + 1 <= max_chars:
+            chosen.append((position, line))
+            size += len(line) + 1
+    return "\n".join(line for _, line in sorted(chosen))

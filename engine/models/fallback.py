@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Sequence
 
-from ..errors import ConfigurationError, ModelError
+from ..errors import ConfigurationError, ContextLengthError, ModelError
 from ..messages import ChatMessage
 from .base import Model, ModelChunk, ModelRequest, ModelSwitch, TextDelta
 from .limits import stream_within
@@ -67,8 +67,8 @@ class FallbackModel(Model):
                     yield chunk
                 return
             except ModelError as exc:
-                if position == len(self.chain) - 1:
-                    raise
+                if position == len(self.chain) - 1 or isinstance(exc, ContextLengthError):
+                    raise  # a too-long context is the engine's to compact, not a reason to switch
                 following = self.chain[position + 1]
                 degraded = following is self.degraded
                 yield ModelSwitch(model.name, following.name, f"{type(exc).__name__}: {exc}", degraded)
