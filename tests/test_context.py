@@ -23,80 +23,9 @@ from engine.models.base import ModelRequest, ModelResponse
 from engine.turn import TurnRunner
 from tests.context_support import last_user_text, open_session, provider_problems, section_tokens
 
-FACTS = [  # (planted by the user, a probe question, what must be found)
-    (
-        "For all shipments I prefer DHL Express over other carriers.",
-        "Which carrier do I prefer for shipments?",
-        "DHL Express",
-    ),
-    (
-        "Please always write the final reports in Chinese.",
-        "In which language should the final reports be written?",
-        "Chinese",
-    ),
-    ("Never email customers after 9pm local time.", "When must we never email customers?", "9pm"),
-    ("Order A-10423 is the one that arrived damaged.", "Which order arrived damaged?", "A-10423"),
-    (
-        "The customer id for the Berlin account is C-88231.",
-        "What is the customer id of the Berlin account?",
-        "C-88231",
-    ),
-    (
-        "Our refund budget for this quarter is 4750 dollars.",
-        "What is the refund budget for this quarter?",
-        "4750",
-    ),
-    (
-        "Refund any order that is late by more than 5 days.",
-        "How late must an order be to get a refund?",
-        "5 days",
-    ),
-    ("Our main warehouse is in Rotterdam, dock 14.", "Where is our main warehouse?", "Rotterdam"),
-    (
-        "The escalation contact is Maria Lopez, extension 4417.",
-        "Who is the escalation contact?",
-        "Maria Lopez",
-    ),
-    ("我希望报告按地区分组。", "报告应该怎么分组？", "按地区分组"),
-    ("The report is due on 2026-12-04.", "When is the report due?", "2026-12-04"),
-    (
-        "Tracking number 1Z999AA10123456784 belongs to order A-10488.",
-        "Which tracking number belongs to order A-10488?",
-        "1Z999AA10123456784",
-    ),
-    (
-        "Offer a 15 percent discount code to every affected customer.",
-        "What discount code do we offer affected customers?",
-        "15 percent",
-    ),
-    (
-        "I like the report tables sorted by delay, longest first.",
-        "How should the report tables be sorted?",
-        "sorted by delay",
-    ),
-    (
-        "We still need to call the carrier about shipment S-5521.",
-        "Which shipment do we still need to call the carrier about?",
-        "S-5521",
-    ),
-    (
-        "Sign apology emails as The Northwind Support Team.",
-        "How should apology emails be signed?",
-        "Northwind Support Team",
-    ),
-    (
-        "Only the EU region is in scope for this report.",
-        "Which region is in scope for this report?",
-        "EU region",
-    ),
-    ("Customer Hannah Berg is a VIP, handle her case personally.", "Which customer is a VIP?", "Hannah Berg"),
-    ("Show all amounts in euros.", "In which currency should amounts be shown?", "euros"),
-    ("Use FedEx for the replacement shipments.", None, None),
-    (
-        "Actually, change that: use UPS for the replacement shipments, not FedEx.",
-        "Which carrier is used for the replacement shipments?",
-        "UPS",
-    ),
+FACTS = [  # (planted by the user, a probe question or None, what the probe must find)
+    (f["plant"], f["probe"], f["expect"])
+    for f in json.loads((Path(__file__).parent / "corpus" / "context_facts.json").read_text(encoding="utf-8"))
 ]
 PROBES = {probe: expected for _, probe, expected in FACTS if probe}
 FILLER = "Continue with the next batch of the delivery list."

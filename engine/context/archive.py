@@ -25,10 +25,10 @@ STOP = frozenset(
     "me my your our at with as by from about please can could would should will".split()
 )
 REFERS_BACK = re.compile(
-    r"\b(earlier|before|previously|at the (start|beginning)|in the beginning|first (thing|message|time)|"
-    r"you said|i said|i told you|i mentioned|i asked|we (discussed|agreed|decided|talked)|remind me|"
-    r"what did i|what was (my|the)|go back to)\b|之前|刚才|一开始|最开始|开头|我说过|我提到|我问过|你说过|"
-    r"我们(讨论|约定|说好|决定)|还记得|回到",
+    r"\b(what did (i|you|we)|did (i|you) (say|mention|tell|ask)|i (said|told you|mentioned|asked)|"
+    r"you (said|told me|mentioned)|we (discussed|agreed|decided|talked about)|at the (start|beginning)|"
+    r"in the beginning|remind me|go back to|(said|mentioned|told|asked|discussed|decided) (earlier|before|"
+    r"previously))\b|之前|刚才|一开始|最开始|开头|我说过|我提到|我问过|你说过|我们(讨论|约定|说好|决定)|还记得|回到",
     re.IGNORECASE,
 )
 MENTIONS_START = re.compile(r"\b(start|beginning|first)\b|一开始|最开始|开头|最早", re.IGNORECASE)

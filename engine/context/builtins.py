@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import contextvars
 import json
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from .. import events as ev
 from ..errors import ConfigurationError, ToolFailure
@@ -27,6 +28,8 @@ from ..memory.base import MemoryTag
 from ..tools import Tool, ToolRegistry
 from ..tools.permissions import tools_for_role
 from . import archive, task_state
+
+log = structlog.get_logger("turnlog.context")
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -144,13 +147,15 @@ def _remember_tool() -> Tool:
     )
 
 
-_builtins: weakref.WeakKeyDictionary[Agent, dict[str, Tool]] = weakref.WeakKeyDictionary()
-_views: weakref.WeakKeyDictionary[Agent, dict[tuple[str, bool], ToolRegistry]] = weakref.WeakKeyDictionary()
+def _cache(agent: Agent) -> dict[Any, Any]:
+    """Per-agent memo kept on the agent itself (an Agent is immutable, so it never goes stale)."""
+    return agent.__dict__.setdefault("_builtin_tools_cache", {})
 
 
 def builtin_tools(agent: Agent) -> dict[str, Tool]:
     """The built-ins this agent's sessions may get, by name (made once per agent)."""
-    tools = _builtins.get(agent)
+    cache = _cache(agent)
+    tools: dict[str, Tool] | None = cache.get("builtins")
     if tools is None:
         clash = NAMES & set(agent.tools.names)
         if clash:
@@ -162,7 +167,7 @@ def builtin_tools(agent: Agent) -> dict[str, Tool]:
             tools[UPDATE_STATE] = _state_tool(agent.task_state)
         if agent.memory is not None:
             tools[REMEMBER] = _remember_tool()
-        _builtins[agent] = tools
+        cache["builtins"] = tools
     return tools
 
 
@@ -170,13 +175,13 @@ def session_tools(agent: Agent, state: SessionState) -> ToolRegistry:
     """The tools a session has now: its role's share of the agent's tools and the built-ins
     (recall only once something was archived)."""
     archived = state.archived > 0
-    views = _views.setdefault(agent, {})
+    cache = _cache(agent)
     key = (state.role, archived)
-    view = views.get(key)
+    view: ToolRegistry | None = cache.get(key)
     if view is None:
         builtins = builtin_tools(agent)
         extra = [t for name, t in builtins.items() if name != RECALL or archived]
-        view = views[key] = ToolRegistry([*tools_for_role(agent.tools, state.role), *extra])
+        view = cache[key] = ToolRegistry([*tools_for_role(agent.tools, state.role), *extra])
     return view
 
 
@@ -189,7 +194,13 @@ def events_for(
     args = json.loads(arguments_json)
     if tool_name == UPDATE_STATE and agent.task_state is not None:
         before = w.state.task_state or task_state.defaults(agent.task_state)
-        after = task_state.apply(agent.task_state, w.state.task_state, args["op"], args.get("values") or {})
+        try:
+            after = task_state.apply(
+                agent.task_state, w.state.task_state, args["op"], args.get("values") or {}
+            )
+        except ToolFailure as exc:  # valid alone, but not after a sibling call of the same batch
+            log.warning("task_state.update_dropped", call=call_id, error=str(exc))
+            return
         w.add(
             ev.TaskStateChanged,
             turn_id=turn_id,

@@ -10,13 +10,15 @@ the step's batch, so the log shows what each call was sent and why anything was 
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import events as ev
 from ..log.base import EventLog
 from ..models.base import Model, ModelRequest
-from . import archive, compaction, memory
+from ..tools import ToolRegistry
+from . import archive, builtins, compaction, memory
 from .assemble import system_blocks, turn_blocks
 from .summarize import summarize
 from .tally import TokenTally, message_tokens
@@ -40,11 +42,11 @@ class ContextManager:
     def __init__(self, log: EventLog, cache_size: int = 1024) -> None:
         self.log = log
         self.tally = TokenTally(cache_size)
+        self._tool_tokens: weakref.WeakKeyDictionary[ToolRegistry, int] = weakref.WeakKeyDictionary()
 
     def measure(self, state: SessionState, agent: Agent) -> HistorySize:
-        counts = self.tally.counts(state.session_id, state.messages, agent.model.token_counter)
+        counts, total = self.tally.counts(state.session_id, state.messages, agent.model.token_counter)
         current = compaction.current_input_index(state.messages, state.turn is not None)
-        total = self.tally.total(state.session_id, state.messages, agent.model.token_counter)
         if current < len(counts):
             total -= counts[current]
         return HistorySize(counts, current, total)
@@ -202,7 +204,7 @@ class ContextManager:
         size = self.measure(state, agent)
         sections: dict[str, Any] = {
             "system": sum(message_tokens(counter, m) for m in system_blocks(state, agent)),
-            "tools": counter.count(json.dumps(list(request.tools), ensure_ascii=False))
+            "tools": self._tools_tokens(builtins.session_tools(agent, state), counter)
             if request.tools
             else 0,
             "memory": sum(message_tokens(counter, m) for m in turn_blocks(state)),
@@ -218,6 +220,15 @@ class ContextManager:
         if extra > 0:  # a closing note after the history
             sections["system"] += sum(message_tokens(counter, m) for m in request.messages[-extra:])
         return sections
+
+    def _tools_tokens(self, registry: ToolRegistry, counter: Any) -> int:
+        """The tool definitions' tokens, counted once per registry (a session's tools are cached)."""
+        tokens = self._tool_tokens.get(registry)
+        if tokens is None:
+            tokens = self._tool_tokens[registry] = counter.count(
+                json.dumps(registry.specs(), ensure_ascii=False)
+            )
+        return tokens
 
 
 def _summarizer(agent: Agent) -> Model | None:

@@ -38,8 +38,11 @@ class TokenTally:
         self._cache: OrderedDict[str, _Counts] = OrderedDict()
         self._cache_size = cache_size
 
-    def counts(self, session_id: str, messages: list[ChatMessage], counter: TokenCounter) -> Sequence[int]:
-        """Tokens of each message of ``messages`` (the session's history list), in order."""
+    def counts(
+        self, session_id: str, messages: list[ChatMessage], counter: TokenCounter
+    ) -> tuple[Sequence[int], int]:
+        """Tokens of each message of ``messages`` (the session's history list), in order, and
+        their sum."""
         entry = self._cache.pop(session_id, None)
         n = len(entry.per_message) if entry else 0
         if (
@@ -56,8 +59,4 @@ class TokenTally:
         self._cache[session_id] = entry
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
-        return entry.per_message
-
-    def total(self, session_id: str, messages: list[ChatMessage], counter: TokenCounter) -> int:
-        self.counts(session_id, messages, counter)
-        return self._cache[session_id].total
+        return entry.per_message, entry.total

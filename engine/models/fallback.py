@@ -38,6 +38,8 @@ class FallbackModel(Model):
         response_s: float = DEFAULT_RESPONSE_S,
     ) -> None:
         self.chain: list[Model] = [m for m in (primary, backup, degraded) if m is not None]
+        self.context_window = primary.context_window
+        """Budgets follow the primary; a backup with a smaller window gets the request refitted."""
         if backup is not None and backup.name == primary.name:
             raise ConfigurationError(f"the backup model must differ from the primary ({primary.name!r})")
         self.degraded = degraded
