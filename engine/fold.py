@@ -69,6 +69,10 @@ class TurnProgress:
     """Archived messages brought back for this turn because the user referred to them."""
     context_retries: int = 0
     """Model calls redone after the provider refused the context as too long (at most one)."""
+    budget_pause: str = ""
+    """The budget level the turn waits on in PAUSED_FOR_USER ("" when not paused for one)."""
+    budget_allowance_micros: int = 0
+    """Extra spend the user allowed this turn after budget pauses."""
 
     def unfinished_calls(self) -> list[ToolCallProgress]:
         return [c for c in self.tool_calls.values() if c.status not in FINAL_TOOL_STATUSES]
@@ -316,6 +320,18 @@ def _task_state(s: SessionState, e: ev.TaskStateChanged) -> None:
     s.task_state = json.loads(e.state_json)
 
 
+def _budget_exceeded(s: SessionState, e: ev.BudgetExceeded) -> None:
+    _turn(s, e).budget_pause = e.level
+
+
+def _budget_decided(s: SessionState, e: ev.BudgetDecided) -> None:
+    turn = _turn(s, e)
+    if not turn.budget_pause:
+        raise OutOfOrderError(f"session {s.session_id}: budget decision v{e.version} with no budget pause")
+    turn.budget_pause = ""
+    turn.budget_allowance_micros += e.extra_micros
+
+
 def _turn(s: SessionState, e: ev.Event) -> TurnProgress:
     if s.turn is None:
         raise OutOfOrderError(f"session {s.session_id}: {e.type} v{e.version} outside a turn")
@@ -355,4 +371,6 @@ _HANDLERS: dict[type[ev.Event], Callable[[SessionState, Any], None]] = {
     ev.HistoryRecalled: _recalled,
     ev.MemoriesRetrieved: _memories,
     ev.TaskStateChanged: _task_state,
+    ev.BudgetExceeded: _budget_exceeded,
+    ev.BudgetDecided: _budget_decided,
 }

@@ -14,7 +14,7 @@ size stays bounded on a long session and loading reads at most two snapshots. Fo
   version or 0, "k": messages taken from the keyframe, "m": the other messages}``; field
   order as in the ``*_FIELDS`` tuples below.
 * 2: as 1, plus the session's task state and archived count, the turn's memories, recalled
-  text and context retries, and each message's ``ref`` (context management, issue 8).
+  text, context retries and budget pause, and each message's ``ref`` (context management).
 
 A reader refuses formats it does not know (``SnapshotFormatError``); the loader then folds from
 the start, which is always correct. Changing a field of ``SessionState``, ``TurnProgress``,
@@ -85,6 +85,8 @@ TURN_FIELDS = (
     "memories",
     "recalled",
     "context_retries",
+    "budget_pause",
+    "budget_allowance_micros",
 )
 """TurnProgress's fields but ``tool_calls``, which follows them as a list in request order;
 ``history`` (the loop guards' CallRecords) is a list of rows in RECORD_FIELDS order."""

@@ -25,7 +25,7 @@ from . import events as ev
 from . import interrupts
 from . import snapshots as _snapshots
 from .agent import Agent
-from .budget import BudgetStop, SpendLedger, check_budget
+from .budget import BudgetStop, SpendLedger, check_budget, pause_for_budget
 from .context import builtins
 from .context.assemble import assemble
 from .context.manager import ContextManager
@@ -261,7 +261,10 @@ class TurnRunner:
             estimated = await agent.model.estimate_input_tokens(request)
             stop = self._budget_stop(w.state, agent, estimated)
         if stop is not None:
-            self._stop_for_budget(w, stop)
+            if agent.budget is not None and agent.budget.on_exceed == "pause":
+                pause_for_budget(w, stop)
+            else:
+                self._stop_for_budget(w, stop)
             return
         w.mark_boundary()
         w.add(

@@ -13,13 +13,16 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from engine import ContextPolicy, ToolFailure, call, reply, tool
+from engine import ContextPolicy, FunctionModel, ToolFailure, call, reply, tool
 from engine import events as ev
+from engine.budget import Budget
 from engine.context.assemble import RECALL_HEADER
 from engine.context.compaction import is_small_talk
 from engine.context.summarize import FALLBACK_NOTE
 from engine.fold import fold
 from engine.models.base import ModelRequest, ModelResponse
+from engine.models.pricing import PriceTable
+from engine.models.tokens import count_chat_tokens
 from engine.turn import TurnRunner
 from tests.context_support import last_user_text, open_session, provider_problems, section_tokens
 
@@ -153,7 +156,7 @@ async def test_huge_tool_results_are_cut_to_fit_and_calls_keep_their_results(tmp
 
 
 async def test_a_failing_summariser_falls_back_and_says_so(tmp_path: Path) -> None:
-    from engine import FunctionModel, ModelError
+    from engine import ModelError
 
     def broken(request: ModelRequest) -> str:
         raise ModelError("summariser endpoint is down")
@@ -174,8 +177,6 @@ async def test_a_failing_summariser_falls_back_and_says_so(tmp_path: Path) -> No
 async def test_the_model_summariser_is_sent_the_oldest_third_and_its_summary_leads_the_history(
     tmp_path: Path,
 ) -> None:
-    from engine import FunctionModel
-
     seen: list[ModelRequest] = []
 
     def summariser(request: ModelRequest) -> str:
@@ -311,3 +312,34 @@ async def test_context_length_error_compacts_and_retries_once_through_the_openai
 )
 def test_small_talk_is_short_chatter_without_numbers(text: str, small: bool) -> None:
     assert is_small_talk(text) is small
+
+
+class CountingModel(FunctionModel):
+    """A rule model whose requests are counted with tiktoken, so budgets see their size."""
+
+    async def estimate_input_tokens(self, request: ModelRequest) -> int:
+        return count_chat_tokens(self.token_counter, request.messages, request.tools)
+
+
+async def test_a_budget_that_would_stop_the_call_first_compacts_the_context(tmp_path: Path) -> None:
+    from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog
+
+    prices = PriceTable.from_dict(
+        {"models": {"counted": {"input": 2.5, "output": 10, "max_output_tokens": 1000}}}
+    )
+    long_answer = "The delivery report lists every late parcel with its carrier and the delay. " * 30
+    model = CountingModel(lambda r: long_answer, name="counted")
+    # a call costs 2.5 micros per input token plus up to 10_000 for its output: 20_000 a turn
+    # holds about 4,000 tokens of context, which ten turns of these answers pass
+    agent = Agent("b", model, prices=prices, budget=Budget(per_turn_micros=20_000))
+    log = SqliteEventLog(tmp_path / "log.db")
+    api = AgentSessions(log, AgentDirectory([agent]))
+    sid = (await api.create_session("b", "u")).session_id
+    for i in range(14):
+        [item async for item in api.send_user_message(sid, f"Show the late parcels of batch {i}.")]
+    events = await log.read_session(sid)
+    summaries = [e for e in events if isinstance(e, ev.HistorySummarized)]
+    assert summaries and {e.reason for e in summaries} == {"budget"}
+    assert [e.reason for e in events if isinstance(e, ev.TurnFinished)] == ["answered"] * 14
+    for started in (e for e in events if isinstance(e, ev.ModelCallStarted)):
+        assert started.estimated_input_tokens * 2.5 + 10_000 <= 20_000
