@@ -137,11 +137,13 @@ def add_budget_decision(
         detail = f"{level} budget raised by {format_micros(extra_micros)}"
         w.transition(SessionStatus.PROCESSING, Cause.USER_APPROVAL, detail=detail, correlation_id=tid)
         return
-    text = f"I stopped here as you asked: the {level} budget is spent. " + (note or "")
-    w.add(ev.AssistantMessage, turn_id=tid, message_id=ev.new_id(), text=text.strip(), correlation_id=tid)
-    w.transition(
-        SessionStatus.FINISHED,
-        Cause.BUDGET,
-        detail=f"{level} budget: stopped by the user",
-        correlation_id=tid,
-    )
+    text = f"I stopped here as you asked: the {level} budget is spent. {note}".strip()
+    end_for_budget(w, text, f"{level} budget: stopped by the user")
+
+
+def end_for_budget(w: SessionWriter, answer: str, detail: str) -> None:
+    """The turn's last answer says why it ends, and the session finishes with cause budget
+    (the caller adds the TurnFinished)."""
+    tid = w.state.turn.turn_id if w.state.turn else ""
+    w.add(ev.AssistantMessage, turn_id=tid, message_id=ev.new_id(), text=answer, correlation_id=tid)
+    w.transition(SessionStatus.FINISHED, Cause.BUDGET, detail=detail, correlation_id=tid)

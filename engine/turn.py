@@ -25,7 +25,7 @@ from . import events as ev
 from . import interrupts
 from . import snapshots as _snapshots
 from .agent import Agent
-from .budget import BudgetStop, SpendLedger, check_budget, pause_for_budget
+from .budget import BudgetStop, SpendLedger, check_budget, end_for_budget, pause_for_budget
 from .context import builtins
 from .context.assemble import assemble
 from .context.manager import ContextManager
@@ -309,7 +309,8 @@ class TurnRunner:
                 return
             self._fail_turn(w, _failure_reason(error))
         elif error is not None or response is None:
-            self._record_model_failure(w, agent, index, latency, error, switches)
+            self._record_call_failed(w, agent, index, latency, error, switches)
+            self._fail_turn(w, _failure_reason(error))
         else:
             self._record_model_answer(w, agent, index, latency, response, step.closing, switches)
 
@@ -337,29 +338,11 @@ class TurnRunner:
 
     def _stop_for_budget(self, w: SessionWriter, stop: BudgetStop) -> None:
         """The turn ends before a call that could overrun a budget, and the user is told which."""
-        turn = w.state.turn
-        assert turn is not None
-        tid = turn.turn_id
-        w.add(
-            ev.AssistantMessage, turn_id=tid, message_id=ev.new_id(), text=stop.message(), correlation_id=tid
-        )
-        w.transition(S.FINISHED, Cause.BUDGET, detail=f"{stop.level} budget", correlation_id=tid)
+        end_for_budget(w, stop.message(), f"{stop.level} budget")
         self._finish_turn(w, "budget")
 
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
         return build_request(state, agent, closing)
-
-    def _record_model_failure(
-        self,
-        w: SessionWriter,
-        agent: Agent,
-        index: int,
-        latency: float,
-        error: Exception | None,
-        retries: int,
-    ) -> None:
-        self._record_call_failed(w, agent, index, latency, error, retries)
-        self._fail_turn(w, _failure_reason(error))
 
     def _record_call_failed(
         self,

@@ -1,58 +1,29 @@
-"""Shared pieces of the context tests: a session harness on a real SQLite log, a model that
-answers by rule and records what it was sent, and the provider's rules for a valid history."""
+"""Shared pieces of the context tests: a session on a real SQLite log whose model answers by
+rule and records what it was sent (tests/tool_harness.py), and the provider's rules for a
+valid history."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from engine import Agent, AgentDirectory, AgentSessions, ChatMessage, FunctionModel, SqliteEventLog, Tool
+from engine import ChatMessage, FunctionModel, SqliteEventLog, Tool
 from engine import events as ev
 from engine.models.base import ModelRequest, ModelResponse
-
-AGENT = "ctx"
-
-
-@dataclass
-class Session:
-    api: AgentSessions
-    log: SqliteEventLog
-    sid: str
-    model: FunctionModel
-    agent: Agent
-    streamed: list[Any] = field(default_factory=list)
-
-    async def send(self, text: str) -> list[Any]:
-        items = [item async for item in self.api.send_user_message(self.sid, text)]
-        self.streamed += items
-        return items
-
-    async def events(self) -> list[ev.Event]:
-        return await self.log.read_session(self.sid)
-
-    async def of(self, cls: type[ev.E]) -> list[ev.E]:
-        return [e for e in await self.events() if isinstance(e, cls)]
-
-    def last_request(self) -> ModelRequest:
-        return self.model.requests[-1]
+from tests import tool_harness
+from tests.tool_harness import Session
 
 
 async def open_session(
     tmp_path: Path,
     answer: Callable[[ModelRequest], ModelResponse | str],
     tools: Sequence[Tool] = (),
-    *,
-    user: str = "user-1",
     **options: Any,
 ) -> Session:
+    """A session on a fresh SQLite log whose model answers with ``answer`` (and records requests)."""
     log = SqliteEventLog(tmp_path / "log.db", partitions=2)
-    model = FunctionModel(answer, name="rule-model")
-    agent = Agent(AGENT, model, list(tools), **options)
-    api = AgentSessions(log, AgentDirectory([agent]))
-    info = await api.create_session(AGENT, user)
-    return Session(api, log, info.session_id, model, agent)
+    return await tool_harness.open_session(log, FunctionModel(answer, name="rule-model"), tools, **options)
 
 
 def last_user_text(request: ModelRequest) -> str:
