@@ -30,6 +30,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         413: "body or message too large",
         422: "invalid field",
         429: "rate limit or open-stream limit reached",
+        503: "the log cannot take the write now (retry after Retry-After)",
     }
     return {str(c): _json(_ref("Error"), text[c]) for c in (401, 429, *codes)}
 
@@ -145,6 +146,54 @@ PATHS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "/v1/sessions/{session_id}/cancel": {
+        "post": {
+            "summary": "Cancel the running turn: it stops at its next step boundary (CANCELLED)",
+            "description": "Appends a CancelRequested and answers with it; never waits for the turn. "
+            "409 `no_turn_running` when nothing runs, `session_closed` when the session is closed.",
+            "operationId": "cancelTurn",
+            "parameters": [SESSION_ID],
+            "requestBody": _body(_ref("Cancel")),
+            "responses": {
+                "202": _json(_ref("Appended"), "the CancelRequested, durable on the log"),
+                **_errors(400, 404, 409, 413, 422, 503),
+            },
+        }
+    },
+    "/v1/sessions/{session_id}/interrupt": {
+        "post": {
+            "summary": "Post a message that stops the running turn; it starts the next turn",
+            "description": "A CancelRequested for the running turn (if one runs), then the message, both "
+            "appended before the answer; the stopped turn ends CANCELLED and the message's turn sees what it "
+            "did. With no turn running it is a plain message (`interrupted: false`).",
+            "operationId": "interruptTurn",
+            "parameters": [SESSION_ID],
+            "requestBody": _body(_ref("PostMessage")),
+            "responses": {
+                "202": _json(_ref("Interrupted"), "the cancel (if any) and the message, durable on the log"),
+                **_errors(400, 404, 409, 413, 422, 503),
+            },
+        }
+    },
+    "/v1/sessions/{session_id}/approvals/{call_id}": {
+        "post": {
+            "summary": "Approve, edit or reject a tool call waiting for a decision (PAUSED_FOR_USER)",
+            "description": "`edit` runs the call with `arguments`, validated against the tool first (422 "
+            "`invalid_arguments` naming the field). The last decision of a batch resumes the turn, which a "
+            "worker carries on. 404 `unknown_call` for a call that waits for nothing, 409 "
+            "`not_awaiting_approval` for one already decided.",
+            "operationId": "decideToolCall",
+            "parameters": [
+                SESSION_ID,
+                {"name": "call_id", "in": "path", "required": True, "schema": {"type": "string"}},
+            ],
+            "requestBody": _body(_ref("Decision")),
+            "responses": {
+                "202": _json(_ref("Appended"), "the ApprovalDecided (and the resume transition)"),
+                **_errors(400, 404, 409, 413, 422, 503),
+            },
+        }
+    },
     "/v1/admin/sessions": {
         "get": {
             "summary": "Every user's sessions, filtered (admin)",
@@ -169,6 +218,45 @@ PATHS: dict[str, dict[str, Any]] = {
                 "200": _json(_ref("Session"), "the closed session"),
                 **_errors(400, 403, 404, 409, 413, 422),
             },
+        }
+    },
+    "/v1/admin/sessions/{session_id}/snapshots": {
+        "get": {
+            "summary": "A session's snapshots, oldest first (admin)",
+            "operationId": "listSnapshots",
+            "parameters": [SESSION_ID],
+            "responses": {"200": _json(_ref("SnapshotList"), "snapshots"), **_errors(403, 404)},
+        }
+    },
+    "/v1/admin/sessions/{session_id}/fork": {
+        "post": {
+            "summary": "Fork a new session from the snapshot at `version`, maybe with another agent (admin)",
+            "description": "The fork belongs to the origin's user and starts with its history and state at "
+            "the snapshot; the origin is not touched. A message posted to the fork continues it.",
+            "operationId": "forkSession",
+            "parameters": [SESSION_ID],
+            "requestBody": _body(_ref("Fork")),
+            "responses": {
+                "201": _json(_ref("Forked"), "the fork's SessionForked, durable on the log"),
+                **_errors(400, 403, 404, 409, 413, 422, 503),
+            },
+        }
+    },
+    "/v1/admin/sessions/{session_id}/replay": {
+        "get": {
+            "summary": "Replay a session read-only: its events, each with the state folded up to it (admin)",
+            "operationId": "replaySession",
+            "parameters": [
+                SESSION_ID,
+                {
+                    "name": "after_version",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 0, "default": 0},
+                },
+                _limit(200, 1000),
+            ],
+            "responses": {"200": _json(_ref("Replay"), "one page of steps"), **_errors(403, 404, 422)},
         }
     },
     "/v1/admin/analytics/daily": {
@@ -293,6 +381,122 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
     },
+    "Cancel": {
+        "type": "object",
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
+    },
+    "Decision": {
+        "type": "object",
+        "required": ["decision"],
+        "properties": {
+            "decision": {"type": "string", "enum": ["approve", "edit", "reject"]},
+            "arguments": {"type": "object", "description": "the call's new arguments; only with `edit`"},
+            "note": {"type": "string", "minLength": 1, "maxLength": 2000},
+        },
+    },
+    "AppendedEvent": {
+        "type": "object",
+        "required": ["type", "session_id", "version", "position", "partition"],
+        "properties": {
+            "type": {"type": "string"},
+            "session_id": {"type": "string"},
+            "version": {"type": "integer"},
+            "position": {"type": "integer"},
+            "partition": {"type": "integer"},
+        },
+        "description": "an event appended by the request: its fields, its type and its log position",
+    },
+    "Appended": {
+        "type": "object",
+        "required": ["events"],
+        "properties": {"events": {"type": "array", "items": _ref("AppendedEvent")}},
+    },
+    "Interrupted": {
+        "type": "object",
+        "required": ["interrupted", "events"],
+        "properties": {
+            "interrupted": {"type": "boolean", "description": "a running turn was asked to stop"},
+            "events": {"type": "array", "items": _ref("AppendedEvent")},
+        },
+    },
+    "Fork": {
+        "type": "object",
+        "required": ["version"],
+        "properties": {
+            "version": {"type": "integer", "minimum": 1, "description": "a snapshot's version"},
+            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
+        },
+    },
+    "Forked": {
+        "allOf": [
+            _ref("AppendedEvent"),
+            {
+                "type": "object",
+                "required": ["origin_session_id", "origin_version", "agent_id", "user_id", "status"],
+                "properties": {
+                    "origin_session_id": {"type": "string"},
+                    "origin_version": {"type": "integer"},
+                    "agent_id": {"type": "string"},
+                    "model": {"type": "string"},
+                    "user_id": {"type": "string"},
+                    "status": {"type": "string"},
+                    "turn_running": {"type": "boolean"},
+                },
+            },
+        ]
+    },
+    "SnapshotList": {
+        "type": "object",
+        "required": ["session_id", "snapshots"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "snapshots": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["version", "status", "turns", "message_count", "time_ms"],
+                    "properties": {
+                        "version": {"type": "integer"},
+                        "status": {"type": "string"},
+                        "last_tool": {"type": "string"},
+                        "turns": {"type": "integer"},
+                        "input_tokens": {"type": "integer"},
+                        "output_tokens": {"type": "integer"},
+                        "message_count": {"type": "integer"},
+                        "time_ms": {"type": "integer"},
+                        "turn_id": {"type": ["string", "null"]},
+                    },
+                },
+            },
+        },
+    },
+    "Replay": {
+        "type": "object",
+        "required": ["session_id", "steps", "next_after_version"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "steps": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["event", "state"],
+                    "properties": {
+                        "event": {"type": "object", "description": "the event's fields and type"},
+                        "state": {
+                            "type": "object",
+                            "required": ["version", "status"],
+                            "properties": {"version": {"type": "integer"}, "status": {"type": "string"}},
+                            "description": "the session folded up to and including the event",
+                        },
+                    },
+                },
+            },
+            "next_after_version": {
+                "type": ["integer", "null"],
+                "description": "pass as after_version for the next page; null on the last page",
+            },
+        },
+    },
     "Session": {
         "type": "object",
         "required": ["session_id", "user_id", "agent_id", "role", "current_state", "state_version", "closed"],
@@ -312,6 +516,24 @@ SCHEMAS: dict[str, Any] = {
             "close_reason": {"type": "string"},
             "start_time_ms": {"type": "integer"},
             "update_time_ms": {"type": "integer"},
+            "turn_running": {
+                "type": "boolean",
+                "description": "GET of one session only: it can be cancelled",
+            },
+            "pending_approvals": {
+                "type": "array",
+                "description": "GET of one session only: tool calls waiting for a decision",
+                "items": {
+                    "type": "object",
+                    "required": ["call_id", "tool_name", "arguments"],
+                    "properties": {
+                        "call_id": {"type": "string"},
+                        "tool_name": {"type": "string"},
+                        "arguments": {},
+                        "iteration": {"type": "integer"},
+                    },
+                },
+            },
         },
     },
     "SessionList": {
@@ -343,7 +565,8 @@ def document(agents: Sequence[str] = ()) -> dict[str, Any]:
     """The document; ``agents`` (the configured agent ids) become the enum of ``agent``."""
     schemas = copy.deepcopy(SCHEMAS)
     if agents:
-        schemas["CreateSession"]["properties"]["agent"]["enum"] = sorted(agents)
+        for name in ("CreateSession", "Fork"):
+            schemas[name]["properties"]["agent"]["enum"] = sorted(agents)
     return {
         "openapi": "3.1.0",
         "info": {"title": "turnlog gateway", "version": "1"},
