@@ -18,7 +18,7 @@ import uvicorn
 
 from engine import Agent, AgentDirectory, SqliteEventLog, tool
 from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
-from engine.models.scripted import call
+from engine.models.scripted import FunctionModel, call, reply
 from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal
 from projections import SqliteProjectionStore
 
@@ -29,6 +29,8 @@ KEYS = {
 }
 PRINCIPALS = {"alice": "user", "bob": "user", "root": "admin"}
 PARTITIONS = 4
+AGENTS = ["refunds", "support"]
+"""support: looks an order up (GatedModel); refunds: a refund that waits for the user's approval."""
 
 
 def auth(user: str) -> dict[str, str]:
@@ -70,6 +72,28 @@ class GatedModel(Model):
         yield ModelResponse(self.first_half + self.second_half, (), Usage(30, 8), "stop")
 
 
+def refund_answer(request: ModelRequest) -> ModelResponse:
+    """Asks for a refund of 40 on the first step of a turn; then reports the tool's result."""
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    results = [m for m in request.messages[last_user + 1 :] if m.role == "tool"]
+    if not results:
+        turn = sum(1 for m in request.messages if m.role == "user")
+        return reply(
+            "Refunding now.", call("refund", {"order_id": "A-17", "amount": 40}, f"call_refund_{turn}")
+        )
+    return reply("refund result: " + results[-1].content)
+
+
+def refunds_agent(refunds: list[dict[str, Any]]) -> Agent:
+    @tool(requires_approval=True, sensitivity="high")
+    def refund(order_id: str, amount: int) -> dict[str, Any]:
+        """Refund an order."""
+        refunds.append({"order_id": order_id, "amount": amount})
+        return {"refunded": amount, "order_id": order_id}
+
+    return Agent.build("refunds", FunctionModel(refund_answer, name="refunder"), [refund])
+
+
 @dataclass
 class RunningGateway:
     url: str
@@ -78,12 +102,22 @@ class RunningGateway:
     log_path: Path
     thread: threading.Thread
     server: uvicorn.Server
+    refunds: list[dict[str, Any]]
+    """What the refunds agent's tool ran with, in order."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def build_gateway(home: Path, limits: Limits | None = None, **config: Any) -> tuple[Gateway, GatedModel]:
+def build_gateway(
+    home: Path, limits: Limits | None = None, **config: Any
+) -> tuple[Gateway, GatedModel, list[dict[str, Any]]]:
     model = GatedModel()
-    agents = AgentDirectory([Agent.build("support", model, [lookup], system_prompt="You help with orders.")])
+    refunds: list[dict[str, Any]] = []
+    agents = AgentDirectory(
+        [
+            Agent.build("support", model, [lookup], system_prompt="You help with orders."),
+            refunds_agent(refunds),
+        ]
+    )
     keys = KeyStore.from_plain({KEYS[u]: Principal(u, role) for u, role in PRINCIPALS.items()})
     gw = Gateway(
         SqliteEventLog(home / "log.db", partitions=PARTITIONS),
@@ -92,7 +126,7 @@ def build_gateway(home: Path, limits: Limits | None = None, **config: Any) -> tu
         keys,
         GatewayConfig(limits=limits or Limits(), poll_s=0.2, ping_s=5, **config),
     )
-    return gw, model
+    return gw, model, refunds
 
 
 def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float = 20.0) -> None:
@@ -108,7 +142,7 @@ def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float 
 
 @contextlib.contextmanager
 def serve_gateway(home: Path, limits: Limits | None = None, **config: Any) -> Iterator[RunningGateway]:
-    gw, model = build_gateway(home, limits, **config)
+    gw, model, refunds = build_gateway(home, limits, **config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -120,7 +154,7 @@ def serve_gateway(home: Path, limits: Limits | None = None, **config: Any) -> It
     thread.start()
     try:
         _wait_until_accepting(port, thread)
-        yield RunningGateway(f"http://127.0.0.1:{port}", gw, model, home / "log.db", thread, server)
+        yield RunningGateway(f"http://127.0.0.1:{port}", gw, model, home / "log.db", thread, server, refunds)
     finally:
         model.gate.set()
         server.should_exit = True

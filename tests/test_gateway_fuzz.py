@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, settings
 
 from gateway import Limits
 from gateway.openapi import document
-from tests.gateway_support import RunningGateway, auth, serve_gateway
+from tests.gateway_support import AGENTS, RunningGateway, auth, serve_gateway
 
 STREAMS = ["/v1/sessions/{session_id}/events", "/v1/agui/{agent}"]
-schema = schemathesis.openapi.from_dict(document(["support"])).exclude(path=STREAMS)
+schema = schemathesis.openapi.from_dict(document(AGENTS)).exclude(path=STREAMS)
 CALLER = {"user": "alice"}
 
 

@@ -16,7 +16,15 @@ import pytest
 from engine import events as ev
 from gateway import Limits
 from gateway.openapi import document
-from tests.gateway_support import RunningGateway, SseMessage, auth, open_log, serve_gateway, sse_messages
+from tests.gateway_support import (
+    AGENTS,
+    RunningGateway,
+    SseMessage,
+    auth,
+    open_log,
+    serve_gateway,
+    sse_messages,
+)
 
 TIMEOUT = httpx.Timeout(30.0)
 
@@ -188,7 +196,7 @@ async def test_bad_input_gets_a_specific_4xx_and_writes_nothing(running: Running
             response = await client.post(url, headers=auth("alice"), **kwargs)  # type: ignore[arg-type]
             assert (response.status_code, response.json()["error"]) == (status, code), kwargs
         unknown = await client.post("/v1/sessions", json={"agent": "nope"}, headers=auth("alice"))
-        assert unknown.status_code == 422 and "known agents: support" in unknown.json()["detail"]
+        assert unknown.status_code == 422 and "known agents: refunds, support" in unknown.json()["detail"]
         bad_id = await client.get(
             f"/v1/sessions/{sid}/events", headers={**auth("alice"), "Last-Event-ID": "x"}
         )
@@ -244,7 +252,7 @@ async def test_a_closed_stream_frees_its_slot(tmp_path: Path) -> None:
 async def test_the_openapi_document_describes_every_route(running: RunningGateway) -> None:
     async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
         served = (await client.get("/openapi.json", headers=auth("alice"))).json()
-    assert served == document(["support"])
+    assert served == document(AGENTS)
     routes = {
         (route.path, method.lower())
         for route in running.gateway.app().routes
