@@ -46,6 +46,13 @@ async def projected(gw: Gateway, state: SessionState) -> dict[str, Any]:
     return session_json(row)
 
 
+async def session_view(gw: Gateway, state: SessionState) -> dict[str, Any]:
+    """The projection row, plus from the fold: whether a turn runs (it can be cancelled) and the
+    tool calls waiting for a decision."""
+    row = await projected(gw, state)
+    return {**row, "turn_running": state.turn is not None, "pending_approvals": pending_approvals(state)}
+
+
 def session_json(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     out["closed"] = bool(out.get("closed"))

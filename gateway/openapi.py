@@ -88,8 +88,10 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/sessions/{session_id}/timeline": {
         "get": {
             "summary": "What the session did: turns, model calls, tool calls, state changes, messages",
-            "description": "From the projections: every model call (tokens, latency, status), every tool "
-            "call (arguments, result, status, duration, attempts) and every state transition with its cause.",
+            "description": "From the projections: every model call (tokens, cost, latency, status; its log "
+            "version and retries added from the log), every tool call (arguments, result, status, duration, "
+            "attempts, approval) and every state transition with its cause; `events` lists from the log "
+            "every event of a kind those rows do not show.",
             "operationId": "getTimeline",
             "parameters": [SESSION_ID],
             "responses": {"200": _json(_ref("Timeline"), "timeline"), **_errors(404)},
@@ -542,12 +544,18 @@ SCHEMAS: dict[str, Any] = {
     },
     "Timeline": {
         "type": "object",
-        "required": ["session", "messages", "turns", "model_calls", "tool_calls", "state_changes"],
+        "required": ["session", "messages", "turns", "model_calls", "tool_calls", "state_changes", "events"],
         "properties": {
             "session": _ref("Session"),
             **{
                 name: {"type": "array", "items": {"type": "object"}}
                 for name in ("messages", "turns", "model_calls", "tool_calls", "state_changes")
+            },
+            "events": {
+                "type": "array",
+                "items": {"type": "object", "required": ["type", "version"]},
+                "description": "every event of a kind the other lists do not show (approvals, guard stops, "
+                "fallbacks, snapshots, cancels, forks, context and memory events...), with its fields",
             },
         },
     },

@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from projections import queries
 
-from .access import appended, owned_state, pending_approvals, projected, session_json
+from .access import appended, owned_state, projected, session_json, session_view
 from .admin_routes import AdminRoutes
 from .agui import AguiRoute
 from .control import ControlRoutes
@@ -123,13 +123,8 @@ class Routes:
         return JSONResponse({"sessions": [session_json(r) for r in rows]})
 
     async def get_session(self, request: Request) -> Response:
-        """The projection row, plus from the fold: whether a turn runs (it can be cancelled) and
-        the tool calls waiting for a decision."""
         state = await owned_state(self.gw, request)
-        running, waiting = state.turn is not None, pending_approvals(state)
-        return JSONResponse(
-            {**await projected(self.gw, state), "turn_running": running, "pending_approvals": waiting}
-        )
+        return JSONResponse(await session_view(self.gw, state))
 
     async def get_history(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
@@ -140,7 +135,7 @@ class Routes:
 
     async def get_timeline(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
-        session = await projected(self.gw, state)
+        session = await session_view(self.gw, state)
         rows = await session_timeline(self.gw.log, self.gw.store, state.session_id)
         return JSONResponse({"session": session, **rows})
 

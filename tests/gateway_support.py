@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
@@ -17,7 +18,10 @@ import httpx
 import uvicorn
 
 from engine import Agent, AgentDirectory, SqliteEventLog, tool
+from engine.errors import ModelError
 from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from engine.models.fallback import FallbackModel
+from engine.models.pricing import Price, PriceTable
 from engine.models.scripted import FunctionModel, call, reply
 from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal
 from projections import SqliteProjectionStore
@@ -29,8 +33,11 @@ KEYS = {
 }
 PRINCIPALS = {"alice": "user", "bob": "user", "root": "admin"}
 PARTITIONS = 4
-AGENTS = ["refunds", "support"]
-"""support: looks an order up (GatedModel); refunds: a refund that waits for the user's approval."""
+AGENTS = ["refunds", "support", "troubled"]
+"""support: looks an order up (GatedModel); refunds: a refund that waits for the user's approval;
+troubled: its model fails and its backup repeats one tool call until the loop guard stops it."""
+PRICES = PriceTable({"gated": Price(Decimal("3"), Decimal("0.3"), Decimal("15"))})
+"""Dollars per million tokens for the support agent's model, so its calls have a cost."""
 
 
 def auth(user: str) -> dict[str, str]:
@@ -94,6 +101,17 @@ def refunds_agent(refunds: list[dict[str, Any]]) -> Agent:
     return Agent.build("refunds", FunctionModel(refund_answer, name="refunder"), [refund])
 
 
+def troubled_agent() -> Agent:
+    def down(request: ModelRequest) -> ModelResponse:
+        raise ModelError("primary model is down")
+
+    def stuck(request: ModelRequest) -> ModelResponse:
+        return reply("Checking again.", call("lookup", {"order_id": "A-17"}, f"call_{len(request.messages)}"))
+
+    model = FallbackModel(FunctionModel(down, name="primary"), FunctionModel(stuck, name="backup"))
+    return Agent.build("troubled", model, [lookup])
+
+
 @dataclass
 class RunningGateway:
     url: str
@@ -114,8 +132,9 @@ def build_gateway(
     refunds: list[dict[str, Any]] = []
     agents = AgentDirectory(
         [
-            Agent.build("support", model, [lookup], system_prompt="You help with orders."),
+            Agent.build("support", model, [lookup], system_prompt="You help with orders.", prices=PRICES),
             refunds_agent(refunds),
+            troubled_agent(),
         ]
     )
     keys = KeyStore.from_plain({KEYS[u]: Principal(u, role) for u, role in PRINCIPALS.items()})
