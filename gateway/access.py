@@ -18,8 +18,8 @@ from .http import not_found, principal_of
 if TYPE_CHECKING:
     from .service import Gateway
 
-HEAVY_FIELDS = ("state_json",)
-"""Event fields too large to send back whole (a snapshot's or a fork's state): sent as a size."""
+HEAVY: frozenset[type[ev.Event]] = frozenset({ev.SnapshotTaken, ev.SessionForked})
+"""Events whose ``state_json`` (a whole session state) is too large to send back: sent as a size."""
 
 
 async def owned_state(gw: Gateway, request: Request) -> SessionState:
@@ -75,9 +75,8 @@ def pending_approvals(state: SessionState) -> list[dict[str, Any]]:
 def event_json(event: ev.Event) -> dict[str, Any]:
     """An event's fields as JSON, with its type; heavy state bodies replaced by their size."""
     body = dataclasses.asdict(event)
-    for name in HEAVY_FIELDS:
-        if name in body:
-            body[name + "_chars"] = len(body.pop(name))
+    if type(event) in HEAVY:
+        body["state_json_chars"] = len(body.pop("state_json"))
     body["type"] = event.type
     return body
 
