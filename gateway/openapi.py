@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 document of the gateway, served at /openapi.json.
 
 Written out rather than generated: the routes are few, and tests/test_gateway_http.py checks
-that every route of the app is described here and nothing else is.
+that every route of the app is described here and nothing else is. The bodies' schemas are in
+``openapi_schemas``.
 """
 
 from __future__ import annotations
@@ -9,11 +10,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Sequence
 
+from .openapi_schemas import SCHEMAS, ref
+
 JSON = "application/json"
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -32,7 +31,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         429: "rate limit or open-stream limit reached",
         503: "the log cannot take the write now (retry after Retry-After)",
     }
-    return {str(c): _json(_ref("Error"), text[c]) for c in (401, 429, *codes)}
+    return {str(c): _json(ref("Error"), text[c]) for c in (401, 429, *codes)}
 
 
 SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -56,9 +55,9 @@ PATHS: dict[str, dict[str, Any]] = {
         "post": {
             "summary": "Open a session with an agent; its role cannot exceed your key's role",
             "operationId": "createSession",
-            "requestBody": _body(_ref("CreateSession")),
+            "requestBody": _body(ref("CreateSession")),
             "responses": {
-                "201": _json(_ref("Created"), "the session, durable on the log"),
+                "201": _json(ref("Created"), "the session, durable on the log"),
                 **_errors(400, 403, 413, 422),
             },
         },
@@ -66,7 +65,7 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "Your sessions, newest first (from the projections)",
             "operationId": "listSessions",
             "parameters": [_limit(50, 500)],
-            "responses": {"200": _json(_ref("SessionList"), "sessions"), **_errors(422)},
+            "responses": {"200": _json(ref("SessionList"), "sessions"), **_errors(422)},
         },
     },
     "/v1/sessions/{session_id}": {
@@ -74,7 +73,7 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "One session (from the projections)",
             "operationId": "getSession",
             "parameters": [SESSION_ID],
-            "responses": {"200": _json(_ref("Session"), "the session"), **_errors(404)},
+            "responses": {"200": _json(ref("Session"), "the session"), **_errors(404)},
         }
     },
     "/v1/sessions/{session_id}/history": {
@@ -82,7 +81,7 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "The session and its last messages, oldest first (from the projections)",
             "operationId": "getHistory",
             "parameters": [SESSION_ID, _limit(50, 1000)],
-            "responses": {"200": _json(_ref("History"), "history"), **_errors(404, 422)},
+            "responses": {"200": _json(ref("History"), "history"), **_errors(404, 422)},
         }
     },
     "/v1/sessions/{session_id}/timeline": {
@@ -94,7 +93,7 @@ PATHS: dict[str, dict[str, Any]] = {
             "every event of a kind those rows do not show.",
             "operationId": "getTimeline",
             "parameters": [SESSION_ID],
-            "responses": {"200": _json(_ref("Timeline"), "timeline"), **_errors(404)},
+            "responses": {"200": _json(ref("Timeline"), "timeline"), **_errors(404)},
         }
     },
     "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}": {
@@ -117,9 +116,9 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "Append a user message; answers with its log position, never waits for the turn",
             "operationId": "postMessage",
             "parameters": [SESSION_ID],
-            "requestBody": _body(_ref("PostMessage")),
+            "requestBody": _body(ref("PostMessage")),
             "responses": {
-                "202": _json(_ref("Posted"), "durable on the log"),
+                "202": _json(ref("Posted"), "durable on the log"),
                 **_errors(400, 404, 409, 413, 422),
             },
         }
@@ -155,9 +154,9 @@ PATHS: dict[str, dict[str, Any]] = {
             "409 `no_turn_running` when nothing runs, `session_closed` when the session is closed.",
             "operationId": "cancelTurn",
             "parameters": [SESSION_ID],
-            "requestBody": _body(_ref("Cancel")),
+            "requestBody": _body(ref("Cancel")),
             "responses": {
-                "202": _json(_ref("Appended"), "the CancelRequested, durable on the log"),
+                "202": _json(ref("Appended"), "the CancelRequested, durable on the log"),
                 **_errors(400, 404, 409, 413, 422, 503),
             },
         }
@@ -170,9 +169,9 @@ PATHS: dict[str, dict[str, Any]] = {
             "did. With no turn running it is a plain message (`interrupted: false`).",
             "operationId": "interruptTurn",
             "parameters": [SESSION_ID],
-            "requestBody": _body(_ref("PostMessage")),
+            "requestBody": _body(ref("PostMessage")),
             "responses": {
-                "202": _json(_ref("Interrupted"), "the cancel (if any) and the message, durable on the log"),
+                "202": _json(ref("Interrupted"), "the cancel (if any) and the message, durable on the log"),
                 **_errors(400, 404, 409, 413, 422, 503),
             },
         }
@@ -189,9 +188,9 @@ PATHS: dict[str, dict[str, Any]] = {
                 SESSION_ID,
                 {"name": "call_id", "in": "path", "required": True, "schema": {"type": "string"}},
             ],
-            "requestBody": _body(_ref("Decision")),
+            "requestBody": _body(ref("Decision")),
             "responses": {
-                "202": _json(_ref("Appended"), "the ApprovalDecided (and the resume transition)"),
+                "202": _json(ref("Appended"), "the ApprovalDecided (and the resume transition)"),
                 **_errors(400, 404, 409, 413, 422, 503),
             },
         }
@@ -207,7 +206,7 @@ PATHS: dict[str, dict[str, Any]] = {
                     for n in ("user", "state", "agent")
                 ),
             ],
-            "responses": {"200": _json(_ref("SessionList"), "sessions"), **_errors(403, 422)},
+            "responses": {"200": _json(ref("SessionList"), "sessions"), **_errors(403, 422)},
         }
     },
     "/v1/admin/sessions/{session_id}/finish": {
@@ -215,9 +214,9 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "Force-finish a session: end its turn and close it (admin)",
             "operationId": "forceFinish",
             "parameters": [SESSION_ID],
-            "requestBody": _body(_ref("Finish")),
+            "requestBody": _body(ref("Finish")),
             "responses": {
-                "200": _json(_ref("Session"), "the closed session"),
+                "200": _json(ref("Session"), "the closed session"),
                 **_errors(400, 403, 404, 409, 413, 422),
             },
         }
@@ -227,7 +226,7 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "A session's snapshots, oldest first (admin)",
             "operationId": "listSnapshots",
             "parameters": [SESSION_ID],
-            "responses": {"200": _json(_ref("SnapshotList"), "snapshots"), **_errors(403, 404)},
+            "responses": {"200": _json(ref("SnapshotList"), "snapshots"), **_errors(403, 404)},
         }
     },
     "/v1/admin/sessions/{session_id}/fork": {
@@ -237,9 +236,9 @@ PATHS: dict[str, dict[str, Any]] = {
             "the snapshot; the origin is not touched. A message posted to the fork continues it.",
             "operationId": "forkSession",
             "parameters": [SESSION_ID],
-            "requestBody": _body(_ref("Fork")),
+            "requestBody": _body(ref("Fork")),
             "responses": {
-                "201": _json(_ref("Forked"), "the fork's SessionForked, durable on the log"),
+                "201": _json(ref("Forked"), "the fork's SessionForked, durable on the log"),
                 **_errors(400, 403, 404, 409, 413, 422, 503),
             },
         }
@@ -258,7 +257,7 @@ PATHS: dict[str, dict[str, Any]] = {
                 },
                 _limit(200, 1000),
             ],
-            "responses": {"200": _json(_ref("Replay"), "one page of steps"), **_errors(403, 404, 422)},
+            "responses": {"200": _json(ref("Replay"), "one page of steps"), **_errors(403, 404, 422)},
         }
     },
     "/v1/admin/analytics/daily": {
@@ -325,246 +324,6 @@ PATHS: dict[str, dict[str, Any]] = {
             "operationId": "openapi",
             "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1"), **_errors()},
         }
-    },
-}
-
-SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["error", "detail"],
-        "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
-    },
-    "CreateSession": {
-        "type": "object",
-        "required": ["agent"],
-        "properties": {
-            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
-            "role": {"type": "string", "enum": ["user", "admin"], "default": "user"},
-            "metadata": {"type": "object"},
-        },
-    },
-    "Created": {
-        "type": "object",
-        "required": ["session_id", "agent", "user", "role", "status", "version", "position", "partition"],
-        "properties": {
-            "session_id": {"type": "string"},
-            "agent": {"type": "string"},
-            "user": {"type": "string"},
-            "role": {"type": "string"},
-            "status": {"type": "string"},
-            "version": {"type": "integer"},
-            "position": {"type": "integer"},
-            "partition": {"type": "integer"},
-        },
-    },
-    "PostMessage": {
-        "type": "object",
-        "required": ["text"],
-        "properties": {
-            "text": {
-                "type": "string",
-                "pattern": "\\S",
-                "maxLength": 8192,
-                "description": "not blank; at most the agent's max_message_bytes in UTF-8 (64 KiB default)",
-            }
-        },
-    },
-    "Posted": {
-        "type": "object",
-        "required": ["message_id", "version", "position", "partition"],
-        "properties": {
-            "message_id": {"type": "string"},
-            "version": {"type": "integer"},
-            "position": {"type": "integer"},
-            "partition": {"type": "integer"},
-        },
-    },
-    "Finish": {
-        "type": "object",
-        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
-    },
-    "Cancel": {
-        "type": "object",
-        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
-    },
-    "Decision": {
-        "type": "object",
-        "required": ["decision"],
-        "properties": {
-            "decision": {"type": "string", "enum": ["approve", "edit", "reject"]},
-            "arguments": {"type": "object", "description": "the call's new arguments; only with `edit`"},
-            "note": {"type": "string", "minLength": 1, "maxLength": 2000},
-        },
-    },
-    "AppendedEvent": {
-        "type": "object",
-        "required": ["type", "session_id", "version", "position", "partition"],
-        "properties": {
-            "type": {"type": "string"},
-            "session_id": {"type": "string"},
-            "version": {"type": "integer"},
-            "position": {"type": "integer"},
-            "partition": {"type": "integer"},
-        },
-        "description": "an event appended by the request: its fields, its type and its log position",
-    },
-    "Appended": {
-        "type": "object",
-        "required": ["events"],
-        "properties": {"events": {"type": "array", "items": _ref("AppendedEvent")}},
-    },
-    "Interrupted": {
-        "type": "object",
-        "required": ["interrupted", "events"],
-        "properties": {
-            "interrupted": {"type": "boolean", "description": "a running turn was asked to stop"},
-            "events": {"type": "array", "items": _ref("AppendedEvent")},
-        },
-    },
-    "Fork": {
-        "type": "object",
-        "required": ["version"],
-        "properties": {
-            "version": {"type": "integer", "minimum": 1, "description": "a snapshot's version"},
-            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
-        },
-    },
-    "Forked": {
-        "allOf": [
-            _ref("AppendedEvent"),
-            {
-                "type": "object",
-                "required": ["origin_session_id", "origin_version", "agent_id", "user_id", "status"],
-                "properties": {
-                    "origin_session_id": {"type": "string"},
-                    "origin_version": {"type": "integer"},
-                    "agent_id": {"type": "string"},
-                    "model": {"type": "string"},
-                    "user_id": {"type": "string"},
-                    "status": {"type": "string"},
-                    "turn_running": {"type": "boolean"},
-                },
-            },
-        ]
-    },
-    "SnapshotList": {
-        "type": "object",
-        "required": ["session_id", "snapshots"],
-        "properties": {
-            "session_id": {"type": "string"},
-            "snapshots": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["version", "status", "turns", "message_count", "time_ms"],
-                    "properties": {
-                        "version": {"type": "integer"},
-                        "status": {"type": "string"},
-                        "last_tool": {"type": "string"},
-                        "turns": {"type": "integer"},
-                        "input_tokens": {"type": "integer"},
-                        "output_tokens": {"type": "integer"},
-                        "message_count": {"type": "integer"},
-                        "time_ms": {"type": "integer"},
-                        "turn_id": {"type": ["string", "null"]},
-                    },
-                },
-            },
-        },
-    },
-    "Replay": {
-        "type": "object",
-        "required": ["session_id", "steps", "next_after_version"],
-        "properties": {
-            "session_id": {"type": "string"},
-            "steps": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["event", "state"],
-                    "properties": {
-                        "event": {"type": "object", "description": "the event's fields and type"},
-                        "state": {
-                            "type": "object",
-                            "required": ["version", "status"],
-                            "properties": {"version": {"type": "integer"}, "status": {"type": "string"}},
-                            "description": "the session folded up to and including the event",
-                        },
-                    },
-                },
-            },
-            "next_after_version": {
-                "type": ["integer", "null"],
-                "description": "pass as after_version for the next page; null on the last page",
-            },
-        },
-    },
-    "Session": {
-        "type": "object",
-        "required": ["session_id", "user_id", "agent_id", "role", "current_state", "state_version", "closed"],
-        "properties": {
-            "session_id": {"type": "string"},
-            "user_id": {"type": "string"},
-            "agent_id": {"type": "string"},
-            "role": {"type": "string"},
-            "model_name": {"type": "string"},
-            "current_state": {"type": "string"},
-            "state_version": {"type": "integer"},
-            "message_count": {"type": "integer"},
-            "turns": {"type": "integer"},
-            "input_tokens": {"type": "integer"},
-            "output_tokens": {"type": "integer"},
-            "closed": {"type": "boolean"},
-            "close_reason": {"type": "string"},
-            "start_time_ms": {"type": "integer"},
-            "update_time_ms": {"type": "integer"},
-            "turn_running": {
-                "type": "boolean",
-                "description": "GET of one session only: it can be cancelled",
-            },
-            "pending_approvals": {
-                "type": "array",
-                "description": "GET of one session only: tool calls waiting for a decision",
-                "items": {
-                    "type": "object",
-                    "required": ["call_id", "tool_name", "arguments"],
-                    "properties": {
-                        "call_id": {"type": "string"},
-                        "tool_name": {"type": "string"},
-                        "arguments": {},
-                        "iteration": {"type": "integer"},
-                    },
-                },
-            },
-        },
-    },
-    "SessionList": {
-        "type": "object",
-        "properties": {"sessions": {"type": "array", "items": _ref("Session")}},
-    },
-    "Timeline": {
-        "type": "object",
-        "required": ["session", "messages", "turns", "model_calls", "tool_calls", "state_changes", "events"],
-        "properties": {
-            "session": _ref("Session"),
-            **{
-                name: {"type": "array", "items": {"type": "object"}}
-                for name in ("messages", "turns", "model_calls", "tool_calls", "state_changes")
-            },
-            "events": {
-                "type": "array",
-                "items": {"type": "object", "required": ["type", "version"]},
-                "description": "every event of a kind the other lists do not show (approvals, guard stops, "
-                "fallbacks, snapshots, cancels, forks, context and memory events...), with its fields",
-            },
-        },
-    },
-    "History": {
-        "type": "object",
-        "properties": {
-            "session": _ref("Session"),
-            "messages": {"type": "array", "items": {"type": "object"}},
-        },
     },
 }
 

@@ -99,6 +99,12 @@ async def test_cancel_stops_the_running_turn_and_the_stream_shows_it(running: Ru
     streamed = [m.id for m in seen if m.id is not None]
     assert streamed == sorted(streamed) and len(streamed) == len(events)
 
+    async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+        await client.post(f"/v1/admin/sessions/{sid}/finish", json={}, headers=auth("root"))
+        for route, body in (("cancel", {}), ("interrupt", {"text": "hello?"})):
+            closed = await client.post(f"/v1/sessions/{sid}/{route}", json=body, headers=auth("alice"))
+            assert (closed.status_code, closed.json()["error"]) == (409, "session_closed"), route
+
 
 async def test_interrupt_stops_the_turn_and_its_message_starts_the_next(running: RunningGateway) -> None:
     running.model.gate.clear()
@@ -292,6 +298,15 @@ async def test_fork_a_snapshot_continue_the_fork_and_replay(running: RunningGate
         users = [m.content for m in running.model.requests[-1].messages if m.role == "user"]
         assert users == ["Where is A-17?", "And B-9?"]
         assert (await log_events(running, sid)) == events  # the origin was not touched
+
+        # a fork from the mid-turn snapshot, with another agent, inherits the running turn
+        other = await client.post(
+            f"{admin_url}/fork", json={"version": mid["version"], "agent": "troubled"}, headers=auth("root")
+        )
+        assert other.status_code == 201, other.text
+        assert (other.json()["agent_id"], other.json()["model"], other.json()["turn_running"]) == (
+            "troubled", "primary", True,
+        )  # fmt: skip
 
         # replay, page by page: every event with the state folded up to it
         steps: list[dict[str, Any]] = []
