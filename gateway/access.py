@@ -82,17 +82,19 @@ def event_json(event: ev.Event) -> dict[str, Any]:
 
 
 async def appended(gw: Gateway, events: Sequence[ev.Event]) -> list[dict[str, Any]]:
-    """What a route appended, each event with its log position; live streams hear of them."""
-    if not events:
-        return []
-    session_id = events[0].session_id
-    versions = {e.version for e in events}
-    records = await gw.log.read_session_records(session_id, min(versions) - 1)
+    """What a route appended, each event with its log position; live streams hear of them.
+
+    An event submitted but not sequenced yet (version 0: on Kafka, from a process that does not
+    own the session's partition) has no position to report: ``position`` is None."""
+    versions = {e.version for e in events if e.version > 0}
+    records = await gw.log.read_session_records(events[0].session_id, min(versions) - 1) if versions else []
+    found = {r.event.version: r for r in records if r.event.version in versions}
     out = []
-    for record in records:
-        if record.event.version in versions:
-            gw.hub.publish(record.event)
-            out.append({**event_json(record.event), "position": record.offset, "partition": record.partition})
+    for event in events:
+        record = found.get(event.version)
+        gw.hub.publish(record.event if record is not None else event)
+        where = (record.offset, record.partition) if record is not None else (None, None)
+        out.append({**event_json(event), "position": where[0], "partition": where[1]})
     return out
 
 

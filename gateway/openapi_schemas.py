@@ -9,6 +9,13 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+POSITION = {
+    "type": ["integer", "null"],
+    "description": "the event's offset in its partition; null (with version 0) when the log has taken "
+    "it but not sequenced it yet (Kafka, from a process that does not own the session's partition)",
+}
+
+
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
@@ -56,8 +63,8 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "message_id": {"type": "string"},
             "version": {"type": "integer"},
-            "position": {"type": "integer"},
-            "partition": {"type": "integer"},
+            "position": POSITION,
+            "partition": {"type": ["integer", "null"]},
         },
     },
     "Finish": {
@@ -84,8 +91,8 @@ SCHEMAS: dict[str, Any] = {
             "type": {"type": "string"},
             "session_id": {"type": "string"},
             "version": {"type": "integer"},
-            "position": {"type": "integer"},
-            "partition": {"type": "integer"},
+            "position": POSITION,
+            "partition": {"type": ["integer", "null"]},
         },
         "description": "an event appended by the request: its fields, its type and its log position",
     },
