@@ -175,6 +175,8 @@ def optional_string(body: dict[str, Any], name: str, *, max_chars: int = 500) ->
 
 def int_field(body: dict[str, Any], name: str, *, low: int = 0, high: int = 2**62) -> int:
     value = body.get(name)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON Schema counts 342.0 as an integer
     if not isinstance(value, int) or isinstance(value, bool):
         raise HttpError(422, "invalid_input", f"'{name}' must be an integer")
     if not low <= value <= high:

@@ -107,7 +107,7 @@ PATHS: dict[str, dict[str, Any]] = {
             ],
             "responses": {
                 "200": _json({"type": "object"}, "model, message_count, exact, messages"),
-                **_errors(404),
+                **_errors(404, 422),
             },
         }
     },

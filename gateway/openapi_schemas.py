@@ -9,6 +9,13 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+NOTE = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 2000,
+    "description": "why; a rejection's note reaches the model",
+}
+
 POSITION = {
     "type": ["integer", "null"],
     "description": "the event's offset in its partition; null (with version 0) when the log has taken "
@@ -76,13 +83,24 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
     },
     "Decision": {
-        "type": "object",
-        "required": ["decision"],
-        "properties": {
-            "decision": {"type": "string", "enum": ["approve", "edit", "reject"]},
-            "arguments": {"type": "object", "description": "the call's new arguments; only with `edit`"},
-            "note": {"type": "string", "minLength": 1, "maxLength": 2000},
-        },
+        "description": "approve or reject as asked, or edit: run the call with new `arguments`",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["decision"],
+                "properties": {"decision": {"type": "string", "enum": ["approve", "reject"]}, "note": NOTE},
+                "not": {"required": ["arguments"]},
+            },
+            {
+                "type": "object",
+                "required": ["decision", "arguments"],
+                "properties": {
+                    "decision": {"type": "string", "const": "edit"},
+                    "arguments": {"type": "object", "description": "validated against the tool's schema"},
+                    "note": NOTE,
+                },
+            },
+        ],
     },
     "AppendedEvent": {
         "type": "object",
