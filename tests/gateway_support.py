@@ -217,3 +217,26 @@ async def sse_messages(response: httpx.Response) -> AsyncIterator[SseMessage]:
 def open_log(path: Path) -> SqliteEventLog:
     """A second handle on the gateway's log file, to compare what was streamed with the log."""
     return SqliteEventLog(path, partitions=PARTITIONS)
+
+
+async def read_until(stream: Any, stop: Any, into: list[SseMessage]) -> SseMessage:
+    async def go() -> SseMessage:
+        async for message in stream:
+            into.append(message)
+            if stop(message):
+                return message
+        raise AssertionError(f"the stream ended before the expected message; got {[m.event for m in into]}")
+
+    return await asyncio.wait_for(go(), 30)
+
+
+def turn_committed(into: list[SseMessage]) -> Any:
+    """Stop at the last event of the turn's final commit: the snapshot written after TurnFinished."""
+    return lambda m: m.event == "SnapshotTaken" and any(x.event == "TurnFinished" for x in into)
+
+
+async def create(client: httpx.AsyncClient, user: str = "alice", **body: Any) -> dict[str, Any]:
+    response = await client.post("/v1/sessions", json={"agent": "support", **body}, headers=auth(user))
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created

@@ -12,8 +12,17 @@ import httpx
 import pytest
 
 from engine import events as ev
-from tests.gateway_support import RunningGateway, SseMessage, auth, open_log, serve_gateway, sse_messages
-from tests.test_gateway_http import create, read_until, turn_committed
+from tests.gateway_support import (
+    RunningGateway,
+    SseMessage,
+    auth,
+    create,
+    open_log,
+    read_until,
+    serve_gateway,
+    sse_messages,
+    turn_committed,
+)
 
 TIMEOUT = httpx.Timeout(30.0)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -21,9 +20,12 @@ from tests.gateway_support import (
     RunningGateway,
     SseMessage,
     auth,
+    create,
     open_log,
+    read_until,
     serve_gateway,
     sse_messages,
+    turn_committed,
 )
 
 TIMEOUT = httpx.Timeout(30.0)
@@ -33,29 +35,6 @@ TIMEOUT = httpx.Timeout(30.0)
 def running(tmp_path: Path):  # type: ignore[no-untyped-def]
     with serve_gateway(tmp_path) as gw:
         yield gw
-
-
-async def read_until(stream: Any, stop: Any, into: list[SseMessage]) -> SseMessage:
-    async def go() -> SseMessage:
-        async for message in stream:
-            into.append(message)
-            if stop(message):
-                return message
-        raise AssertionError(f"the stream ended before the expected message; got {[m.event for m in into]}")
-
-    return await asyncio.wait_for(go(), 30)
-
-
-def turn_committed(into: list[SseMessage]) -> Any:
-    """Stop at the last event of the turn's final commit: the snapshot written after TurnFinished."""
-    return lambda m: m.event == "SnapshotTaken" and any(x.event == "TurnFinished" for x in into)
-
-
-async def create(client: httpx.AsyncClient, user: str = "alice", **body: Any) -> dict[str, Any]:
-    response = await client.post("/v1/sessions", json={"agent": "support", **body}, headers=auth(user))
-    assert response.status_code == 201, response.text
-    created: dict[str, Any] = response.json()
-    return created
 
 
 async def test_post_stream_disconnect_mid_turn_and_resume_with_last_event_id(running: RunningGateway) -> None:
