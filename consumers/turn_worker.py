@@ -24,6 +24,11 @@ GROUP = "turn-workers"
 log = structlog.get_logger("turnlog.worker")
 
 
+RESUMES = (ev.UserMessageReceived, ev.ApprovalDecided, ev.BudgetDecided, ev.CancelRequested)
+"""The events that give a worker something to do: a new message, a decision on a paused turn,
+a cancel."""
+
+
 class TurnWorker:
     def __init__(
         self,
@@ -40,7 +45,7 @@ class TurnWorker:
 
     async def handle(self, record: LogRecord) -> None:
         event = record.event
-        if not isinstance(event, (ev.UserMessageReceived, ev.ApprovalDecided, ev.CancelRequested)):
+        if not isinstance(event, RESUMES):
             return  # a decision resumes a paused turn; a cancel may outlive its turn's dead worker
         async for item in self.runner.run(event.session_id):
             if self.on_item is not None:

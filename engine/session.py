@@ -88,7 +88,7 @@ class AgentSessions:
         own the session's partition, the returned event has ``version == 0``.
         """
         state = await self.runner.load(session_id)
-        self._check_message(state, text)
+        self.check_message(state, text)
         event = ev.UserMessageReceived(
             session_id=session_id,
             version=0,
@@ -102,7 +102,8 @@ class AgentSessions:
         assert isinstance(submitted, ev.UserMessageReceived)
         return submitted
 
-    def _check_message(self, state: SessionState, text: str) -> None:
+    def check_message(self, state: SessionState, text: str) -> None:
+        """Raise what posting ``text`` to the session would raise: closed, empty, too large."""
         if state.closed:
             raise SessionClosedError(state.session_id, state.close_reason)
         if not text.strip():
@@ -122,7 +123,7 @@ class AgentSessions:
         for _ in range(APPEND_RETRIES):
             streamed = False
             try:
-                async for item in self.runner.run(session_id, message=text, check=self._check_message):
+                async for item in self.runner.run(session_id, message=text, check=self.check_message):
                     streamed = True
                     yield item
                 return

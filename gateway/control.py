@@ -1,6 +1,7 @@
 """Routes that steer a session's running turn: cancel it, interrupt it with a new message, decide a
-tool call that waits for approval. Each appends to the log and answers 202 with what it appended
-(with log positions); whoever runs the session (a TurnWorker) carries the turn on from there."""
+tool call that waits for approval or a turn paused on its budget. Each appends to the log and
+answers 202 with what it appended (with log positions); whoever runs the session (a TurnWorker)
+carries the turn on from there."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine import events as ev
-from engine.errors import InputError, MessageTooLargeError, NoTurnRunningError, SessionClosedError
+from engine.budget import BudgetDecision
+from engine.errors import NoTurnRunningError, SessionClosedError
 from engine.fold import SessionState
 from engine.tools.approvals import Decision
 
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from .service import Gateway
 
 DECISIONS: tuple[str, ...] = get_args(Decision)
+BUDGET_DECISIONS: tuple[str, ...] = get_args(BudgetDecision)
 
 
 class ControlRoutes:
@@ -47,7 +50,7 @@ class ControlRoutes:
         text = body.get("text")
         if not isinstance(text, str):
             raise HttpError(422, "invalid_input", "'text' must be a string")
-        self._check_message(state, text)
+        self.gw.api.check_message(state, text)  # a message that would be refused stops nothing
         written: list[ev.Event] = []
         if state.turn is not None:
             actor, reason = self._actor(request, state, "interrupted by a new message")
@@ -86,6 +89,31 @@ class ControlRoutes:
         )
         return JSONResponse({"events": await appended(self.gw, events)}, 202)
 
+    async def decide_budget(self, request: Request) -> Response:
+        """Raise the allowance of a turn paused on its budget (``extra_micros`` more) or stop it."""
+        state = await owned_state(self.gw, request)
+        body = await json_body(request, self.gw.limits.max_message_bytes)
+        decision = body.get("decision")
+        if decision not in BUDGET_DECISIONS:
+            raise HttpError(422, "invalid_input", f"'decision' must be one of {', '.join(BUDGET_DECISIONS)}")
+        extra = body.get("extra_micros", 0)
+        if isinstance(extra, float) and extra.is_integer():  # JSON Schema's integer allows 17.0
+            extra = int(extra)
+        if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
+            raise HttpError(
+                422, "invalid_input", "'extra_micros' must be a whole number of micro-dollars >= 0"
+            )
+        if state.closed:
+            raise SessionClosedError(state.session_id, state.close_reason)
+        events = await self.gw.api.post_budget_decision(
+            state.session_id,
+            decision,
+            extra_micros=extra,
+            note=optional_string(body, "note", max_chars=2000),
+            actor=principal_of(request).user,
+        )
+        return JSONResponse({"events": await appended(self.gw, events)}, 202)
+
     # -- helpers -------------------------------------------------------------------------------
 
     def _actor(self, request: Request, state: SessionState, reason: str) -> tuple[str, str]:
@@ -95,17 +123,6 @@ class ControlRoutes:
         if user == state.user_id:
             return user, reason
         return "admin", f"{reason or 'cancelled'} ({user})"
-
-    def _check_message(self, state: SessionState, text: str) -> None:
-        """The checks ``post_user_message`` makes, before the cancel, so a message that would be
-        refused stops nothing."""
-        if state.closed:
-            raise SessionClosedError(state.session_id, state.close_reason)
-        if not text.strip():
-            raise InputError("the message is empty; send some text")
-        size, limit = len(text.encode("utf-8")), self.gw.api.agents.get(state.agent_id).max_message_bytes
-        if size > limit:
-            raise MessageTooLargeError(size, limit)
 
 
 def _check_waiting(state: SessionState, call_id: str) -> None:

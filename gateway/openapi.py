@@ -195,6 +195,21 @@ PATHS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "/v1/sessions/{session_id}/budget": {
+        "post": {
+            "summary": "Raise the allowance of a turn paused on its budget, or stop it (PAUSED_FOR_USER)",
+            "description": 'For agents whose `Budget(on_exceed="pause")`: `raise` lets the turn spend '
+            "`extra_micros` (micro-dollars) more and a worker carries it on; `stop` ends it, cause budget. "
+            "409 `not_awaiting_approval` when no turn waits on its budget.",
+            "operationId": "decideBudget",
+            "parameters": [SESSION_ID],
+            "requestBody": _body(ref("BudgetDecision")),
+            "responses": {
+                "202": _json(ref("Appended"), "the BudgetDecided and what follows it"),
+                **_errors(400, 404, 409, 413, 422, 503),
+            },
+        }
+    },
     "/v1/admin/sessions": {
         "get": {
             "summary": "Every user's sessions, filtered (admin)",

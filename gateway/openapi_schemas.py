@@ -102,6 +102,15 @@ SCHEMAS: dict[str, Any] = {
             },
         ],
     },
+    "BudgetDecision": {
+        "type": "object",
+        "required": ["decision"],
+        "properties": {
+            "decision": {"type": "string", "enum": ["raise", "stop"]},
+            "extra_micros": {"type": "integer", "minimum": 0, "description": "micro-dollars more (raise)"},
+            "note": NOTE,
+        },
+    },
     "AppendedEvent": {
         "type": "object",
         "required": ["type", "session_id", "version", "position", "partition"],

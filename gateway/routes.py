@@ -55,6 +55,7 @@ class Routes:
             Route(f"{session}/cancel", wrap(control.cancel), methods=["POST"]),
             Route(f"{session}/interrupt", wrap(control.interrupt), methods=["POST"]),
             Route(f"{session}/approvals/{{call_id}}", wrap(control.decide), methods=["POST"]),
+            Route(f"{session}/budget", wrap(control.decide_budget), methods=["POST"]),
             Route(
                 "/v1/admin/sessions",
                 wrap(admin.sessions, admin=True, query=("limit", "user", "state", "agent")),

@@ -18,6 +18,7 @@ import httpx
 import uvicorn
 
 from engine import Agent, AgentDirectory, SqliteEventLog, tool
+from engine.budget import Budget
 from engine.errors import ModelError
 from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
 from engine.models.fallback import FallbackModel
@@ -33,10 +34,16 @@ KEYS = {
 }
 PRINCIPALS = {"alice": "user", "bob": "user", "root": "admin"}
 PARTITIONS = 4
-AGENTS = ["refunds", "support", "troubled"]
+AGENTS = ["metered", "refunds", "support", "troubled"]
 """support: looks an order up (GatedModel); refunds: a refund that waits for the user's approval;
-troubled: its model fails and its backup repeats one tool call until the loop guard stops it."""
-PRICES = PriceTable({"gated": Price(Decimal("3"), Decimal("0.3"), Decimal("15"))})
+troubled: its model fails and its backup repeats one tool call until the loop guard stops it;
+metered: a lookup, then its per-turn budget pauses the turn before the answer."""
+PRICES = PriceTable(
+    {
+        "gated": Price(Decimal("3"), Decimal("0.3"), Decimal("15")),
+        "metered": Price(Decimal("2.5"), Decimal("1.25"), Decimal("10"), max_output_tokens=1000),
+    }
+)
 """Dollars per million tokens for the support agent's model, so its calls have a cost."""
 
 
@@ -112,6 +119,23 @@ def troubled_agent() -> Agent:
     return Agent.build("troubled", model, [lookup])
 
 
+def metered_agent() -> Agent:
+    """Each call costs 1,250 micro-dollars; the second call's worst case (1,250 spent + 10,000 of
+    output allowance) passes the 11,000 per-turn budget, so the turn pauses for the user."""
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.messages[-1].role == "tool":
+            return ModelResponse("A-17 is delayed.", usage=Usage(100, 100), model="metered")
+        return ModelResponse(
+            "", (call("lookup", {"order_id": "A-17"}),), Usage(100, 100), "tool_calls", "metered"
+        )
+
+    budget = Budget(per_turn_micros=11_000, on_exceed="pause")
+    return Agent.build(
+        "metered", FunctionModel(answer, name="metered"), [lookup], prices=PRICES, budget=budget
+    )
+
+
 @dataclass
 class RunningGateway:
     url: str
@@ -135,6 +159,7 @@ def build_gateway(
             Agent.build("support", model, [lookup], system_prompt="You help with orders.", prices=PRICES),
             refunds_agent(refunds),
             troubled_agent(),
+            metered_agent(),
         ]
     )
     keys = KeyStore.from_plain({KEYS[u]: Principal(u, role) for u, role in PRINCIPALS.items()})

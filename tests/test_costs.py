@@ -305,3 +305,21 @@ async def test_a_pausing_budget_stopped_by_the_user_ends_the_turn_with_a_message
     assert _turn_end(events).reason == "budget"
     assert (await api.get_state(sid)).turn is None
     await log.close()
+
+
+async def test_a_budget_raise_posted_by_a_producer_is_carried_on_by_a_turn_worker(tmp_path: Path) -> None:
+    from consumers import TurnWorker
+
+    budget = Budget(per_turn_micros=11_000, on_exceed="pause")
+    agent = Agent.build("a", _tool_loop_model(Usage(100, 100)), [lookup], prices=PRICES, budget=budget)
+    log, producer = _api(tmp_path, agent)
+    sid = (await producer.create_session("a", "u")).session_id
+    await producer.post_user_message(sid, "go")
+    worker = TurnWorker(log, AgentDirectory([agent]), worker_id="w1")
+    await worker.poll_once()
+    assert (await producer.get_state(sid)).status == "PAUSED_FOR_USER"
+    await producer.post_budget_decision(sid, "raise", extra_micros=5_000)
+    await worker.poll_once()
+    events = await log.read_session(sid)
+    assert _turn_end(events).reason == "answered" and events[-1].producer == "w1"
+    await log.close()

@@ -36,7 +36,8 @@ class RouteCase:
     """owner: a session's route; user: any authenticated key; admin: admin keys only."""
     body: dict[str, Any] | Callable[[Setup], dict[str, Any]] | None = None
     needs: str = "idle"
-    """The session's state for the call: idle, answered (one turn done), paused (a call waits)."""
+    """The session's state for the call: idle, answered (one turn done), paused (a call waits),
+    budget (the turn waits on its cost budget)."""
 
 
 ROUTES = [
@@ -58,6 +59,13 @@ ROUTES = [
         "owner",
         {"decision": "reject"},
         needs="paused",
+    ),
+    RouteCase(
+        "POST",
+        "/v1/sessions/{session_id}/budget",
+        "owner",
+        {"decision": "raise", "extra_micros": 5000},
+        needs="budget",
     ),
     RouteCase(
         "POST",
@@ -116,7 +124,7 @@ async def call(
 async def prepare(client: httpx.AsyncClient, needs: str) -> Setup:
     """A fresh session of alice's (so a force-finish or a cancel cannot change later answers),
     brought to what the route needs: a finished turn, or a turn paused for an approval."""
-    agent = "refunds" if needs == "paused" else "support"
+    agent = {"paused": "refunds", "budget": "metered"}.get(needs, "support")
     created = await client.post("/v1/sessions", json={"agent": agent}, headers=auth("alice"))
     sid = created.json()["session_id"]
     if needs == "idle":
@@ -128,6 +136,8 @@ async def prepare(client: httpx.AsyncClient, needs: str) -> Setup:
         if needs == "answered" and turns and turns[0]["outcome"]:
             snapshot = max(e["version"] for e in timeline["events"] if e["type"] == "SnapshotTaken")
             return Setup(sid, turn_id=str(turns[0]["turn_id"]), snapshot=snapshot)
+        if needs == "budget" and waiting:
+            return Setup(sid)
         if needs == "paused" and waiting:
             (call,) = [c for c in timeline["tool_calls"] if c["approval"] == "pending"]
             return Setup(sid, call_id=str(call["call_id"]))
