@@ -1,6 +1,6 @@
 """How a Kafka partition's owner takes inbox records: each becomes its session's next event,
 or is refused with a reason (and goes to the dead-letter topic); an undecodable record moves
-the resting session it names to ERROR."""
+the resting session it names to ERROR (``kafka_poison.poisoned``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from typing import Any
 
 from .. import codec
 from ..errors import ConcurrencyError, EventError, LogError, SessionClosedError, SessionNotFoundError
-from ..events import Event, SessionCreated, StateChanged, UserMessageReceived
-from ..fold import fold
-from ..states import RESTING, Cause, SessionStatus
+from ..events import Event, SessionCreated, UserMessageReceived
 from .kafka_index import PartitionIndex
 
 SUBMITTABLE = (SessionCreated, UserMessageReceived)
@@ -38,31 +36,6 @@ def admit(part: PartitionIndex, msg: Any, versions: dict[str, int]) -> tuple[Eve
             return None, SessionClosedError(sid, "closed before this message was sequenced")
     versions[sid] = current + 1
     return dataclasses.replace(event, version=current + 1), None
-
-
-def poisoned(
-    part: PartitionIndex, msg: Any, reason: str, versions: dict[str, int], producer: str
-) -> StateChanged | None:
-    """The resting session an undecodable inbox record names (by its key) goes to ERROR
-    with the reason; a session with a turn running is left to it (the dead letter stays)."""
-    sid = msg.key.decode("utf-8", "replace") if msg.key else ""
-    current = versions.get(sid, part.version(sid))
-    if current == 0 or current != part.version(sid):  # unknown, or already touched in this batch
-        return None
-    state = fold(sid, part.session_after(sid, 0))
-    if state.turn is not None or state.status not in RESTING or state.status == SessionStatus.ERROR:
-        return None
-    versions[sid] = current + 1
-    detail = f"inbox record {msg.topic}/{msg.partition}/{msg.offset} went to the dead-letter topic: {reason}"
-    return StateChanged(
-        session_id=sid,
-        version=current + 1,
-        from_state=str(state.status),
-        to_state=str(SessionStatus.ERROR),
-        cause=str(Cause.POISON_RECORD),
-        detail=detail[:2000],
-        producer=producer,
-    )
 
 
 def event_id(msg: Any) -> str | None:
