@@ -381,11 +381,10 @@ class KafkaEventLog(EventLog):
         refused: dict[str, Exception] = {}
         versions: dict[str, int] = {}
         for msg in messages:
-            event, error = admit(part, msg, versions)
-            if event is not None:
-                accepted.append(event)
+            admitted, error = admit(part, msg, versions, accepted, self)
+            if error is None:
+                accepted += admitted
                 continue
-            assert error is not None
             poison = poison_of(msg, str(error))
             dead.append(poison)
             if (eid := event_id(msg)) is not None:
