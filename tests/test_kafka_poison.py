@@ -12,11 +12,23 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from consumers import Projector, TurnWorker
-from engine import Agent, AgentDirectory, FunctionModel, SessionStatus, codec, fold
+from engine import (
+    Agent,
+    AgentDirectory,
+    AgentSessions,
+    FunctionModel,
+    SessionStatus,
+    call,
+    codec,
+    fold,
+    reply,
+    tool,
+)
 from engine import events as ev
 from engine.log.kafka import KafkaEventLog
+from engine.models.base import ModelRequest, ModelResponse
 from tests.services import kafka_log, need_service, postgres_store
-from tests.test_log_kafka import read_topic
+from tests.test_log_kafka import _read_topic_once, read_topic
 
 AGENT = "plain"
 
@@ -153,3 +165,52 @@ async def test_a_new_owner_does_not_dead_letter_handled_poison_again(
         await asyncio.sleep(2.5)  # a few of the successor's tail rounds
         assert [e.type for e in await successor.read_session("victim")] == ["SessionCreated", "StateChanged"]
     assert len(await read_topic(bootstrap, owner.topics.dead_letter, 0)) == 1
+
+
+async def test_a_session_mid_turn_gets_its_error_when_the_turn_ends(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    release = asyncio.Event()
+
+    @tool(timeout_s=30)
+    async def export(table: str) -> str:
+        """A long export."""
+        await release.wait()
+        return "exported"
+
+    def decide(request: ModelRequest) -> ModelResponse | str:
+        return (
+            "done" if request.messages[-1].role == "tool" else reply("", call("export", {"table": "t"}, "x1"))
+        )
+
+    api = AgentSessions(owner, AgentDirectory([Agent(AGENT, FunctionModel(decide), [export])]), producer="w")
+    sid = (await api.create_session(AGENT, "u")).session_id
+    running = asyncio.create_task(_drain(api, sid, "export"))
+    for _ in range(500):
+        if any(isinstance(e, ev.ToolCallStarted) for e in await owner.read_session(sid)):
+            break
+        await asyncio.sleep(0.01)
+    raw = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await raw.start()
+    try:
+        await raw.send_and_wait(owner.topics.events, b"\x00junk", key=sid.encode(), partition=0)
+    finally:
+        await raw.stop()
+    await asyncio.sleep(2.5)  # a few of the owner's tail rounds: the poison waits for the turn
+    assert await _read_topic_once(bootstrap, owner.topics.dead_letter, 0) == []
+    release.set()
+    await asyncio.wait_for(running, 30)
+    events = await wait_status(owner, sid, SessionStatus.ERROR)
+    assert [e.type for e in events[-3:]] == ["TurnFinished", "SnapshotTaken", "StateChanged"]
+    error = events[-1]
+    assert isinstance(error, ev.StateChanged) and (error.from_state, error.cause) == (
+        "FINISHED",
+        "poison_record",
+    )
+    (dead,) = await read_topic(bootstrap, owner.topics.dead_letter, 0)
+    assert dead.value == b"\x00junk" and "not a turnlog event" in error.detail
+
+
+async def _drain(api: AgentSessions, sid: str, text: str) -> None:
+    async for _ in api.send_user_message(sid, text):
+        pass
