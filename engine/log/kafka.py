@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Coroutine, Sequence
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -43,7 +43,7 @@ from ..events import Event
 from .base import EventLog, LogRecord, check_batch
 from .kafka_inbox import SUBMITTABLE, admit, event_id
 from .kafka_index import PartitionIndex
-from .kafka_poison import Poison, dead_letter_sources, decode_record, poison_of, poisoned, settle
+from .kafka_poison import Poison, dead_letter_sources, index_consumed, poison_of, poisoned, settle
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
 
 log = structlog.get_logger("turnlog.kafka")
@@ -99,6 +99,7 @@ class KafkaEventLog(EventLog):
         self._waiters: list[asyncio.Future[None]] = []
         self._submitted: dict[str, asyncio.Future[Event]] = {}
         self._committed: dict[tuple[str, int], int] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -142,10 +143,10 @@ class KafkaEventLog(EventLog):
                 await asyncio.sleep(0.05)
 
     async def close(self) -> None:
-        if self._sequencer is not None:
-            self._sequencer.cancel()
+        for task in [*self._background, *([self._sequencer] if self._sequencer else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._sequencer
+                await task
         if self._inbox is not None:
             with contextlib.suppress(Exception):
                 await self._inbox.stop()  # leaves the group: the revoke hook releases partitions
@@ -205,11 +206,11 @@ class KafkaEventLog(EventLog):
         """The partition's producer was fenced: drop it (a newer owner writes now)."""
         producer, part.producer, part.owned = part.producer, None, False
         if producer is not None:
-            asyncio.get_running_loop().create_task(_quiet_stop(producer))
+            self._spawn(_quiet_stop(producer))
         log.warning("kafka.partition_fenced", partition=part.partition, reason=reason)
         # fenced while the group still assigns it to us: our view or the fencer's is stale; if the
         # assignment stands after the group settles, this process is the owner and takes it back
-        asyncio.get_running_loop().create_task(self._reacquire(part, delay=REACQUIRE_DELAY_S))
+        self._spawn(self._reacquire(part, delay=REACQUIRE_DELAY_S))
         return PartitionNotOwnedError(part.partition, reason)
 
     # -- appends --------------------------------------------------------------------------------
@@ -282,8 +283,11 @@ class KafkaEventLog(EventLog):
             del part.pending_commits[group]  # unless a newer offset came in meanwhile
         part.dead_sources.update(poison.source for poison in dead)
         records = [LogRecord(p, m.offset, e) for m, e in zip(metas, events, strict=True)]
-        if records and _foreign_before(part, records):
-            await self._catch_up(part)  # someone else wrote to the partition: index it in order first
+        if records and not part.continues_at(records):
+            try:  # someone else wrote to the partition: index it in order first
+                await self._catch_up(part)
+            except LogError as exc:  # committed but not indexed: re-acquire and re-read
+                raise await self._reset(part, exc) from exc
         for record, reason in part.add(records):
             log.error("kafka.own_record_rejected", partition=p, offset=record.offset, reason=reason)
         part.own_marker = bool(records) or part.own_marker
@@ -294,11 +298,17 @@ class KafkaEventLog(EventLog):
         if producer is not None:
             await _quiet_stop(producer)
         log.warning("kafka.transaction_failed", partition=part.partition, error=repr(exc))
-        asyncio.get_running_loop().create_task(self._reacquire(part))
+        self._spawn(self._reacquire(part))
         return LogUnavailableError(
             f"partition {part.partition}: a Kafka transaction failed ({exc!r}); the owner re-reads "
             "the partition before appending again, retry the operation"
         )
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background, holding a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _reacquire(self, part: PartitionIndex, delay: float = 0.0) -> None:
         await asyncio.sleep(delay)
@@ -309,7 +319,7 @@ class KafkaEventLog(EventLog):
             try:
                 await self._acquire(part)
                 return
-            except KafkaError as exc:
+            except (KafkaError, LogError) as exc:  # a catch-up read fails with LogUnavailableError
                 log.warning("kafka.reacquire_failed", partition=part.partition, error=repr(exc))
                 await asyncio.sleep(1.0)
 
@@ -489,7 +499,7 @@ class KafkaEventLog(EventLog):
         while part.next_offset < end:
             batch = await reader.getmany(tp, timeout_ms=1000, max_records=1000)
             for msg in batch.get(tp, []):
-                _index(part, msg)
+                index_consumed(part, msg)
             part.add([], await reader.position(tp))
         part.own_marker = False
         reader.pause(tp)  # no background long polls between catch-ups
@@ -573,24 +583,8 @@ class _Owners(ConsumerRebalanceListener):
             except (KafkaError, LogError) as exc:
                 log.warning("kafka.acquire_retry", partition=partition, attempt=attempt, error=repr(exc))
                 await asyncio.sleep(1.0)
-        log.error("kafka.acquire_failed", partition=partition)
-
-
-def _index(part: PartitionIndex, msg: Any) -> None:
-    """Add a consumed record to the index, or to its poison (engine.log.kafka_poison)."""
-    entry = decode_record(part.partition, msg)
-    if isinstance(entry, Poison):
-        part.add_poison(entry, msg.offset)
-        return
-    for record, reason in part.add([entry]):
-        part.add_poison(poison_of(msg, reason, record.event.session_id), record.offset)
-
-
-def _foreign_before(part: PartitionIndex, records: list[LogRecord]) -> bool:
-    """Whether our transaction's records are not where the partition's end was: something
-    (another producer's records, a zombie's aborted batch) sits between them and the index."""
-    expected = part.next_offset + (1 if part.own_marker else 0)  # our last commit's marker
-    return [r.offset for r in records] != list(range(expected, expected + len(records)))
+        log.error("kafka.acquire_failed", partition=partition, then="retrying while assigned")
+        self.log._spawn(self.log._reacquire(self.log._parts[partition], delay=1.0))
 
 
 async def _quiet_stop(producer: AIOKafkaProducer) -> None:

@@ -80,6 +80,12 @@ class PartitionIndex:
             self.next_offset = max(self.next_offset, next_offset)
         return rejected
 
+    def continues_at(self, records: Sequence[LogRecord]) -> bool:
+        """Whether the owner's just-committed ``records`` sit right where the index ends (after
+        the marker of the owner's last commit); if not, another producer wrote in between."""
+        expected = self.next_offset + (1 if self.own_marker else 0)
+        return [r.offset for r in records] == list(range(expected, expected + len(records)))
+
     def add_poison(self, poison: Poison, offset: int) -> None:
         self.poison.append(poison)
         self.next_offset = max(self.next_offset, offset + 1)

@@ -74,6 +74,16 @@ def decode_record(partition: int, msg: Any) -> LogRecord | Poison:
         return poison_of(msg, str(exc))
 
 
+def index_consumed(part: PartitionIndex, msg: Any) -> None:
+    """Add a consumed events-topic record to the partition's index, or to its poison."""
+    entry = decode_record(part.partition, msg)
+    if isinstance(entry, Poison):
+        part.add_poison(entry, msg.offset)
+        return
+    for record, reason in part.add([entry]):
+        part.add_poison(poison_of(msg, reason, record.event.session_id), record.offset)
+
+
 def poisoned(
     part: PartitionIndex, poison: Poison, versions: dict[str, int], producer: str
 ) -> StateChanged | None:
