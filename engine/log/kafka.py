@@ -514,6 +514,10 @@ class KafkaEventLog(EventLog):
         part = await self._fresh(self.partition_of(session_id))
         return part.session_after(session_id, after_version)
 
+    async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
+        part = await self._fresh(self.partition_of(session_id))
+        return part.session_records_after(session_id, after_version)
+
     async def session_version(self, session_id: str) -> int:
         part = await self._fresh(self.partition_of(session_id))
         return part.version(session_id)

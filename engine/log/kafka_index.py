@@ -31,6 +31,8 @@ class PartitionIndex:
     offsets: list[int] = field(default_factory=list)
     """records[i].offset, for bisecting."""
     sessions: dict[str, list[Event]] = field(default_factory=dict)
+    session_records: dict[str, list[LogRecord]] = field(default_factory=dict)
+    """Each session's records (its events with their offsets), for per-session reads."""
     states: dict[str, SessionState] = field(default_factory=dict)
     """Each session's fold: a record that breaks it is poison and stays out of the index."""
     poison: list[Poison] = field(default_factory=list)
@@ -72,6 +74,7 @@ class PartitionIndex:
             self.offsets.append(record.offset)
             event = record.event
             self.sessions.setdefault(event.session_id, []).append(event)
+            self.session_records.setdefault(event.session_id, []).append(record)
             if isinstance(event, SessionClosed):
                 self.closed.add(event.session_id)
         if records:
@@ -103,6 +106,9 @@ class PartitionIndex:
     def read(self, offset: int, limit: int) -> list[LogRecord]:
         start = bisect.bisect_left(self.offsets, offset)
         return self.records[start : start + limit]
+
+    def session_records_after(self, session_id: str, after_version: int) -> list[LogRecord]:
+        return self.session_records.get(session_id, [])[after_version:]
 
     def session_after(self, session_id: str, after_version: int) -> list[Event]:
         events = self.sessions.get(session_id, [])
