@@ -25,6 +25,7 @@ from engine import (
     tool,
 )
 from engine import events as ev
+from engine.errors import ConcurrencyError
 from engine.log.kafka import KafkaEventLog
 from engine.models.base import ModelRequest, ModelResponse
 from tests.services import kafka_log, need_service, postgres_store
@@ -214,3 +215,30 @@ async def test_a_session_mid_turn_gets_its_error_when_the_turn_ends(
 async def _drain(api: AgentSessions, sid: str, text: str) -> None:
     async for _ in api.send_user_message(sid, text):
         pass
+
+
+async def test_an_owner_append_that_lost_its_versions_to_a_foreign_record_is_the_poison(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    """The rule is the same for every record: the first valid event at a version wins, even a
+    foreign one; the owner's own append at that version is refused and dead-lettered."""
+    await create(owner, "raced")
+    foreign = ev.UserMessageReceived(
+        session_id="raced", version=2, message_id="m", text="straight to the topic"
+    )
+    raw = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await raw.start()
+    try:
+        await raw.send_and_wait(owner.topics.events, codec.encode(foreign), key=b"raced", partition=0)
+    finally:
+        await raw.stop()
+    mine = ev.CancelRequested(session_id="raced", version=2, reason="stop", actor="user")
+    with pytest.raises(ConcurrencyError):
+        await owner.append([mine], expected_version=1)
+    events = await wait_status(owner, "raced", SessionStatus.ERROR)
+    assert [e.event_id for e in events[:2]] == [events[0].event_id, foreign.event_id]
+    (dead,) = await read_topic(bootstrap, owner.topics.dead_letter, 0)
+    assert codec.decode(dead.value) == mine
+    assert "has version 2, expected 3" in dict(dead.headers)["turnlog.reason"].decode()
+    async with kafka_log(bootstrap, partitions=1, topic=owner.topics.events, owner=False) as reader:
+        assert await reader.read_session("raced") == events

@@ -43,7 +43,15 @@ from ..events import Event
 from .base import EventLog, LogRecord, check_batch
 from .kafka_inbox import SUBMITTABLE, admit, event_id
 from .kafka_index import PartitionIndex
-from .kafka_poison import Poison, dead_letter_sources, index_consumed, poison_of, poisoned, settle
+from .kafka_poison import (
+    Poison,
+    dead_letter_sources,
+    index_consumed,
+    own_poison,
+    poison_of,
+    poisoned,
+    settle,
+)
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
 
 log = structlog.get_logger("turnlog.kafka")
@@ -225,6 +233,10 @@ class KafkaEventLog(EventLog):
             if actual != expected_version:
                 raise ConcurrencyError(session_id, expected_version, actual)
             records = await self._transaction(part, list(events))
+            indexed = part.session_records_after(session_id, expected_version)[: len(records)]
+            if [r.offset for r in indexed] != [r.offset for r in records]:
+                # another producer's valid events took these versions first; ours are poison
+                raise ConcurrencyError(session_id, expected_version, part.version(session_id))
         self._notify()
         return records
 
@@ -288,8 +300,9 @@ class KafkaEventLog(EventLog):
                 await self._catch_up(part)
             except LogError as exc:  # committed but not indexed: re-acquire and re-read
                 raise await self._reset(part, exc) from exc
-        for record, reason in part.add(records):
+        for record, reason in part.add(records):  # a bug: our writer folded it; readers skip it too
             log.error("kafka.own_record_rejected", partition=p, offset=record.offset, reason=reason)
+            part.add_poison(own_poison(self.topics.events, record, reason), record.offset)
         part.own_marker = bool(records) or part.own_marker
         return records
 

@@ -66,6 +66,13 @@ def poison_of(msg: Any, reason: str, session_id: str | None = None) -> Poison:
     return Poison(source_of(msg), session_id, reason, msg.key, msg.value or b"")
 
 
+def own_poison(topic: str, record: LogRecord, reason: str) -> Poison:
+    """A record this process appended that its index refused (as every reader will)."""
+    event = record.event
+    source = f"{topic}/{record.partition}/{record.offset}"
+    return Poison(source, event.session_id, reason, event.session_id.encode(), codec.encode(event))
+
+
 def decode_record(partition: int, msg: Any) -> LogRecord | Poison:
     """A consumed events-topic record as a LogRecord, or as poison if it does not decode."""
     try:
