@@ -29,6 +29,7 @@ from engine.errors import ConcurrencyError
 from engine.log.kafka import KafkaEventLog
 from engine.models.base import ModelRequest, ModelResponse
 from tests.services import kafka_log, need_service, postgres_store
+from tests.test_kafka_requests import until_logged
 from tests.test_log_kafka import _read_topic_once, read_topic
 
 AGENT = "plain"
@@ -187,10 +188,7 @@ async def test_a_session_mid_turn_gets_its_error_when_the_turn_ends(
     api = AgentSessions(owner, AgentDirectory([Agent(AGENT, FunctionModel(decide), [export])]), producer="w")
     sid = (await api.create_session(AGENT, "u")).session_id
     running = asyncio.create_task(_drain(api, sid, "export"))
-    for _ in range(500):
-        if any(isinstance(e, ev.ToolCallStarted) for e in await owner.read_session(sid)):
-            break
-        await asyncio.sleep(0.01)
+    await until_logged(owner, sid, ev.ToolCallStarted)
     raw = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await raw.start()
     try:

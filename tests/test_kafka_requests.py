@@ -43,18 +43,13 @@ async def test_a_cancel_from_a_non_owner_stops_the_owners_turn(owner: KafkaEvent
     api = AgentSessions(owner, agents(release), producer="worker")
     sid = (await api.create_session("a", "u")).session_id
     running = asyncio.create_task(_drain(api, sid, "export everything"))
-    for _ in range(500):
-        if any(isinstance(e, ev.ToolCallStarted) for e in await owner.read_session(sid)):
-            break
-        await asyncio.sleep(0.01)
+    await until_logged(owner, sid, ev.ToolCallStarted)
     async with kafka_log(owner.bootstrap, partitions=2, topic=owner.topics.events, owner=False) as other_log:
         other = AgentSessions(other_log, api.agents, producer="tab-2")
+        await until_logged(other_log, sid, ev.ToolCallStarted)  # its view of the log may lag a little
         request = await other.cancel(sid, "changed my mind")
         assert (request.version, request.producer) == (0, "tab-2")  # the owner sequences it
-        for _ in range(200):
-            if any(isinstance(e, ev.CancelRequested) for e in await owner.read_session(sid)):
-                break
-            await asyncio.sleep(0.05)
+        await until_logged(owner, sid, ev.CancelRequested)
         release.set()
         await asyncio.wait_for(running, 30)
         events = await owner.read_session(sid)
@@ -87,3 +82,12 @@ async def test_a_force_finish_from_a_non_owner_is_refused_as_on_the_owner(owner:
 async def _drain(api: AgentSessions, sid: str, text: str) -> None:
     async for _ in api.send_user_message(sid, text):
         pass
+
+
+async def until_logged(log: KafkaEventLog, sid: str, kind: type[ev.Event], timeout_s: float = 30.0) -> None:
+    """Wait until an event of ``kind`` is on the session's log; fail after ``timeout_s``."""
+    for _ in range(int(timeout_s / 0.02)):
+        if any(isinstance(e, kind) for e in await log.read_session(sid)):
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail(f"no {kind.type} for {sid} within {timeout_s:g} s")
