@@ -66,6 +66,7 @@ async def test_a_force_finish_from_a_non_owner_is_refused_as_on_the_owner(owner:
     sid = (await api.create_session("a", "u")).session_id
     async with kafka_log(owner.bootstrap, partitions=2, topic=owner.topics.events, owner=False) as other_log:
         other = AgentSessions(other_log, api.agents, producer="ops")
+        await until_logged(other_log, sid, ev.SessionCreated)
         with pytest.raises(SessionNotFoundError):
             await other.force_finish("nobody", "x")
         info = await other.force_finish(sid, "fraud", actor="ops")
