@@ -161,6 +161,9 @@ class ToolCallStarted(Event):
     call_id: str
     tool_name: str
     attempt: int = 1
+    idempotency_key: str = ""
+    """The call's key for external systems, the same on every attempt and after a crash
+    (``engine.tools.ledger``); "" in logs written before it existed."""
     type: ClassVar[str] = "ToolCallStarted"
 
 

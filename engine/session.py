@@ -8,27 +8,37 @@ TurnRunner in-process, streaming events as they are committed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence, cast
 
 from . import events as ev
-from . import interrupts, snapshots
+from . import interrupts
 from .agent import AgentDirectory
 from .budget import BudgetDecision, SpendLedger, add_budget_decision
-from .errors import ConcurrencyError, InputError, MessageTooLargeError, SessionClosedError
+from .errors import (
+    ConcurrencyError,
+    InputError,
+    LogUnavailableError,
+    MessageTooLargeError,
+    NoTurnRunningError,
+    SessionClosedError,
+)
 from .fold import SessionState
 from .log.base import EventLog
 from .messages import ChatMessage
-from .states import Cause, SessionStatus
+from .states import SessionStatus
 from .stream import StreamItem
 from .tools import ToolOutcome, approvals, invoke
 from .tools.permissions import tools_for_role
 from .turn import TurnRunner
-from .turn_records import add_turn_finished
+from .turn_records import add_force_finish, add_turn_finished
 from .writer import SessionWriter
 
 APPEND_RETRIES = 8
+REQUEST_WAIT_S = 30.0
+"""How long a request sent to another process's partition (force_finish) is waited for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,44 +273,50 @@ class AgentSessions:
     async def cancel(self, session_id: str, reason: str = "", *, actor: str = "user") -> ev.CancelRequested:
         """Ask the running turn to stop at its next step boundary (seed §8), without a new
         message. Whoever runs the session (an in-process ``send_user_message``, a TurnWorker,
-        ``run_pending``) stops it: CANCELLED, with what ran so far kept."""
+        ``run_pending``) stops it: CANCELLED, with what ran so far kept. Where another process
+        owns the session's partition (Kafka), the owner sequences the request from the inbox,
+        and the event comes back with version 0."""
+        reason = reason or "the user cancelled"
+        if not self._owns(session_id):
+            state = await self.runner.reload(session_id)
+            if state.closed:
+                raise SessionClosedError(session_id, state.close_reason)
+            if state.turn is None:
+                raise NoTurnRunningError(session_id, str(state.status))
+            request = ev.CancelRequested(
+                session_id=session_id, version=0, reason=reason, actor=actor, producer=self.producer
+            )
+            return cast(ev.CancelRequested, await self.log.submit(request))
         return await interrupts.request_cancel(
             self.log,
             self.runner.load,
             self.runner.forget,
             session_id,
-            reason or "the user cancelled",
+            reason,
             actor=actor,
             producer=self.producer,
         )
 
+    def _owns(self, session_id: str) -> bool:
+        """Whether this process may append to the session (always, except on Kafka where the
+        owners' group assigns partitions; requests for the others go through the inbox)."""
+        return self.log.partition_of(session_id) in self.log.owned_partitions()
+
     async def force_finish(self, session_id: str, reason: str, *, actor: str = "admin") -> SessionInfo:
-        """Stop whatever the session is doing and close it (seed §6.2 force_finish)."""
+        """Stop whatever the session is doing and close it (seed §6.2 force_finish).
+
+        Where another process owns the session's partition (Kafka), the request goes through
+        the log's inbox and the owner applies it (engine.log.kafka_inbox); this returns once
+        the session is closed on the log."""
+        if not self._owns(session_id):
+            return await self._request_close(session_id, reason, actor)
         async with self.runner.lock(session_id):
             for _ in range(APPEND_RETRIES):
                 state = await self.runner.load(session_id)
                 if state.closed:
                     raise SessionClosedError(session_id, state.close_reason)
                 w = SessionWriter(self.log, state, self.producer)
-                forced = state.turn is not None
-                if state.status not in (SessionStatus.FINISHED,):
-                    w.transition(SessionStatus.FINISHED, Cause.ADMIN, detail=reason)
-                if state.turn is not None:
-                    t = state.turn
-                    w.add(
-                        ev.TurnFinished,
-                        turn_id=t.turn_id,
-                        message_id=t.message_id,
-                        reason="forced",
-                        iterations=t.iterations,
-                        model_calls=t.model_calls,
-                        input_tokens=t.input_tokens,
-                        output_tokens=t.output_tokens,
-                        correlation_id=t.turn_id,
-                    )
-                w.add(ev.SessionClosed, reason=reason, actor=actor)
-                if forced and self.runner.snapshots is not None:
-                    snapshots.take(w, self.runner.snapshots)  # a forced turn end is a turn end too
+                add_force_finish(w, reason, actor, self.runner.snapshots)
                 try:
                     await w.commit()
                 except ConcurrencyError:
@@ -311,6 +327,27 @@ class AgentSessions:
                     raise
                 return _info(state)
         raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
+
+    async def _request_close(self, session_id: str, reason: str, actor: str) -> SessionInfo:
+        state = await self.runner.reload(session_id)
+        if state.closed:
+            raise SessionClosedError(session_id, state.close_reason)
+        request = ev.SessionClosed(
+            session_id=session_id, version=0, reason=reason, actor=actor, producer=self.producer
+        )
+        await self.log.submit(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REQUEST_WAIT_S
+        while loop.time() < deadline:
+            current = await self.runner.reload(session_id)
+            if current.closed:
+                return _info(current)
+            await self.log.wait_for_append(deadline - loop.time())
+        raise LogUnavailableError(
+            f"session {session_id}: the close request is on the log, but the owner of partition "
+            f"{self.log.partition_of(session_id)} has not applied it within {REQUEST_WAIT_S:g} s; "
+            "it will when a worker owns the partition. Check that turn workers are running."
+        )
 
 
 def _info(state: SessionState) -> SessionInfo:

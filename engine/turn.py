@@ -44,7 +44,7 @@ from .models.base import ModelRequest, ModelResponse, ModelSwitch, TextDelta
 from .models.limits import stream_within
 from .states import Cause, SessionStatus
 from .stream import ModelDelta, StreamItem
-from .tools import Tool, batch, guards
+from .tools import Tool, batch, guards, ledger
 from .tools import execute as tool_exec
 from .turn_records import add_tool_finished, add_turn_finished
 from .writer import SessionWriter
@@ -458,13 +458,15 @@ class TurnRunner:
             if isinstance(prepared, tool_exec.ToolOutcome):  # rejected, declined, interrupted: nothing to run
                 results[call.call_id] = (call.attempts, prepared)
             else:
-                runnable.append((call, call.attempts, *prepared))
+                key = ledger.idempotency_key(w.state.session_id, tid, call.call_id)
+                runnable.append((call, call.attempts, prepared[0], ledger.with_key(*prepared, key)))
                 w.add(
                     ev.ToolCallStarted,
                     turn_id=tid,
                     call_id=call.call_id,
                     tool_name=call.tool_name,
                     attempt=call.attempts + 1,
+                    idempotency_key=key,
                     correlation_id=tid,
                 )
         for event in await w.commit():

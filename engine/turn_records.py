@@ -1,11 +1,14 @@
-"""The events that close a tool call and a turn, written one way whoever closes them: the turn
-loop, or a stop (a cancel or an interrupting message, engine.interrupts)."""
+"""The events that close a tool call, a turn and a session, written one way whoever closes them:
+the turn loop, a stop (a cancel or an interrupting message, engine.interrupts), an admin's
+force-finish (``AgentSessions.force_finish``, or a Kafka partition's owner applying one sent
+through the inbox, engine.log.kafka_inbox)."""
 
 from __future__ import annotations
 
 from . import events as ev
 from . import snapshots
 from .fold import ToolCallProgress
+from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
 from .writer import SessionWriter
 
@@ -46,3 +49,36 @@ def add_turn_finished(w: SessionWriter, reason: str, encoder: snapshots.Snapshot
     )
     if encoder is not None:
         snapshots.take(w, encoder, correlation_id=turn.turn_id)
+
+
+def add_force_finish(
+    w: SessionWriter,
+    reason: str,
+    actor: str,
+    encoder: snapshots.SnapshotEncoder | None,
+    *,
+    event_id: str | None = None,
+) -> None:
+    """Stop whatever the session is doing and close it (seed §6.2 force_finish): FINISHED, the
+    running turn finished as forced, SessionClosed (with ``event_id`` if given: the id of the
+    request it answers), then a snapshot if a turn was cut short."""
+    state = w.state
+    turn = state.turn
+    if state.status != SessionStatus.FINISHED:
+        w.transition(SessionStatus.FINISHED, Cause.ADMIN, detail=reason)
+    if turn is not None:
+        w.add(
+            ev.TurnFinished,
+            turn_id=turn.turn_id,
+            message_id=turn.message_id,
+            reason="forced",
+            iterations=turn.iterations,
+            model_calls=turn.model_calls,
+            input_tokens=turn.input_tokens,
+            output_tokens=turn.output_tokens,
+            correlation_id=turn.turn_id,
+        )
+    closing = {"event_id": event_id} if event_id is not None else {}
+    w.add(ev.SessionClosed, reason=reason, actor=actor, **closing)
+    if turn is not None and encoder is not None:
+        snapshots.take(w, encoder)  # a forced turn end is a turn end too

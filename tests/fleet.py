@@ -28,7 +28,11 @@ from engine import (
 from engine.errors import LogUnavailableError
 
 AGENT = "fleet"
-SIDE_EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS side_effects (session_id TEXT, call_id TEXT, worker TEXT)"
+SIDE_EFFECTS_DDL = (
+    "CREATE TABLE IF NOT EXISTS side_effects "
+    "(session_id TEXT, call_id TEXT, worker TEXT, tool TEXT, idempotency_key TEXT)"
+)
+"""Every tool run: notify's rows are its side effects, lookup's show which key each attempt got."""
 
 
 def decide(request: ModelRequest) -> ModelResponse | str:
@@ -37,7 +41,7 @@ def decide(request: ModelRequest) -> ModelResponse | str:
     ref = request.messages[last_user].content
     results = [m for m in request.messages[last_user + 1 :] if m.role == "tool"]
     if not results:
-        return reply("", call("lookup", {"ref": ref}, f"lookup-{ref}"))
+        return reply("", call("lookup", {"session": request.session_id, "ref": ref}, f"lookup-{ref}"))
     if len(results) == 1:
         return reply("", call("notify", {"session": request.session_id, "ref": ref}, f"notify-{ref}"))
     return f"done: {ref}"
@@ -46,20 +50,25 @@ def decide(request: ModelRequest) -> ModelResponse | str:
 def fleet_agent(conn: Any, worker_id: str, *, jitter_s: float = 0.15) -> Agent:
     rng = random.Random()
 
+    async def record(session: str, call_id: str, name: str, key: str) -> None:
+        await conn.execute(
+            "INSERT INTO side_effects (session_id, call_id, worker, tool, idempotency_key) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (session, call_id, worker_id, name, key),
+        )
+
     @tool(idempotent=True)
-    async def lookup(ref: str) -> dict:
+    async def lookup(session: str, ref: str, idempotency_key: str) -> dict:
         """Look a reference up (read-only)."""
-        await asyncio.sleep(rng.uniform(0, jitter_s))
+        await record(session, f"lookup-{ref}", "lookup", idempotency_key)
+        await asyncio.sleep(rng.uniform(0, jitter_s))  # a kill here: retried, with the same key
         return {"ref": ref, "status": "delayed"}
 
     @tool(idempotent=False)
-    async def notify(session: str, ref: str) -> str:
+    async def notify(session: str, ref: str, idempotency_key: str) -> str:
         """Send the customer a notice (a side effect: never twice)."""
         await asyncio.sleep(rng.uniform(0, jitter_s))
-        await conn.execute(
-            "INSERT INTO side_effects (session_id, call_id, worker) VALUES (%s, %s, %s)",
-            (session, f"notify-{ref}", worker_id),
-        )
+        await record(session, f"notify-{ref}", "notify", idempotency_key)
         await asyncio.sleep(rng.uniform(0, jitter_s))  # a kill here: sent, but not on the log
         return "sent"
 

@@ -62,12 +62,13 @@ def tool_name_from(request: ModelRequest) -> str:
 
 
 def recovery_agent(
-    kind: str, model: Model, handler: Callable[[str], Any], *, timeout_s: float = 10.0
+    kind: str, model: Model, handler: Callable[[str, str], Any], *, timeout_s: float = 10.0
 ) -> Agent:
-    """The agent both processes run; only the model and the tool's body differ."""
+    """The agent both processes run; only the model and the tool's body differ. The tool takes
+    its call's idempotency key (engine.tools.ledger) and hands it to ``handler``."""
 
-    async def body(order_id: str) -> str:
-        return await handler(order_id)
+    async def body(order_id: str, idempotency_key: str) -> str:
+        return await handler(order_id, idempotency_key)
 
     body.__doc__ = "Look an order up (read-only)." if kind != "send" else "Send the order to the carrier."
     t = tool(body, name=tool_name(kind), idempotent=kind != "send", timeout_s=timeout_s)
@@ -84,7 +85,7 @@ class HangingModel(Model):
         yield ModelResponse("unreachable")
 
 
-async def hang(order_id: str) -> str:
+async def hang(order_id: str, idempotency_key: str) -> str:
     await asyncio.Event().wait()
     return "unreachable"
 

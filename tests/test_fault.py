@@ -189,7 +189,8 @@ async def check_outcome(
     dsn: str,
 ) -> None:
     with psycopg.connect(dsn, options=f"-c search_path={live.schema}") as conn:
-        effects = Counter(conn.execute("SELECT session_id, call_id FROM side_effects").fetchall())
+        runs = conn.execute("SELECT session_id, call_id, tool, idempotency_key FROM side_effects").fetchall()
+    effects = Counter((sid, call_id) for sid, call_id, name, _ in runs if name == "notify")
     outcomes: Counter[str] = Counter()
     for sid, texts in expected.items():
         events = await producer.read_session(sid)
@@ -211,8 +212,26 @@ async def check_outcome(
             else:  # killed between the send and its record: reported, never sent again
                 assert finished[0].status == "interrupted" and sent <= 1, (sid, text, sent)
     assert max(effects.values()) == 1  # no notification was ever sent twice
+    await check_ledger(producer, runs)
     assert sum(outcomes.values()) == 2 * SESSIONS
     await Projector(producer, live).catch_up()
     assert await rebuild(producer, rebuilt) > 0
     for name in READ_MODELS:
         assert live.table(name) == rebuilt.table(name), name
+
+
+async def check_ledger(producer: KafkaEventLog, runs: list[tuple[str, str, str, str]]) -> None:
+    """Every tool run got the key its ToolCallStarted put on the log before it ran; a lookup
+    retried after a kill got the same key again; no two calls share a key."""
+    logged: dict[tuple[str, str], set[str]] = {}
+    for sid in {run[0] for run in runs}:
+        for e in await producer.read_session(sid):
+            if isinstance(e, ev.ToolCallStarted):
+                logged.setdefault((sid, e.call_id), set()).add(e.idempotency_key)
+    assert all(len(keys) == 1 for keys in logged.values())  # one key per call, over all attempts
+    for sid, call_id, _, key in runs:
+        assert logged[(sid, call_id)] == {key}, (sid, call_id)
+    assert len({k for keys in logged.values() for k in keys}) == len(logged)
+    retried = Counter((sid, call_id) for sid, call_id, name, _ in runs if name == "lookup")
+    again = sum(n > 1 for n in retried.values())
+    print(f"ledger: {len(runs)} tool runs, {again} lookups run again after a kill, each with its first key")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -17,6 +18,7 @@ from engine import events as ev
 from engine.errors import (
     ConcurrencyError,
     ConfigurationError,
+    LogUnavailableError,
     PartitionNotOwnedError,
     SessionClosedError,
     SessionNotFoundError,
@@ -206,3 +208,26 @@ async def test_a_zombie_owner_is_fenced_and_appends_nothing(owner: KafkaEventLog
         await successor.stop()
     on_topic = [codec.decode(r.value) for r in await read_topic(bootstrap, owner.topics.events, p)]
     assert [e.type for e in on_topic if e.session_id == "s-5"] == ["SessionCreated"]
+
+
+async def test_a_failed_re_acquire_read_is_retried_until_the_partition_is_owned_again(
+    owner: KafkaEventLog,
+) -> None:
+    """A transaction with an unknown outcome drops the partition and re-acquires it; the
+    re-read failing once (the broker away) must not leave it assigned but unowned."""
+    await owner.submit(created("s-6"))
+    part = owner._parts[owner.partition_of("s-6")]
+    read, failures = owner._catch_up, []
+
+    async def read_failing_once(p: Any) -> None:
+        if not failures:
+            failures.append(p.partition)
+            raise LogUnavailableError("injected: the broker went away during the re-read")
+        await read(p)
+
+    owner._catch_up = read_failing_once  # type: ignore[method-assign]
+    await owner._reset(part, RuntimeError("injected: a transaction with an unknown outcome"))
+    assert part.partition not in owner.owned_partitions()
+    await owner.wait_owned(timeout=20)
+    assert failures == [part.partition]
+    assert (await owner.submit(message("s-6"))).version == 2  # and it sequences again

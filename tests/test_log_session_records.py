@@ -1,6 +1,7 @@
 """``EventLog.read_session_records``: a session's events with their log positions. The SQLite
-backend answers from its index; the base class's default (a partition scan, what a backend
-without an index inherits) must give the same records."""
+backend answers from its index, the Kafka one from its partition index; the base class's
+default (a partition scan, what a backend without an index inherits) must give the same
+records."""
 
 from __future__ import annotations
 

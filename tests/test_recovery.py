@@ -8,6 +8,7 @@ non-idempotent tool is not repeated but reported as interrupted (its outcome is 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -90,9 +91,11 @@ class Successor:
     def __init__(self, log: SqliteEventLog, kind: str) -> None:
         self.model = FunctionModel(answer)
         self.tool_calls: list[str] = []
+        self.keys: list[str] = []
 
-        async def handler(order_id: str) -> str:
+        async def handler(order_id: str, idempotency_key: str) -> str:
             self.tool_calls.append(order_id)
+            self.keys.append(idempotency_key)
             return f"order {order_id} is packed"
 
         self.api = AgentSessions(
@@ -138,6 +141,10 @@ async def test_killed_during_an_idempotent_tool_the_tool_runs_again(log_path: Pa
     assert (again.call_id, again.tool_name, again.attempt) == ("call-1", tool_name("lookup"), 2)
     assert (done.status, done.attempts, done.content) == ("success", 2, "order A-17 is packed")
     assert successor.tool_calls == ["A-17"]
+    # the ledger: the key the killed attempt was started with is the key the retry is given
+    killed = before[-1]
+    assert isinstance(killed, ev.ToolCallStarted) and len(killed.idempotency_key) == 64
+    assert successor.keys == [killed.idempotency_key] == [again.idempotency_key]
     assert_turn_finished_with_one_more_model_call(successor, events, new, streamed)
 
 
@@ -165,6 +172,10 @@ async def test_killed_during_a_non_idempotent_tool_it_is_reported_interrupted_no
     assert "not safe to repeat" in done.content
     assert done.attempts == 1, "it was attempted once, before the kill"
     assert successor.tool_calls == [], "a send that may have happened must not be repeated"
+    started = before[-1]  # its intent was on the log before it ran: call id, key, arguments
+    assert isinstance(started, ev.ToolCallStarted) and started.idempotency_key
+    (requested,) = [e for e in before if isinstance(e, ev.ToolCallRequested)]
+    assert (requested.call_id, json.loads(requested.arguments_json)) == ("call-1", {"order_id": "A-17"})
     assert_turn_finished_with_one_more_model_call(successor, events, new, streamed)
     (request,) = successor.model.requests
     assert request.messages[-1].content == done.content  # the model is told the outcome is unknown

@@ -830,8 +830,9 @@ async def test_force_finish_after_an_answered_turn_only_closes(log: SqliteEventL
     assert state.closed and state.close_reason == "done" and state.status == "FINISHED"
 
 
-@pytest.mark.usefixtures("sqlite_only")  # Kafka: only the owner appends (known gap)
-async def test_force_finish_mid_turn_from_another_process(log: SqliteEventLog, log_path: Any) -> None:
+async def test_force_finish_mid_turn_from_another_process(log: SqliteEventLog, reopen: Any) -> None:
+    """On Kafka the other process owns no partition: the request goes through the inbox and
+    the owner writes the close."""
     release = asyncio.Event()
 
     @tool(timeout_s=10)
@@ -854,12 +855,12 @@ async def test_force_finish_mid_turn_from_another_process(log: SqliteEventLog, l
         worker.cancel()
         pytest.fail("the tool never started")
 
-    admin_log = SqliteEventLog(log_path, partitions=4)
-    try:
+    async with reopen() as admin_log:
         admin = AgentSessions(admin_log, h.api.agents, producer="admin-cli")
-        await admin.force_finish(h.sid, "stuck export")
-    finally:
-        await admin_log.close()
+        info = await admin.force_finish(h.sid, "stuck export")
+        assert (info.status, info.version) == ("FINISHED", len(await admin_log.read_session(h.sid)))
+        with pytest.raises(SessionClosedError):
+            await admin.force_finish(h.sid, "again")
     release.set()
     # the worker's next append conflicts with the admin's; it sees the session closed and stops
     await asyncio.wait_for(worker, 10)

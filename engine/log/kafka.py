@@ -7,7 +7,8 @@ Topics (created by ``start`` with the settings they need, see ``kafka_topics``):
   event type in record headers, infinite retention.
 * ``<topic>.inbox``: what producers outside a partition's owner submit (SessionCreated,
   UserMessageReceived) without a version; same partition count.
-* ``<topic>.dead-letter``: inbox records the owner could not take, with the reason in a header.
+* ``<topic>.dead-letter``: records the owner could not take (inbox records it refused, poison on
+  the events topic: ``kafka_poison``), with the reason and the source in headers.
 
 Kafka has no conditional append, so one process owns each partition: the member of the
 ``<topic>.owners`` consumer group that is assigned inbox partition ``p`` is the only writer of
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Coroutine, Sequence
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -34,22 +35,32 @@ from .. import codec
 from ..errors import (
     ConcurrencyError,
     ConfigurationError,
-    EventError,
     LogError,
     LogUnavailableError,
     PartitionNotOwnedError,
 )
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch
-from .kafka_inbox import SUBMITTABLE, admit, event_id, poisoned
+from .kafka_inbox import SUBMITTABLE, admit, event_id
 from .kafka_index import PartitionIndex
+from .kafka_poison import (
+    Poison,
+    dead_letter_sources,
+    index_consumed,
+    own_poison,
+    poison_of,
+    poisoned,
+    settle,
+)
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
 
 log = structlog.get_logger("turnlog.kafka")
 SUBMIT_WAIT_S = 30.0
 OPERATION_TIMEOUT_S = 30.0
-REACQUIRE_DELAY_S = 3.0
 """A bound on one transaction or one catch-up read: past it the outcome counts as unknown."""
+REACQUIRE_DELAY_S = 3.0
+TAIL_EVERY_S = 1.0
+"""How often an idle owner reads what others wrote to its partitions (poison, see kafka_poison)."""
 
 
 def _headers(event: Event) -> list[tuple[str, bytes]]:
@@ -96,6 +107,7 @@ class KafkaEventLog(EventLog):
         self._waiters: list[asyncio.Future[None]] = []
         self._submitted: dict[str, asyncio.Future[Event]] = {}
         self._committed: dict[tuple[str, int], int] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -139,10 +151,10 @@ class KafkaEventLog(EventLog):
                 await asyncio.sleep(0.05)
 
     async def close(self) -> None:
-        if self._sequencer is not None:
-            self._sequencer.cancel()
+        for task in [*self._background, *([self._sequencer] if self._sequencer else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._sequencer
+                await task
         if self._inbox is not None:
             with contextlib.suppress(Exception):
                 await self._inbox.stop()  # leaves the group: the revoke hook releases partitions
@@ -178,6 +190,7 @@ class KafkaEventLog(EventLog):
             await producer.start()  # init_transactions: bumps the epoch, aborts a zombie's transaction
             async with part.lock:
                 await self._catch_up(part)
+                part.dead_sources = await self._dead_sources(part.partition)
                 part.producer = producer
                 part.owned = True
                 for key in [k for k in self._committed if k[1] == part.partition]:
@@ -201,11 +214,11 @@ class KafkaEventLog(EventLog):
         """The partition's producer was fenced: drop it (a newer owner writes now)."""
         producer, part.producer, part.owned = part.producer, None, False
         if producer is not None:
-            asyncio.get_running_loop().create_task(_quiet_stop(producer))
+            self._spawn(_quiet_stop(producer))
         log.warning("kafka.partition_fenced", partition=part.partition, reason=reason)
         # fenced while the group still assigns it to us: our view or the fencer's is stale; if the
         # assignment stands after the group settles, this process is the owner and takes it back
-        asyncio.get_running_loop().create_task(self._reacquire(part, delay=REACQUIRE_DELAY_S))
+        self._spawn(self._reacquire(part, delay=REACQUIRE_DELAY_S))
         return PartitionNotOwnedError(part.partition, reason)
 
     # -- appends --------------------------------------------------------------------------------
@@ -220,6 +233,10 @@ class KafkaEventLog(EventLog):
             if actual != expected_version:
                 raise ConcurrencyError(session_id, expected_version, actual)
             records = await self._transaction(part, list(events))
+            indexed = part.session_records_after(session_id, expected_version)[: len(records)]
+            if [r.offset for r in indexed] != [r.offset for r in records]:
+                # another producer's valid events took these versions first; ours are poison
+                raise ConcurrencyError(session_id, expected_version, part.version(session_id))
         self._notify()
         return records
 
@@ -229,7 +246,7 @@ class KafkaEventLog(EventLog):
         events: list[Event],
         *,
         inbox_offset: int | None = None,
-        dead: Sequence[tuple[Any, str]] = (),
+        dead: Sequence[Poison] = (),
     ) -> list[LogRecord]:
         """One Kafka transaction: events, dead letters, the inbox offset and pending group
         offsets, all or nothing. Called with ``part.lock`` held by the partition's owner."""
@@ -248,16 +265,13 @@ class KafkaEventLog(EventLog):
                     )
                     for e in events
                 ]
-                for msg, reason in dead:
+                for poison in dead:
                     await producer.send(
                         self.topics.dead_letter,
-                        msg.value,
-                        key=msg.key,
+                        poison.value,
+                        key=poison.key,
                         partition=p,
-                        headers=[
-                            ("turnlog.reason", reason.encode()),
-                            ("turnlog.source", f"{msg.topic}/{msg.partition}/{msg.offset}".encode()),
-                        ],
+                        headers=poison.headers(),
                     )
                 # aiokafka commits one consumer group's offsets per transaction (a second group
                 # fails the transaction): the inbox offset if any, else one pending group's
@@ -279,8 +293,17 @@ class KafkaEventLog(EventLog):
             raise await self._reset(part, exc) from exc
         if group is not None and part.pending_commits.get(group) == committing:
             del part.pending_commits[group]  # unless a newer offset came in meanwhile
+        part.dead_sources.update(poison.source for poison in dead)
         records = [LogRecord(p, m.offset, e) for m, e in zip(metas, events, strict=True)]
-        part.add(records)
+        if records and not part.continues_at(records):
+            try:  # someone else wrote to the partition: index it in order first
+                await self._catch_up(part)
+            except LogError as exc:  # committed but not indexed: re-acquire and re-read
+                raise await self._reset(part, exc) from exc
+        for record, reason in part.add(records):  # a bug: our writer folded it; readers skip it too
+            log.error("kafka.own_record_rejected", partition=p, offset=record.offset, reason=reason)
+            part.add_poison(own_poison(self.topics.events, record, reason), record.offset)
+        part.own_marker = bool(records) or part.own_marker
         return records
 
     async def _reset(self, part: PartitionIndex, exc: Exception) -> LogError:
@@ -288,11 +311,17 @@ class KafkaEventLog(EventLog):
         if producer is not None:
             await _quiet_stop(producer)
         log.warning("kafka.transaction_failed", partition=part.partition, error=repr(exc))
-        asyncio.get_running_loop().create_task(self._reacquire(part))
+        self._spawn(self._reacquire(part))
         return LogUnavailableError(
             f"partition {part.partition}: a Kafka transaction failed ({exc!r}); the owner re-reads "
             "the partition before appending again, retry the operation"
         )
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background, holding a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _reacquire(self, part: PartitionIndex, delay: float = 0.0) -> None:
         await asyncio.sleep(delay)
@@ -303,7 +332,7 @@ class KafkaEventLog(EventLog):
             try:
                 await self._acquire(part)
                 return
-            except KafkaError as exc:
+            except (KafkaError, LogError) as exc:  # a catch-up read fails with LogUnavailableError
                 log.warning("kafka.reacquire_failed", partition=part.partition, error=repr(exc))
                 await asyncio.sleep(1.0)
 
@@ -342,6 +371,8 @@ class KafkaEventLog(EventLog):
     async def _sequence_loop(self) -> None:
         inbox = self._inbox
         assert inbox is not None
+        loop = asyncio.get_running_loop()
+        tailed = loop.time()
         while True:
             try:
                 batches = await inbox.getmany(timeout_ms=100, max_records=500)
@@ -349,6 +380,9 @@ class KafkaEventLog(EventLog):
                     await self._sequence(self._parts[tp.partition], tp, messages)
                 if not batches:
                     await self._flush_commits()
+                if loop.time() - tailed >= TAIL_EVERY_S:
+                    await self._tail_owned()
+                    tailed = loop.time()
             except (KafkaError, LogError) as exc:  # the broker is away: nothing was sequenced, retry
                 log.warning("kafka.sequencer_retry", error=repr(exc))
                 await asyncio.sleep(1.0)
@@ -366,19 +400,19 @@ class KafkaEventLog(EventLog):
     async def _sequence_owned(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
         """Sequence a batch of inbox records; called with ``part.lock`` held by the owner."""
         accepted: list[Event] = []
-        dead: list[tuple[Any, str]] = []
+        dead: list[Poison] = []
         refused: dict[str, Exception] = {}
         versions: dict[str, int] = {}
         for msg in messages:
-            event, error = admit(part, msg, versions)
-            if event is not None:
-                accepted.append(event)
+            admitted, error = admit(part, msg, versions, accepted, self)
+            if error is None:
+                accepted += admitted
                 continue
-            assert error is not None
-            dead.append((msg, str(error)))
+            poison = poison_of(msg, str(error))
+            dead.append(poison)
             if (eid := event_id(msg)) is not None:
                 refused[eid] = error
-            elif (marked := poisoned(part, msg, str(error), versions, f"{self.client_id}:owner")) is not None:
+            elif (marked := poisoned(part, poison, versions, self._owner_name)) is not None:
                 accepted.append(marked)
         try:
             records = await self._transaction(part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead)
@@ -391,7 +425,9 @@ class KafkaEventLog(EventLog):
         for eid, error in refused.items():
             self._resolve(eid, None, error)
         if dead:
-            log.warning("kafka.dead_letters", partition=part.partition, count=len(dead), reason=dead[0][1])
+            log.warning(
+                "kafka.dead_letters", partition=part.partition, count=len(dead), reason=dead[0].reason
+            )
         self._notify()
 
     def _resolve(self, event_id: str, event: Event | None, error: Exception | None) -> None:
@@ -411,6 +447,45 @@ class KafkaEventLog(EventLog):
                     if part.owned and part.pending_commits:
                         with contextlib.suppress(LogError):
                             await self._transaction(part, [])
+
+    async def _tail_owned(self) -> None:
+        """Index what others wrote to our partitions since we read them, and settle poison."""
+        for part in self._parts:
+            if not part.owned:
+                continue
+            async with part.lock:
+                if part.owned:
+                    with contextlib.suppress(LogError):
+                        await self._catch_up(part)
+                        await self._settle_poison(part)
+
+    async def _settle_poison(self, part: PartitionIndex) -> None:
+        """Dead-letter the partition's poison and move its sessions to ERROR (kafka_poison);
+        called with ``part.lock`` held by the owner."""
+        markers, dead = settle(part, self._owner_name)
+        if dead:
+            await self._transaction(part, markers, dead=dead)
+            log.warning(
+                "kafka.poison_dead_lettered", partition=part.partition, count=len(dead), reason=dead[0].reason
+            )
+            self._notify()
+
+    async def _dead_sources(self, partition: int) -> set[str]:
+        reader = self._reader
+        assert reader is not None, "call start() first"
+        async with self._reader_lock:
+            try:
+                return await dead_letter_sources(
+                    reader, TopicPartition(self.topics.dead_letter, partition), OPERATION_TIMEOUT_S
+                )
+            except (KafkaError, TimeoutError) as exc:
+                raise LogUnavailableError(
+                    f"reading dead letters of partition {partition} failed: {exc!r}"
+                ) from exc
+
+    @property
+    def _owner_name(self) -> str:
+        return f"{self.client_id}:owner"
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -436,8 +511,10 @@ class KafkaEventLog(EventLog):
         reader.seek(tp, part.next_offset)
         while part.next_offset < end:
             batch = await reader.getmany(tp, timeout_ms=1000, max_records=1000)
-            records = [_record(part.partition, m) for m in batch.get(tp, [])]
-            part.add(records, await reader.position(tp))
+            for msg in batch.get(tp, []):
+                index_consumed(part, msg)
+            part.add([], await reader.position(tp))
+        part.own_marker = False
         reader.pause(tp)  # no background long polls between catch-ups
 
     async def _fresh(self, partition: int) -> PartitionIndex:
@@ -449,6 +526,10 @@ class KafkaEventLog(EventLog):
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         part = await self._fresh(self.partition_of(session_id))
         return part.session_after(session_id, after_version)
+
+    async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
+        part = await self._fresh(self.partition_of(session_id))
+        return part.session_records_after(session_id, after_version)
 
     async def session_version(self, session_id: str) -> int:
         part = await self._fresh(self.partition_of(session_id))
@@ -519,14 +600,8 @@ class _Owners(ConsumerRebalanceListener):
             except (KafkaError, LogError) as exc:
                 log.warning("kafka.acquire_retry", partition=partition, attempt=attempt, error=repr(exc))
                 await asyncio.sleep(1.0)
-        log.error("kafka.acquire_failed", partition=partition)
-
-
-def _record(partition: int, msg: Any) -> LogRecord:
-    try:
-        return LogRecord(partition, msg.offset, codec.decode(msg.value))
-    except EventError as exc:
-        raise type(exc)(f"partition {partition} offset {msg.offset}: {exc}") from exc
+        log.error("kafka.acquire_failed", partition=partition, then="retrying while assigned")
+        self.log._spawn(self.log._reacquire(self.log._parts[partition], delay=1.0))
 
 
 async def _quiet_stop(producer: AIOKafkaProducer) -> None:

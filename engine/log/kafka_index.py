@@ -14,8 +14,11 @@ import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from ..errors import TurnlogError
 from ..events import Event, SessionClosed
+from ..fold import SessionState
 from .base import LogRecord
+from .kafka_poison import Poison
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaProducer
@@ -28,9 +31,19 @@ class PartitionIndex:
     offsets: list[int] = field(default_factory=list)
     """records[i].offset, for bisecting."""
     sessions: dict[str, list[Event]] = field(default_factory=dict)
+    session_records: dict[str, list[LogRecord]] = field(default_factory=dict)
+    """Each session's records (its events with their offsets), for per-session reads."""
+    states: dict[str, SessionState] = field(default_factory=dict)
+    """Each session's fold: a record that breaks it is poison and stays out of the index."""
+    poison: list[Poison] = field(default_factory=list)
+    """Records of the partition left out of the index, in offset order (engine.log.kafka_poison)."""
+    dead_sources: set[str] = field(default_factory=set)
+    """Sources already in the dead-letter topic (read by the owner when it takes the partition)."""
     closed: set[str] = field(default_factory=set)
     next_offset: int = 0
     """Where reading the partition from Kafka continues (past records and transaction markers)."""
+    own_marker: bool = False
+    """The owner's last transaction ended with events here: its commit marker is at next_offset."""
     owned: bool = False
     producer: AIOKafkaProducer | None = None
     """The transactional producer whose id is this partition's: holding it fences older owners."""
@@ -45,24 +58,57 @@ class PartitionIndex:
         events = self.sessions.get(session_id)
         return events[-1].version if events else 0
 
-    def add(self, records: Sequence[LogRecord], next_offset: int | None = None) -> None:
+    def add(
+        self, records: Sequence[LogRecord], next_offset: int | None = None
+    ) -> list[tuple[LogRecord, str]]:
+        """Index the records that fold into their sessions; return the others with the reason."""
+        rejected: list[tuple[LogRecord, str]] = []
         for record in records:
-            if self.offsets and record.offset <= self.offsets[-1]:
-                continue  # already indexed (a re-read after a reset of the reader's position)
+            if record.offset < self.next_offset:
+                continue  # already read (our own append, read back by a catch-up)
+            if (reason := self._fold_in(record.event)) is not None:
+                rejected.append((record, reason))
+                self.next_offset = record.offset + 1
+                continue
             self.records.append(record)
             self.offsets.append(record.offset)
             event = record.event
             self.sessions.setdefault(event.session_id, []).append(event)
+            self.session_records.setdefault(event.session_id, []).append(record)
             if isinstance(event, SessionClosed):
                 self.closed.add(event.session_id)
         if records:
             self.next_offset = max(self.next_offset, records[-1].offset + 1)
         if next_offset is not None:
             self.next_offset = max(self.next_offset, next_offset)
+        return rejected
+
+    def continues_at(self, records: Sequence[LogRecord]) -> bool:
+        """Whether the owner's just-committed ``records`` sit right where the index ends (after
+        the marker of the owner's last commit); if not, another producer wrote in between."""
+        expected = self.next_offset + (1 if self.own_marker else 0)
+        return [r.offset for r in records] == list(range(expected, expected + len(records)))
+
+    def add_poison(self, poison: Poison, offset: int) -> None:
+        self.poison.append(poison)
+        self.next_offset = max(self.next_offset, offset + 1)
+
+    def _fold_in(self, event: Event) -> str | None:
+        sid = event.session_id
+        state = self.states.get(sid) or SessionState(sid)
+        try:
+            state.apply(event)
+        except (TurnlogError, ValueError, KeyError) as exc:
+            return f"{event.type} v{event.version} breaks session {sid}'s fold: {exc}"
+        self.states[sid] = state
+        return None
 
     def read(self, offset: int, limit: int) -> list[LogRecord]:
         start = bisect.bisect_left(self.offsets, offset)
         return self.records[start : start + limit]
+
+    def session_records_after(self, session_id: str, after_version: int) -> list[LogRecord]:
+        return self.session_records.get(session_id, [])[after_version:]
 
     def session_after(self, session_id: str, after_version: int) -> list[Event]:
         events = self.sessions.get(session_id, [])

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..errors import ToolFailure
+from .ledger import with_key
 from .registry import Tool, ToolRegistry, default_formatter
 from .shaping import truncate
 from .validation import ArgumentProblem, parse_arguments
@@ -110,9 +111,12 @@ def declined(t_name: str, note: str) -> ToolOutcome:
     )
 
 
-async def execute(t: Tool, args: dict[str, Any]) -> ToolOutcome:
+async def execute(t: Tool, args: dict[str, Any], *, idempotency_key: str = "") -> ToolOutcome:
     """Run with the tool's timeout; retry per its policy (``Tool.max_attempts``) after a timeout
-    or a crash, never after a ToolFailure (a business answer, not a glitch)."""
+    or a crash, never after a ToolFailure (a business answer, not a glitch). Every attempt
+    gets the same idempotency key if the tool takes one (engine.tools.ledger): the one in
+    ``args`` (the turn loop's), else ``idempotency_key``, else a fresh one."""
+    args = with_key(t, args, idempotency_key)
     max_attempts = t.max_attempts
     started = time.perf_counter()
     attempt = 0

@@ -16,6 +16,7 @@ import jsonschema
 import pydantic
 
 from ..errors import ConfigurationError
+from .ledger import KEY_PARAMETER
 
 Handler = Callable[..., Any | Awaitable[Any]]
 Formatter = Callable[[Any], str]
@@ -64,6 +65,8 @@ class Tool:
     retries: int | None = None
     """Extra attempts after a timeout or crash; None means one for idempotent tools, else none."""
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
+    takes_idempotency_key: bool = False
+    """The handler takes ``idempotency_key=``: the engine passes the call's key (engine.tools.ledger)."""
     validator: jsonschema.protocols.Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +144,7 @@ def tool(
             requires_approval=requires_approval,
             retries=retries,
             max_result_chars=max_result_chars,
+            takes_idempotency_key=KEY_PARAMETER in inspect.signature(func).parameters,
         )
 
     return build(fn) if fn is not None else build
@@ -156,6 +160,12 @@ def _arguments_model(func: Handler) -> type[pydantic.BaseModel]:
             "import the type at the top of the module"
         ) from exc
     for pname, param in inspect.signature(func).parameters.items():
+        if pname == KEY_PARAMETER:
+            if hints.get(pname) is not str:
+                raise ConfigurationError(
+                    f"tool {func.__name__}: {KEY_PARAMETER} is filled by the engine and must be typed str"
+                )
+            continue  # filled by the engine, not part of what the model is shown
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(f"tool {func.__name__}: *args/**kwargs cannot be described to a model")
         if pname not in hints:

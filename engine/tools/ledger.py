@@ -1,0 +1,40 @@
+"""The tool-call ledger (DESIGN.md "crash recovery"; issue 3 item 4).
+
+Before a tool runs, its intent is on the log: ``ToolCallRequested`` holds the call id and the
+arguments, and ``ToolCallStarted`` (committed right before the call, one per attempt) holds the
+call's idempotency key. After a crash the successor folds the log: a call started without a
+result is run again if its tool is idempotent, else finished as "interrupted, outcome unknown"
+and never run again (``engine.turn`` recovery, ``execute.interrupted``).
+
+The key is derived from the call's place in the log (session, turn, call id), so every attempt
+of one call, in any process, before or after a crash, gets the same key, and two calls never
+share one. A tool receives it by declaring a parameter named ``idempotency_key: str``: the
+engine fills it, and the model never sees it (it is not in the tool's schema). Pass it to the
+external system (an ``Idempotency-Key`` header, a unique request id) so that a retry the
+engine makes is recognised there as the same request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .registry import Tool
+
+KEY_PARAMETER = "idempotency_key"
+"""The parameter a tool function declares to receive its call's key."""
+
+
+def idempotency_key(session_id: str, turn_id: str, call_id: str) -> str:
+    """The call's key: stable across attempts and crashes, distinct between calls."""
+    return hashlib.sha256(f"{session_id}\x00{turn_id}\x00{call_id}".encode()).hexdigest()
+
+
+def with_key(t: Tool, args: dict[str, Any], key: str) -> dict[str, Any]:
+    """The arguments ``t`` is called with: the model's, plus the call's key if the tool takes
+    one. A call outside a turn (a direct invocation) gets a key of its own."""
+    if not t.takes_idempotency_key or KEY_PARAMETER in args:
+        return args
+    return {**args, KEY_PARAMETER: key or uuid.uuid4().hex}
