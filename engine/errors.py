@@ -24,6 +24,7 @@
     │   └── InvalidArgumentsError edited tool arguments fail the tool's schema
     ├── ModelError                a model call failed; the turn records it
     │   └── ModelTimeoutError
+    ├── MemoryStoreError          the long-term memory store or its embedder failed
     └── ToolFailure               raised *by a tool* to report a business error to the model
 
 Messages say what to do next, not only what went wrong.
@@ -180,6 +181,10 @@ class ModelTimeoutError(ModelError):
         super().__init__(f"model call exceeded its {limit} limit of {seconds:g} s")
         self.limit = limit
         self.seconds = seconds
+
+
+class MemoryStoreError(TurnlogError):
+    """The long-term memory store (Qdrant) or its embedder refused or failed an operation."""
 
 
 class ToolFailure(TurnlogError):
