@@ -25,6 +25,7 @@ import dataclasses
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
@@ -153,17 +154,15 @@ class QdrantMemoryStore:
                 if not self.local
                 else f"{self.where} failed: {exc}; check the path is writable"
             ) from exc
-        except RuntimeError as exc:
-            if "already accessed" in str(exc):
-                raise MemoryStoreError(
-                    f"{self.where} is open in another process; local mode allows one process per "
-                    "path, so close the other one or run a Qdrant server and pass url="
-                ) from exc
-            raise
 
     def _qdrant(self) -> QdrantClient:
         if self._client is None:
-            client = QdrantClient(**self._options)
+            client = _open_client(self._options)
+            if client is None:
+                raise MemoryStoreError(
+                    f"{self.where} is open in another client; local mode allows one per path, so "
+                    "close the other one, share one QdrantMemoryStore, or run a Qdrant server and pass url="
+                )
             self._ensure_collection(client)
             self._client = client
         return self._client
@@ -269,6 +268,32 @@ class QdrantMemoryStore:
         if current_only:
             must.append(qm.IsNullCondition(is_null=qm.PayloadField(key="valid_to_ms")))
         return self._qdrant().count(self.collection, count_filter=qm.Filter(must=must), exact=True).count
+
+
+def _open_client(options: dict[str, Any]) -> QdrantClient | None:
+    """A client, or None when another client holds the local path's lock.
+
+    The lock is tried here first because qdrant-client, failing to take it, leaves the lock
+    file open (a ResourceWarning later, somewhere unrelated).
+    """
+    path = options.get("path")
+    if path and _locked_elsewhere(Path(path) / ".lock"):
+        return None
+    return QdrantClient(**options)
+
+
+def _locked_elsewhere(lock_file: Path) -> bool:
+    if not lock_file.exists():
+        return False
+    import portalocker  # qdrant-client's own lock library, a dependency of local mode
+
+    with lock_file.open("r+") as handle:
+        try:
+            portalocker.lock(handle, portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING)
+        except portalocker.exceptions.LockException:
+            return True
+        portalocker.unlock(handle)
+    return False
 
 
 def _check_write(user_id: str, text: str, tag: str) -> None:
