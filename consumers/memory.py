@@ -23,7 +23,14 @@ import structlog
 
 from consumers.runner import GroupConsumer
 from engine.errors import InputError, LogUnavailableError, MemoryStoreError, ModelError
-from engine.events import AssistantMessage, Event, MemoryNoted, SessionCreated, TurnFinished, UserMessageReceived
+from engine.events import (
+    AssistantMessage,
+    Event,
+    MemoryNoted,
+    SessionCreated,
+    TurnFinished,
+    UserMessageReceived,
+)
 from engine.log.base import EventLog, LogRecord
 from engine.memory.base import MemoryStore, MemoryTag
 from engine.messages import ChatMessage
@@ -139,7 +146,9 @@ class MemoryConsumer:
                 event.user_id, event.text, event.tag, source=event.session_id, time_ms=event.time_ms
             )
         except InputError as exc:
-            log.warning("memory.note_skipped", session_id=event.session_id, call_id=event.call_id, error=str(exc))
+            log.warning(
+                "memory.note_skipped", session_id=event.session_id, call_id=event.call_id, error=str(exc)
+            )
 
     async def _extract(self, turn: TurnFinished) -> None:
         events = await self.log.read_session(turn.session_id)
@@ -154,7 +163,9 @@ class MemoryConsumer:
         if problems:
             log.warning("memory.extraction_unusable", session_id=turn.session_id, problems=problems[:5])
         for fact in facts:
-            await self.store.remember(user_id, fact.text, fact.tag, source=turn.session_id, time_ms=turn.time_ms)
+            await self.store.remember(
+                user_id, fact.text, fact.tag, source=turn.session_id, time_ms=turn.time_ms
+            )
 
     async def _ask(self, turn: TurnFinished, text: str) -> str | None:
         """The extraction model's answer text, or None (logged) when the call fails."""
@@ -167,7 +178,9 @@ class MemoryConsumer:
         try:
             return await asyncio.wait_for(_answer(self.extractor, request), self.extraction_timeout_s)
         except (ModelError, TimeoutError) as exc:
-            log.warning("memory.extraction_failed", session_id=turn.session_id, error=str(exc) or type(exc).__name__)
+            log.warning(
+                "memory.extraction_failed", session_id=turn.session_id, error=str(exc) or type(exc).__name__
+            )
             return None
 
 

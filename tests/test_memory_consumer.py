@@ -58,14 +58,23 @@ async def write_task(
     events: list[ev.Event] = [
         ev.SessionCreated(session_id=session_id, version=1, agent_id="support", user_id=user_id),
         ev.UserMessageReceived(
-            session_id=session_id, version=2, message_id="m1", text="Order 1042 never came. Ship with DHL from now on."
+            session_id=session_id,
+            version=2,
+            message_id="m1",
+            text="Order 1042 never came. Ship with DHL from now on.",
         ),
         ev.TurnStarted(session_id=session_id, version=3, turn_id=turn, message_id="m1"),
     ]
     if note:
         events.append(
             ev.MemoryNoted(
-                session_id=session_id, version=4, turn_id=turn, call_id="c1", user_id=user_id, text=note, tag="agreement"
+                session_id=session_id,
+                version=4,
+                turn_id=turn,
+                call_id="c1",
+                user_id=user_id,
+                text=note,
+                tag="agreement",
             )
         )
     events += [
@@ -114,7 +123,9 @@ async def test_notes_are_stored_and_tasks_are_distilled(
     assert "Assistant: The carrier lost order 1042" in sent[1].content
 
 
-async def test_a_restart_resumes_where_it_stopped(event_log: SqliteEventLog, memories: QdrantMemoryStore) -> None:
+async def test_a_restart_resumes_where_it_stopped(
+    event_log: SqliteEventLog, memories: QdrantMemoryStore
+) -> None:
     await write_task(event_log, "s1")
     assert await MemoryConsumer(event_log, memories, ScriptedModel([FACTS])).catch_up() == 5
 
@@ -172,13 +183,18 @@ def test_parse_facts_keeps_the_good_items_and_says_why_others_went() -> None:
  {"fact": "Refund after 5 days", "tag": "agreement"},]
 ```"""
     facts, problems = parse_facts(answer)
-    assert [(f.text, f.tag) for f in facts] == [("Reports in Chinese", "preference"), ("Refund after 5 days", "agreement")]
+    assert [(f.text, f.tag) for f in facts] == [
+        ("Reports in Chinese", "preference"),
+        ("Refund after 5 days", "agreement"),
+    ]
     assert len(problems) == 2 and "gossip" in problems[1]
     assert parse_facts('{"facts": [{"fact": "x", "tag": "agreement"}]}')[0][0].text == "x"
     assert parse_facts("[]") == ([], [])
 
 
-async def test_only_answered_tasks_are_distilled(event_log: SqliteEventLog, memories: QdrantMemoryStore) -> None:
+async def test_only_answered_tasks_are_distilled(
+    event_log: SqliteEventLog, memories: QdrantMemoryStore
+) -> None:
     await write_task(event_log, "s1", reason="iteration_cap")
     extractor = ScriptedModel([FACTS])
     await MemoryConsumer(event_log, memories, extractor).catch_up()
@@ -186,7 +202,9 @@ async def test_only_answered_tasks_are_distilled(event_log: SqliteEventLog, memo
     assert await memories.count("u1") == 0
 
 
-async def test_extraction_through_the_openai_sdk(event_log: SqliteEventLog, memories: QdrantMemoryStore) -> None:
+async def test_extraction_through_the_openai_sdk(
+    event_log: SqliteEventLog, memories: QdrantMemoryStore
+) -> None:
     await write_task(event_log, "s1")
     with serve_openai([FakeReply(text=f"```json\n{FACTS}\n```")]) as server:
         model = OpenAICompatibleModel("fake-model", base_url=server.base_url, api_key="k")

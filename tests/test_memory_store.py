@@ -125,7 +125,9 @@ async def test_rewriting_the_same_fact_changes_nothing(memories: QdrantMemorySto
     again = await memories.remember("u1", "group the sales report by channel.", "preference", time_ms=1000)
     assert again.memory.memory_id == first.memory.memory_id and again.superseded is None
 
-    newer = await memories.remember("u1", "The sales report should be grouped by channel", "preference", time_ms=3000)
+    newer = await memories.remember(
+        "u1", "The sales report should be grouped by channel", "preference", time_ms=3000
+    )
     assert newer.superseded is not None
     replay = await memories.remember("u1", "Group the sales report by channel", "preference", time_ms=1000)
     assert replay.memory.memory_id == newer.memory.memory_id

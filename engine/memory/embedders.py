@@ -77,7 +77,9 @@ class UniversalSentenceEncoder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         model = self._loaded()
-        parts = [model.encode(list(texts[i : i + self.batch_size])) for i in range(0, len(texts), self.batch_size)]
+        parts = [
+            model.encode(list(texts[i : i + self.batch_size])) for i in range(0, len(texts), self.batch_size)
+        ]
         return normalise_rows(np.concatenate(parts))
 
 
