@@ -116,8 +116,10 @@ class MemoryConsumer:
         self.store = store
         self.extractor = extractor
         self.extraction_timeout_s = extraction_timeout_s
+        # every partition by default, like analytics: on Kafka a memory consumer owns none
+        everything = range(event_log.partitions) if partitions is None else partitions
         self.consumer = GroupConsumer(
-            event_log, group, self.handle, partitions=partitions, batch=batch, idle_wait_s=idle_wait_s
+            event_log, group, self.handle, partitions=everything, batch=batch, idle_wait_s=idle_wait_s
         )
 
     async def catch_up(self) -> int:
