@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from engine.errors import ConfigurationError, InputError, MemoryStoreError
 from engine.memory.dedup import DUPLICATE_THRESHOLD, same_fact
 from engine.memory.embedders import OpenAIEmbeddings, UniversalSentenceEncoder
 from engine.memory.qdrant import QdrantMemoryStore
-from tests.openai_server import serve_openai
+from tests.openai_server import free_port, serve_openai
 
 CORPUS = Path(__file__).parent / "corpus"
 PAIRS: list[dict[str, Any]] = json.loads((CORPUS / "memory_pairs.json").read_text())["pairs"]
@@ -27,9 +30,18 @@ def embedder() -> UniversalSentenceEncoder:
     return UniversalSentenceEncoder()
 
 
-@pytest.fixture
-async def memories(embedder: UniversalSentenceEncoder, tmp_path: Path) -> AsyncIterator[QdrantMemoryStore]:
-    store = QdrantMemoryStore(embedder, path=str(tmp_path / "qdrant"))
+@pytest.fixture(params=["local", "server"])
+async def memories(
+    request: pytest.FixtureRequest, embedder: UniversalSentenceEncoder, tmp_path: Path
+) -> AsyncIterator[QdrantMemoryStore]:
+    """Qdrant local mode on a temp path; and a Qdrant server (a fresh collection) when
+    TURNLOG_QDRANT_URL names one (no server binary ships here, so it is skipped otherwise)."""
+    if request.param == "local":
+        store = QdrantMemoryStore(embedder, path=str(tmp_path / "qdrant"))
+    elif url := os.environ.get("TURNLOG_QDRANT_URL"):
+        store = QdrantMemoryStore(embedder, url=url, collection=f"test_{uuid.uuid4().hex}")
+    else:
+        pytest.skip("set TURNLOG_QDRANT_URL to run the memory tests on a Qdrant server")
     try:
         yield store
     finally:
@@ -248,3 +260,39 @@ def test_openai_embeddings_errors_name_the_endpoint() -> None:
                 remote.embed(["a"])
         finally:
             remote.close()
+
+
+class _ThreadRecorder:
+    """The real embedder, noting which thread each call runs on."""
+
+    def __init__(self, inner: UniversalSentenceEncoder) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dim = inner.dim
+        self.threads: set[int] = set()
+
+    def embed(self, texts: Any) -> np.ndarray:
+        self.threads.add(threading.get_ident())
+        return self.inner.embed(texts)
+
+
+async def test_embedding_and_qdrant_stay_off_the_event_loop_thread(
+    embedder: UniversalSentenceEncoder, tmp_path: Path
+) -> None:
+    recorder = _ThreadRecorder(embedder)
+    store = QdrantMemoryStore(recorder, path=str(tmp_path / "q"))
+    try:
+        await store.remember("u1", "The user prefers DHL", "preference")
+        await store.search("u1", "carrier")
+    finally:
+        await store.close()
+    assert recorder.threads and threading.get_ident() not in recorder.threads
+
+
+async def test_an_unreachable_server_says_what_to_check(embedder: UniversalSentenceEncoder) -> None:
+    store = QdrantMemoryStore(embedder, url=f"http://127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(MemoryStoreError, match="server is running"):
+            await store.search("u1", "anything")
+    finally:
+        await store.close()

@@ -1,6 +1,8 @@
 """Long-term memory on Qdrant (seed §3.3): local mode embedded, a Qdrant server when distributed.
 
-One collection holds every user's memories, one point per version of a fact. The payload is
+One point per version of a fact. A server keeps every user in one collection (a tenant index on
+``user_id``); local mode spreads users over ``LOCAL_SHARDS`` collections by a hash of the user
+id, because it scans a whole collection and filters in Python on every search. The payload is
 ``user_id, text, tag, valid_from_ms, valid_to_ms (null while current), supersedes, source``,
 with keyword indexes on ``user_id``, ``tag`` and ``supersedes`` (a server uses them; local mode
 scans). Every search filters on the user and on ``valid_to_ms`` being null, so a user's
@@ -24,6 +26,7 @@ import asyncio
 import dataclasses
 import uuid
 import warnings
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -42,6 +45,11 @@ from .embedders import Embedder, default_embedder
 COLLECTION = "turnlog_memories"
 DEDUP_CANDIDATES = 8
 """How many of the user's closest current memories a write compares itself with."""
+LOCAL_SHARDS = 64
+"""Collections a local-mode store spreads users over. Local mode scans every point of a
+collection and checks the user filter in Python (about 40 µs a point here), so a user's search
+costs what the user's shard holds, not what the store holds. A server uses one collection and
+its payload index on ``user_id``."""
 HISTORY_LIMIT = 1000
 """Versions of one fact ``history`` follows before it stops (a guard against a corrupt chain)."""
 _TAGS = frozenset(t.value for t in MemoryTag)
@@ -63,6 +71,7 @@ class QdrantMemoryStore:
         url: str | None = None,
         api_key: str | None = None,
         collection: str = COLLECTION,
+        shards: int | None = None,
         duplicate_threshold: float = DUPLICATE_THRESHOLD,
     ) -> None:
         if sum(x is not None for x in (path, location, url)) > 1:
@@ -72,12 +81,27 @@ class QdrantMemoryStore:
             )
         self.embedder = embedder if embedder is not None else default_embedder()
         self.collection = collection
+        self.shards = shards if shards is not None else (1 if url else LOCAL_SHARDS)
+        if self.shards < 1:
+            raise ConfigurationError(f"shards must be at least 1, not {self.shards}")
         self.duplicate_threshold = duplicate_threshold
+        if location not in (None, ":memory:"):
+            raise ConfigurationError(
+                f"location={location!r}: pass ':memory:' for an in-memory store, path= for local mode "
+                "on disk, or url= for a Qdrant server"
+            )
         self.where = f"Qdrant server {url}" if url else f"Qdrant local mode at {path or ':memory:'}"
         self._options: dict[str, Any] = (
-            {"url": url, "api_key": api_key} if url else {"path": path} if path else {"location": ":memory:"}
+            # check_compatibility=False: the client's version probe runs on a thread of its own and
+            # raises there when the server is down; our first call reports that instead
+            {"url": url, "api_key": api_key, "check_compatibility": False}
+            if url
+            else {"path": path}
+            if path
+            else {"location": ":memory:"}
         )
         self._client: QdrantClient | None = None
+        self._ready: set[str] = set()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qdrant-memory")
 
     @property
@@ -163,36 +187,54 @@ class QdrantMemoryStore:
                     f"{self.where} is open in another client; local mode allows one per path, so "
                     "close the other one, share one QdrantMemoryStore, or run a Qdrant server and pass url="
                 )
-            self._ensure_collection(client)
             self._client = client
         return self._client
 
-    def _ensure_collection(self, client: QdrantClient) -> None:
+    def _name(self, user_id: str) -> str:
+        """The collection holding ``user_id``'s memories (stable: crc32 of the user id)."""
+        if self.shards == 1:
+            return self.collection
+        return f"{self.collection}_{zlib.crc32(user_id.encode()) % self.shards:03d}"
+
+    def _mine(self, name: str) -> bool:
+        if self.shards == 1:
+            return name == self.collection
+        suffix = name.removeprefix(f"{self.collection}_")
+        return suffix != name and suffix.isdigit() and len(suffix) == 3
+
+    def _shard(self, user_id: str) -> str:
+        """``_name(user_id)``, created (or checked against the embedder) on first use."""
+        name = self._name(user_id)
+        if name not in self._ready:
+            self._ensure_collection(self._qdrant(), name)
+            self._ready.add(name)
+        return name
+
+    def _ensure_collection(self, client: QdrantClient, name: str) -> None:
         dim = self.embedder.dim
-        if client.collection_exists(self.collection):
-            vectors = client.get_collection(self.collection).config.params.vectors
+        if client.collection_exists(name):
+            vectors = client.get_collection(name).config.params.vectors
             size = vectors.size if isinstance(vectors, qm.VectorParams) else None
             if size != dim:
                 raise ConfigurationError(
-                    f"{self.where}: collection {self.collection!r} holds {size}-dimensional vectors but "
-                    f"the embedder {self.embedder.name!r} makes {dim}; use the embedder it was built "
+                    f"{self.where}: collection {name!r} holds {size}-dimensional vectors but the "
+                    f"embedder {self.embedder.name!r} makes {dim}; use the embedder it was built "
                     "with, or another collection name"
                 )
             return
-        client.create_collection(
-            self.collection, vectors_config=qm.VectorParams(size=dim, distance=qm.Distance.COSINE)
-        )
+        client.create_collection(name, vectors_config=qm.VectorParams(size=dim, distance=qm.Distance.COSINE))
         with warnings.catch_warnings():
             # local mode warns that it scans instead of using indexes; a server uses them
             warnings.filterwarnings("ignore", message="Payload indexes have no effect", category=UserWarning)
             for field in _INDEXED:
-                client.create_payload_index(self.collection, field, qm.PayloadSchemaType.KEYWORD)
+                schema = qm.KeywordIndexParams(type=qm.KeywordIndexType.KEYWORD, is_tenant=field == "user_id")
+                client.create_payload_index(name, field, schema)
 
     def _query(
         self, user_id: str, vector: np.ndarray, tags: tuple[str, ...], min_score: float, limit: int
     ) -> list[qm.ScoredPoint]:
         response = self._qdrant().query_points(
-            self.collection,
+            self._shard(user_id),
             query=vector.tolist(),
             query_filter=_current(user_id, tags),
             limit=limit,
@@ -210,14 +252,14 @@ class QdrantMemoryStore:
                 # an older restatement (a consumer re-reading the log) never replaces a newer one
                 stale = old.valid_from_ms >= fact.valid_from_ms
                 return MemoryWrite(old) if stale else self._supersede(old, fact, vector)
-        self._qdrant().upsert(self.collection, [_point(fact, vector)])
+        self._qdrant().upsert(self._shard(fact.user_id), [_point(fact, vector)])
         return MemoryWrite(fact)
 
     def _supersede(self, old: Memory, fact: Memory, vector: np.ndarray) -> MemoryWrite:
         new = dataclasses.replace(fact, supersedes=old.memory_id)
         closed = dataclasses.replace(old, valid_to_ms=new.valid_from_ms, score=0.0)
         self._qdrant().batch_update_points(
-            self.collection,
+            self._shard(new.user_id),
             [
                 qm.UpsertOperation(upsert=qm.PointsList(points=[_point(new, vector)])),
                 qm.SetPayloadOperation(
@@ -248,26 +290,35 @@ class QdrantMemoryStore:
             uuid.UUID(memory_id)
         except ValueError:
             return None
-        records = self._qdrant().retrieve(self.collection, [memory_id], with_payload=True)
+        records = self._qdrant().retrieve(self._shard(user_id), [memory_id], with_payload=True)
         found = [_memory(r.id, r.payload) for r in records]
         return found[0] if found and found[0].user_id == user_id else None
 
     def _successor(self, user_id: str, memory_id: str) -> Memory | None:
         match = qm.Filter(must=[_field("user_id", user_id), _field("supersedes", memory_id)])
-        records, _ = self._qdrant().scroll(self.collection, scroll_filter=match, limit=1, with_payload=True)
+        records, _ = self._qdrant().scroll(
+            self._shard(user_id), scroll_filter=match, limit=1, with_payload=True
+        )
         return _memory(records[0].id, records[0].payload) if records else None
 
     def _upsert_many(self, facts: list[Memory], vectors: np.ndarray, batch: int = 512) -> None:
-        client = self._qdrant()
-        for i in range(0, len(facts), batch):
-            points = [_point(f, v) for f, v in zip(facts[i : i + batch], vectors[i : i + batch], strict=True)]
-            client.upsert(self.collection, points)
+        by_shard: dict[str, list[qm.PointStruct]] = {}
+        for fact, vector in zip(facts, vectors, strict=True):
+            by_shard.setdefault(self._shard(fact.user_id), []).append(_point(fact, vector))
+        for name, points in by_shard.items():
+            for i in range(0, len(points), batch):
+                self._qdrant().upsert(name, points[i : i + batch])
 
     def _count(self, user_id: str | None, current_only: bool) -> int:
         must: list[qm.Condition] = [_field("user_id", user_id)] if user_id is not None else []
         if current_only:
             must.append(qm.IsNullCondition(is_null=qm.PayloadField(key="valid_to_ms")))
-        return self._qdrant().count(self.collection, count_filter=qm.Filter(must=must), exact=True).count
+        client = self._qdrant()
+        if user_id is not None:
+            names = [self._shard(user_id)]
+        else:
+            names = [c.name for c in client.get_collections().collections if self._mine(c.name)]
+        return sum(client.count(n, count_filter=qm.Filter(must=must), exact=True).count for n in names)
 
 
 def _open_client(options: dict[str, Any]) -> QdrantClient | None:
