@@ -3,6 +3,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/memory.py                  # 10,000 memories (~2-3 min)
     PYTHONPATH=. .venv/bin/python bench/memory.py --memories 2000 --writes 50 --searches 100
+    PYTHONPATH=. .venv/bin/python bench/memory.py --shards 1     # one collection, as on a server
 
 A ``QdrantMemoryStore`` in local mode on disk (a temp dir) with the default embedder (USE v3,
 offline). The preload is a bulk insert (``remember_many``: batched embedding and upserts, no
@@ -26,7 +27,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -70,7 +70,10 @@ QUERIES = [
 
 def fact(rng: random.Random) -> str:
     return rng.choice(TEMPLATES).format(
-        carrier=rng.choice(CARRIERS), city=rng.choice(CITIES), n=rng.randint(1000, 99999), d=rng.randint(1, 30)
+        carrier=rng.choice(CARRIERS),
+        city=rng.choice(CITIES),
+        n=rng.randint(1000, 99999),
+        d=rng.randint(1, 30),
     )
 
 
@@ -95,7 +98,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     start = time.perf_counter()
     embedder.embed(["warm-up"])
     load_s = time.perf_counter() - start
-    store = QdrantMemoryStore(embedder, path=str(root / "qdrant"))
+    store = QdrantMemoryStore(embedder, path=str(root / "qdrant"), shards=args.shards)
     users = [f"user-{i}" for i in range(args.users)]
     preload = [
         Memory(
@@ -108,13 +111,16 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         for i in range(args.memories)
     ]
     start = time.perf_counter()
+    embedder.batch_size = 256
     await store.remember_many(preload)
+    embedder.batch_size = 64
     preload_s = time.perf_counter() - start
     assert await store.count() == args.memories
 
     embed = [await timed(asyncio.to_thread, embedder.embed, [fact(rng)]) for _ in range(args.searches)]
     writes = [
-        await timed(store.remember, rng.choice(users), fact(rng), rng.choice(TAGS)) for _ in range(args.writes)
+        await timed(store.remember, rng.choice(users), fact(rng), rng.choice(TAGS))
+        for _ in range(args.writes)
     ]
     searches, qdrant_only = [], []
     for _ in range(args.searches):
@@ -126,6 +132,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     await store.close()
     return {
         "memories": args.memories,
+        "shards": store.shards,
         "users": args.users,
         "stored_after_writes": total,
         "model_load_s": round(load_s, 2),
@@ -145,7 +152,8 @@ def table(result: dict[str, Any]) -> str:
         ("search, Qdrant only (vector given)", result["search_qdrant_only"]),
     ]
     lines = [
-        f"{result['memories']} memories over {result['users']} users, Qdrant local mode on disk; "
+        f"{result['memories']} memories over {result['users']} users, Qdrant local mode on disk, "
+        f"{result['shards']} collections; "
         f"preload {result['preload_s']} s (bulk), model load {result['model_load_s']} s",
         "| operation | p50 ms | p95 ms | n |",
         "|---|---:|---:|---:|",
@@ -160,6 +168,7 @@ async def main() -> None:
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--writes", type=int, default=100)
     parser.add_argument("--searches", type=int, default=200)
+    parser.add_argument("--shards", type=int, default=None, help="collections (default: the store's)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "memory.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

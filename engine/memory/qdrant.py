@@ -60,7 +60,11 @@ T = TypeVar("T")
 
 class QdrantMemoryStore:
     """A ``MemoryStore`` on Qdrant. Give at most one of ``path`` (local mode on disk),
-    ``location`` (``":memory:"``, the default) or ``url`` (a Qdrant server)."""
+    ``location`` (``":memory:"``, the default) or ``url`` (a Qdrant server).
+
+    ``shards``: collections the users are spread over (default ``LOCAL_SHARDS`` in local mode,
+    1 on a server); keep it unchanged for a given path or server, or users' memories move out
+    of sight. ``duplicate_threshold``: see engine.memory.dedup."""
 
     def __init__(
         self,
