@@ -3,9 +3,11 @@ models and the log. Imports nothing from projections, consumers or the app layer
 
 from .admin import SessionAdmin
 from .agent import Agent, AgentDirectory
+from .context import ContextPolicy, MemoryPolicy
 from .errors import (
     ConcurrencyError,
     ConfigurationError,
+    ContextLengthError,
     EventEncodeError,
     EventError,
     IllegalTransitionError,
@@ -66,6 +68,9 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelTimeoutError",
+    "ContextLengthError",
+    "ContextPolicy",
+    "MemoryPolicy",
     "NoTurnRunningError",
     "OutOfOrderError",
     "PartitionNotOwnedError",

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Literal, Mapping
 
+import pydantic
+
 from .budget import Budget
+from .context import task_state
+from .context.memory import MemoryPolicy
+from .context.policy import ContextPolicy
 from .errors import ConfigurationError
 from .models.base import Model
 from .models.pricing import PriceTable
@@ -36,6 +41,13 @@ class Agent:
     """What the agent's models cost; without it calls are recorded at cost 0."""
     budget: Budget | None = None
     """Cost limits checked before every model call (needs ``prices``)."""
+    context: ContextPolicy = field(default_factory=ContextPolicy)
+    """Section budgets, trimming and summaries of what the model is sent (seed §3)."""
+    task_state: type[pydantic.BaseModel] | None = None
+    """A typed state for the task (every field with a default), changed by the built-in
+    ``update_task_state`` tool and shown to the model in every step (second seed §4.2)."""
+    memory: MemoryPolicy | None = None
+    """Long-term memory: retrieved before each turn, written through the ``remember`` tool."""
 
     def __post_init__(self) -> None:
         if self.max_tool_iterations < 1:
@@ -46,6 +58,8 @@ class Agent:
             )
         if isinstance(self.tools, (list, tuple)):
             object.__setattr__(self, "tools", ToolRegistry(self.tools))
+        if self.task_state is not None:
+            task_state.defaults(self.task_state)  # fails now, not mid-turn, if a field lacks one
 
     @staticmethod
     def build(agent_id: str, model: Model, tools: Iterable[Tool] = (), **options: object) -> Agent:

@@ -23,7 +23,8 @@
     │   ├── MessageTooLargeError
     │   └── InvalidArgumentsError edited tool arguments fail the tool's schema
     ├── ModelError                a model call failed; the turn records it
-    │   └── ModelTimeoutError
+    │   ├── ModelTimeoutError
+    │   └── ContextLengthError    the provider refused the request as too long
     ├── MemoryStoreError          the long-term memory store or its embedder failed
     └── ToolFailure               raised *by a tool* to report a business error to the model
 
@@ -181,6 +182,12 @@ class ModelTimeoutError(ModelError):
         super().__init__(f"model call exceeded its {limit} limit of {seconds:g} s")
         self.limit = limit
         self.seconds = seconds
+
+
+class ContextLengthError(ModelError):
+    """The provider refused the request as longer than the model's context window. The engine
+    compacts the history and calls once more; set the agent's ``ContextPolicy.window`` to the
+    model's real window so it does not happen at all."""
 
 
 class MemoryStoreError(TurnlogError):

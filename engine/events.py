@@ -408,6 +408,29 @@ class TaskStateChanged(Event):
     type: ClassVar[str] = "TaskStateChanged"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetExceeded(Event):
+    turn_id: str
+    level: str
+    """per-turn | per-session | per-user daily"""
+    limit_micros: int
+    spent_micros: int
+    worst_case_micros: int
+    """What the next call could cost; it was not made. The session waits in PAUSED_FOR_USER."""
+    type: ClassVar[str] = "BudgetExceeded"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetDecided(Event):
+    turn_id: str
+    decision: str
+    """raise (the turn goes on with ``extra_micros`` more to spend) | stop (the turn ends)."""
+    extra_micros: int = 0
+    actor: str = "user"
+    note: str = ""
+    type: ClassVar[str] = "BudgetDecided"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
@@ -438,6 +461,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         MemoriesRetrieved,
         MemoryNoted,
         TaskStateChanged,
+        BudgetExceeded,
+        BudgetDecided,
     )
 }
 

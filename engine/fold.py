@@ -7,13 +7,14 @@ validates every state change against the transition table.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import events as ev
 from .errors import OutOfOrderError
-from .messages import ChatMessage
+from .messages import ChatMessage, summary_message
 from .states import SessionStatus, check_transition
 from .tools.execute import ToolStatus
 from .tools.guards import CallRecord
@@ -62,6 +63,16 @@ class TurnProgress:
     stop_reason: str | None = None
     """Set by CancelRequested: the turn stops at its next step boundary (engine.interrupts)."""
     stop_actor: str = ""
+    memories: str = ""
+    """The user's long-term memories shown to the model this turn (MemoriesRetrieved)."""
+    recalled: str = ""
+    """Archived messages brought back for this turn because the user referred to them."""
+    context_retries: int = 0
+    """Model calls redone after the provider refused the context as too long (at most one)."""
+    budget_pause: str = ""
+    """The budget level the turn waits on in PAUSED_FOR_USER ("" when not paused for one)."""
+    budget_allowance_micros: int = 0
+    """Extra spend the user allowed this turn after budget pauses."""
 
     def unfinished_calls(self) -> list[ToolCallProgress]:
         return [c for c in self.tool_calls.values() if c.status not in FINAL_TOOL_STATUSES]
@@ -101,6 +112,10 @@ class SessionState:
     """call_id -> the later call whose result replaces it (context management may shorten it)."""
     created_ms: int = 0
     updated_ms: int = 0
+    task_state: dict[str, Any] = field(default_factory=dict)
+    """The agent's structured task state (TaskStateChanged), shown to the model every step."""
+    archived: int = 0
+    """Messages cut from the context or shortened so far; their originals stay on the log."""
 
     @property
     def exists(self) -> bool:
@@ -152,7 +167,7 @@ def _turn_started(s: SessionState, e: ev.TurnStarted) -> None:
             "which is not the oldest waiting user message"
         )
     inbound = s.inbox.popleft()
-    s.messages.append(ChatMessage.user(inbound.text))
+    s.messages.append(ChatMessage("user", inbound.text, ref=inbound.version))
     s.turn = TurnProgress(e.turn_id, e.message_id, e.version)
 
 
@@ -186,7 +201,7 @@ def _model_finished(s: SessionState, e: ev.ModelCallFinished) -> None:
 
 def _assistant(s: SessionState, e: ev.AssistantMessage) -> None:
     turn = _turn(s, e)
-    s.messages.append(ChatMessage("assistant", e.text, e.tool_calls))
+    s.messages.append(ChatMessage("assistant", e.text, e.tool_calls, ref=e.version))
     if e.tool_calls:
         turn.iterations += 1
         turn.tool_calls = {}
@@ -215,7 +230,7 @@ def _tool_finished(s: SessionState, e: ev.ToolCallFinished) -> None:
             e.call_id, e.tool_name, call.arguments_json, call.iteration, e.status, f"{e.status}:{result}"
         )
     )
-    s.messages.append(ChatMessage("tool", e.content, tool_call_id=e.call_id, name=e.tool_name))
+    s.messages.append(ChatMessage("tool", e.content, tool_call_id=e.call_id, name=e.tool_name, ref=e.version))
 
 
 def _approval_requested(s: SessionState, e: ev.ApprovalRequested) -> None:
@@ -262,6 +277,61 @@ def _forked(s: SessionState, e: ev.SessionForked) -> None:
     restore_fork(s, e)
 
 
+def _context_trimmed(s: SessionState, e: ev.ContextTrimmed) -> None:
+    removed: set[int] = set()
+    shortened: dict[int, str] = {}
+    for item in json.loads(e.items_json):
+        if item["action"] == "removed":
+            removed.add(item["ref"])
+        else:
+            shortened[item["ref"]] = item["text"]
+    # a new list, never edited in place: the snapshot encoder treats history as append-only per list
+    s.messages = [
+        _with_content(m, shortened[m.ref]) if m.ref in shortened else m
+        for m in s.messages
+        if m.ref not in removed
+    ]
+    s.archived += len(removed) + len(shortened)
+
+
+def _with_content(m: ChatMessage, content: str) -> ChatMessage:
+    return ChatMessage(m.role, content, m.tool_calls, m.tool_call_id, m.name, ref=m.ref)
+
+
+def _summarized(s: SessionState, e: ev.HistorySummarized) -> None:
+    removed = set(json.loads(e.removed_refs_json))
+    kept = [m for m in s.messages if m.ref not in removed]
+    s.messages = [summary_message(e.summary, e.version), *kept]
+    s.archived += len(removed)
+    if e.reason == "context_length" and s.turn is not None:
+        s.turn.context_retries += 1
+
+
+def _recalled(s: SessionState, e: ev.HistoryRecalled) -> None:
+    _turn(s, e).recalled = e.text
+
+
+def _memories(s: SessionState, e: ev.MemoriesRetrieved) -> None:
+    items = json.loads(e.memories_json)
+    _turn(s, e).memories = "\n".join(f"- [{m['tag']}] {m['text']}" for m in items)
+
+
+def _task_state(s: SessionState, e: ev.TaskStateChanged) -> None:
+    s.task_state = json.loads(e.state_json)
+
+
+def _budget_exceeded(s: SessionState, e: ev.BudgetExceeded) -> None:
+    _turn(s, e).budget_pause = e.level
+
+
+def _budget_decided(s: SessionState, e: ev.BudgetDecided) -> None:
+    turn = _turn(s, e)
+    if not turn.budget_pause:
+        raise OutOfOrderError(f"session {s.session_id}: budget decision v{e.version} with no budget pause")
+    turn.budget_pause = ""
+    turn.budget_allowance_micros += e.extra_micros
+
+
 def _turn(s: SessionState, e: ev.Event) -> TurnProgress:
     if s.turn is None:
         raise OutOfOrderError(f"session {s.session_id}: {e.type} v{e.version} outside a turn")
@@ -296,4 +366,11 @@ _HANDLERS: dict[type[ev.Event], Callable[[SessionState, Any], None]] = {
     ev.ToolResultSuperseded: _superseded,
     ev.CancelRequested: _cancel_requested,
     ev.SessionForked: _forked,
+    ev.ContextTrimmed: _context_trimmed,
+    ev.HistorySummarized: _summarized,
+    ev.HistoryRecalled: _recalled,
+    ev.MemoriesRetrieved: _memories,
+    ev.TaskStateChanged: _task_state,
+    ev.BudgetExceeded: _budget_exceeded,
+    ev.BudgetDecided: _budget_decided,
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .events import ToolCallSpec
@@ -21,6 +21,10 @@ class ChatMessage:
     """Set on tool messages: the call this is the result of."""
     name: str | None = None
     """Tool name on tool messages."""
+    ref: int = field(default=0, compare=False)
+    """The version of the event this message came from (UserMessageReceived, AssistantMessage,
+    ToolCallFinished, HistorySummarized): how context management names what it cut, and where
+    the original is on the log. 0 for messages that are not in the session's history."""
 
     @staticmethod
     def system(text: str) -> ChatMessage:
@@ -44,3 +48,19 @@ def turn_tool_results(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
             results.append(message)
     results.reverse()
     return results
+
+
+SUMMARY_HEADER = (
+    "Summary of the earlier conversation (the original messages are archived; "
+    "recall_history searches them):\n"
+)
+
+
+def summary_message(summary: str, ref: int) -> ChatMessage:
+    """The one message a history summary stands as, in front of the history."""
+    return ChatMessage("system", SUMMARY_HEADER + summary, ref=ref)
+
+
+def is_tool_error(message: ChatMessage) -> bool:
+    """A tool result that reports a failure (every non-success result starts with a marker)."""
+    return message.role == "tool" and message.content.startswith(("[FAILED", "[REJECTED]"))

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from . import events as ev
 from . import interrupts, snapshots
 from .agent import AgentDirectory
-from .budget import SpendLedger
+from .budget import BudgetDecision, SpendLedger, add_budget_decision
 from .errors import ConcurrencyError, InputError, MessageTooLargeError, SessionClosedError
 from .fold import SessionState
 from .log.base import EventLog
@@ -25,6 +25,7 @@ from .stream import StreamItem
 from .tools import ToolOutcome, approvals, invoke
 from .tools.permissions import tools_for_role
 from .turn import TurnRunner
+from .turn_records import add_turn_finished
 from .writer import SessionWriter
 
 APPEND_RETRIES = 8
@@ -205,6 +206,42 @@ class AgentSessions:
                 w, registry, call_id, decision, arguments=arguments, note=note, actor=actor
             ),
         )
+
+    async def decide_budget(
+        self,
+        session_id: str,
+        decision: BudgetDecision,
+        *,
+        extra_micros: int = 0,
+        note: str = "",
+        actor: str = "user",
+    ) -> AsyncIterator[StreamItem]:
+        """Answer a turn paused on its budget (``Budget(on_exceed="pause")``): ``raise`` lets it
+        spend ``extra_micros`` more and streams the rest of the turn; ``stop`` ends it."""
+        for event in await self.post_budget_decision(
+            session_id, decision, extra_micros=extra_micros, note=note, actor=actor
+        ):
+            yield event
+        async for item in self.runner.run(session_id):
+            yield item
+
+    async def post_budget_decision(
+        self,
+        session_id: str,
+        decision: BudgetDecision,
+        *,
+        extra_micros: int = 0,
+        note: str = "",
+        actor: str = "user",
+    ) -> Sequence[ev.Event]:
+        """Append the budget decision only (a TurnWorker continues the turn)."""
+
+        def build(w: SessionWriter) -> None:
+            add_budget_decision(w, decision, extra_micros=extra_micros, note=note, actor=actor)
+            if decision == "stop":
+                add_turn_finished(w, "budget", self.runner.snapshots)
+
+        return await self._append(session_id, build)
 
     async def _append(self, session_id: str, build: Callable[[SessionWriter], None]) -> Sequence[ev.Event]:
         """Add events with ``build`` on the current state and commit; rebuild on a conflict."""

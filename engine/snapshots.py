@@ -13,6 +13,8 @@ size stays bounded on a long session and loading reads at most two snapshots. Fo
 * 1: ``{"s": session fields, "i": inbox, "t": turn with its tool calls, "b": keyframe
   version or 0, "k": messages taken from the keyframe, "m": the other messages}``; field
   order as in the ``*_FIELDS`` tuples below.
+* 2: as 1, plus the session's task state and archived count, the turn's memories, recalled
+  text, context retries and budget pause, and each message's ``ref`` (context management).
 
 A reader refuses formats it does not know (``SnapshotFormatError``); the loader then folds from
 the start, which is always correct. Changing a field of ``SessionState``, ``TurnProgress``,
@@ -38,7 +40,7 @@ from .states import SessionStatus
 from .tools.guards import CallRecord
 from .writer import SessionWriter
 
-FORMAT = 1
+FORMAT = 2
 DELTA_LIMIT = 128
 """Messages a delta snapshot may carry beyond its keyframe before the next one is a keyframe."""
 SESSION_FIELDS = (
@@ -58,6 +60,8 @@ SESSION_FIELDS = (
     "superseded",
     "created_ms",
     "updated_ms",
+    "task_state",
+    "archived",
 )
 """SessionState's plain fields; ``messages``, ``inbox`` and ``turn`` are written separately."""
 INBOX_FIELDS = ("message_id", "text", "event_id", "version")
@@ -78,6 +82,11 @@ TURN_FIELDS = (
     "guard_reason",
     "stop_reason",
     "stop_actor",
+    "memories",
+    "recalled",
+    "context_retries",
+    "budget_pause",
+    "budget_allowance_micros",
 )
 """TurnProgress's fields but ``tool_calls``, which follows them as a list in request order;
 ``history`` (the loop guards' CallRecords) is a list of rows in RECORD_FIELDS order."""
@@ -97,7 +106,7 @@ _DUMP = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circul
 
 def _message(m: ChatMessage) -> str:
     calls = [[c.call_id, c.name, c.arguments_json] for c in m.tool_calls]
-    return _DUMP([m.role, m.content, calls, m.tool_call_id, m.name])
+    return _DUMP([m.role, m.content, calls, m.tool_call_id, m.name, m.ref])
 
 
 @dataclass(slots=True)
@@ -205,8 +214,8 @@ def decode_state(
         state = SessionState(**scalars)
         state.inbox = deque(InboundMessage(*row) for row in doc["i"])
         state.messages = _inherited(doc, base, where) + [
-            ChatMessage(role, content, tuple(ToolCallSpec(*c) for c in calls), call_id, name)
-            for role, content, calls, call_id, name in doc["m"]
+            ChatMessage(role, content, tuple(ToolCallSpec(*c) for c in calls), call_id, name, ref)
+            for role, content, calls, call_id, name, ref in doc["m"]
         ]
         state.turn = None if doc["t"] is None else _turn(doc["t"])
     except (ValueError, KeyError, TypeError) as exc:

@@ -21,7 +21,7 @@ class SessionStatus(StrEnum):
     TOOL_LOOP = "TOOL_LOOP"
     """A later tool batch of the same turn is running (the model chains tools)."""
     PAUSED_FOR_USER = "PAUSED_FOR_USER"
-    """A tool call waits for the user's approval."""
+    """A tool call waits for the user's approval, or the turn for a decision on its budget."""
     ERROR = "ERROR"
     """The last turn failed; the next user message starts a new one."""
     FINISHED = "FINISHED"
@@ -69,6 +69,10 @@ TRANSITIONS: dict[tuple[SessionStatus, SessionStatus], frozenset[Cause]] = {
     (S.TOOL_LOOP, S.PAUSED_FOR_USER): frozenset({C.APPROVAL_REQUIRED}),
     (S.PAUSED_FOR_USER, S.TOOL_WAIT): frozenset({C.USER_APPROVAL}),
     (S.PAUSED_FOR_USER, S.TOOL_LOOP): frozenset({C.USER_APPROVAL}),
+    # a budget that pauses instead of stopping (Budget.on_exceed="pause")
+    (S.PROCESSING, S.PAUSED_FOR_USER): frozenset({C.BUDGET}),
+    (S.PAUSED_FOR_USER, S.PROCESSING): frozenset({C.USER_APPROVAL}),
+    (S.PAUSED_FOR_USER, S.FINISHED): frozenset({C.ADMIN, C.BUDGET}),
     # stopping a running turn
     (S.PROCESSING, S.CANCELLED): _STOP,
     (S.TOOL_WAIT, S.CANCELLED): _STOP,
@@ -78,7 +82,6 @@ TRANSITIONS: dict[tuple[SessionStatus, SessionStatus], frozenset[Cause]] = {
     (S.IDLE, S.FINISHED): frozenset({C.ADMIN}),
     (S.TOOL_WAIT, S.FINISHED): frozenset({C.ADMIN}),
     (S.TOOL_LOOP, S.FINISHED): frozenset({C.ADMIN}),
-    (S.PAUSED_FOR_USER, S.FINISHED): frozenset({C.ADMIN}),
     (S.ERROR, S.FINISHED): frozenset({C.ADMIN}),
     (S.CANCELLED, S.FINISHED): frozenset({C.ADMIN}),
     # a resting session whose inbox record was dead-lettered (docs/architecture.md, Kafka)

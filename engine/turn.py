@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import json
 import time
 import weakref
 from collections import OrderedDict
@@ -24,9 +25,13 @@ from . import events as ev
 from . import interrupts
 from . import snapshots as _snapshots
 from .agent import Agent
-from .budget import BudgetStop, SpendLedger, check_budget
+from .budget import BudgetStop, SpendLedger, check_budget, end_for_budget, pause_for_budget
+from .context import builtins
+from .context.assemble import assemble
+from .context.manager import ContextManager
 from .errors import (
     ConcurrencyError,
+    ContextLengthError,
     ModelError,
     SessionNotFoundError,
     SnapshotFormatError,
@@ -41,7 +46,6 @@ from .states import Cause, SessionStatus
 from .stream import ModelDelta, StreamItem
 from .tools import Tool, batch, guards
 from .tools import execute as tool_exec
-from .tools.permissions import tools_for_role
 from .turn_records import add_tool_finished, add_turn_finished
 from .writer import SessionWriter
 
@@ -117,6 +121,8 @@ class TurnRunner:
         """Writes a snapshot after every tool step and turn end; None turns them off (benchmarks)."""
         self.spend_ledger = spend_ledger
         """Answers what a user spent today, for per-user daily budgets."""
+        self.context = ContextManager(log, cache_size)
+        """Keeps every model step within the agent's context budgets (seed §3)."""
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
         # one lock per session while someone holds or waits for it; dropped after, so a worker
@@ -216,6 +222,7 @@ class TurnRunner:
         effect (calling the model, running tools) and when the loop ends."""
         if isinstance(step, StartTurn):
             self._start_turn(step, w)
+            await self.context.start_turn(w, agent)
             return
         if isinstance(step, Stop):
             interrupts.stop_turn(w, step, agent, self.snapshots)
@@ -244,10 +251,20 @@ class TurnRunner:
         turn = w.state.turn
         assert turn is not None
         index = turn.model_calls_started
+        await self.context.fit(w, agent, index)
         request = self._request(w.state, agent, step.closing)
         estimated = await agent.model.estimate_input_tokens(request)
-        if (stop := self._budget_stop(w.state, agent, estimated)) is not None:
-            self._stop_for_budget(w, stop)
+        stop = self._budget_stop(w.state, agent, estimated)
+        if stop is not None and await self.context.fit(w, agent, index, force="budget"):
+            # a shorter context may fit what is left of the budget (seed §5.3)
+            request = self._request(w.state, agent, step.closing)
+            estimated = await agent.model.estimate_input_tokens(request)
+            stop = self._budget_stop(w.state, agent, estimated)
+        if stop is not None:
+            if agent.budget is not None and agent.budget.on_exceed == "pause":
+                pause_for_budget(w, stop)
+            else:
+                self._stop_for_budget(w, stop)
             return
         w.mark_boundary()
         w.add(
@@ -258,6 +275,7 @@ class TurnRunner:
             message_count=len(request.messages),
             tools_offered=len(request.tools),
             estimated_input_tokens=estimated,
+            section_tokens_json=json.dumps(self.context.section_tokens(w.state, agent, request)),
             correlation_id=turn.turn_id,
         )
         for event in await w.commit():
@@ -284,8 +302,15 @@ class TurnRunner:
         except Exception as exc:  # any model failure is recorded, never a crashed worker
             error = exc
         latency = round((time.perf_counter() - started) * 1000, 3)
-        if error is not None or response is None:
-            self._record_model_failure(w, agent, index, latency, error, switches)
+        if isinstance(error, ContextLengthError) and turn.context_retries == 0:
+            # the provider counts differently: compact and call once more, not a failed turn
+            self._record_call_failed(w, agent, index, latency, error, switches)
+            if await self.context.fit(w, agent, index + 1, force="context_length"):
+                return
+            self._fail_turn(w, _failure_reason(error))
+        elif error is not None or response is None:
+            self._record_call_failed(w, agent, index, latency, error, switches)
+            self._fail_turn(w, _failure_reason(error))
         else:
             self._record_model_answer(w, agent, index, latency, response, step.closing, switches)
 
@@ -313,19 +338,13 @@ class TurnRunner:
 
     def _stop_for_budget(self, w: SessionWriter, stop: BudgetStop) -> None:
         """The turn ends before a call that could overrun a budget, and the user is told which."""
-        turn = w.state.turn
-        assert turn is not None
-        tid = turn.turn_id
-        w.add(
-            ev.AssistantMessage, turn_id=tid, message_id=ev.new_id(), text=stop.message(), correlation_id=tid
-        )
-        w.transition(S.FINISHED, Cause.BUDGET, detail=f"{stop.level} budget", correlation_id=tid)
+        end_for_budget(w, stop.message(), f"{stop.level} budget")
         self._finish_turn(w, "budget")
 
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
         return build_request(state, agent, closing)
 
-    def _record_model_failure(
+    def _record_call_failed(
         self,
         w: SessionWriter,
         agent: Agent,
@@ -334,10 +353,7 @@ class TurnRunner:
         error: Exception | None,
         retries: int,
     ) -> None:
-        turn = w.state.turn
-        assert turn is not None
-        reason = f"{type(error).__name__}: {error}" if error else "no response"
-        tid = turn.turn_id
+        tid = w.state.turn.turn_id if w.state.turn else ""
         w.add(
             ev.ModelCallFinished,
             turn_id=tid,
@@ -346,9 +362,12 @@ class TurnRunner:
             status="failed",
             latency_ms=latency,
             retries=retries,
-            error=reason,
+            error=_failure_reason(error),
             correlation_id=tid,
         )
+
+    def _fail_turn(self, w: SessionWriter, reason: str) -> None:
+        tid = w.state.turn.turn_id if w.state.turn else ""
         w.transition(S.ERROR, Cause.MODEL_ERROR, detail=reason, correlation_id=tid)
         self._finish_turn(w, "model_error")
 
@@ -426,7 +445,7 @@ class TurnRunner:
         turn = w.state.turn
         assert turn is not None
         tid = turn.turn_id
-        plan = batch.plan_batch(step.calls, tools_for_role(agent.tools, w.state.role), turn.history)
+        plan = batch.plan_batch(step.calls, builtins.session_tools(agent, w.state), turn.history)
         if plan.approvals and plan.trip is None:
             batch.request_approvals(w, tid, plan.approvals)
             return
@@ -452,19 +471,29 @@ class TurnRunner:
             yield event
         if interrupts.stop_for(w.state, agent) is not None:
             return  # a stop slipped in before the tools could start: the next step is Stop
-        if len(runnable) == 1:  # no task per call when there is nothing to run concurrently
-            outcomes = [await tool_exec.execute(runnable[0][2], runnable[0][3])]
-        else:
-            outcomes = await asyncio.gather(*(tool_exec.execute(t, args) for _, _, t, args in runnable))
+        scope = builtins.session_scope(self.log, w.state)
+        try:
+            if len(runnable) == 1:  # no task per call when there is nothing to run concurrently
+                outcomes = [await tool_exec.execute(runnable[0][2], runnable[0][3])]
+            else:
+                outcomes = await asyncio.gather(*(tool_exec.execute(t, args) for _, _, t, args in runnable))
+        finally:
+            builtins.end_scope(scope)
         for (call, prior, _, _), outcome in zip(runnable, outcomes, strict=True):
             results[call.call_id] = (prior, outcome)
         for call in step.calls:  # results go back in the order the model asked for them
             prior, outcome = results[call.call_id]
             add_tool_finished(w, tid, call, outcome, attempts=prior + outcome.attempts)
+            if outcome.status is tool_exec.ToolStatus.SUCCESS:
+                builtins.events_for(w, agent, tid, call.call_id, call.tool_name, call.arguments_json)
         batch.after_batch(w, tid, len(step.calls), plan.trip, agent.max_tool_iterations)
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
         if self.snapshots is not None:
             _snapshots.take(w, self.snapshots, correlation_id=tid)
+
+
+def _failure_reason(error: Exception | None) -> str:
+    return f"{type(error).__name__}: {error}" if error else "no response"
 
 
 def _stop_reason(turn: TurnProgress, cap: int) -> tuple[str, str]:
@@ -491,13 +520,12 @@ def unique_call_ids(calls: tuple[ToolCallSpec, ...], turn: TurnProgress) -> tupl
 def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
     """What a model step is sent: the system prompt, the history, and for a closing call (tools
     withdrawn) the note saying why. Pure, so the gateway can show what any past call was sent."""
-    messages = [ChatMessage.system(agent.system_prompt)] if agent.system_prompt else []
-    messages += state.messages
+    messages = assemble(state, agent)
     turn = state.turn
     if closing and turn is not None:
         guard, reason = _stop_reason(turn, agent.max_tool_iterations)
         messages.append(ChatMessage.system(guards.closing_note(guard, reason, agent.max_tool_iterations)))
-    tools = () if closing else tools_for_role(agent.tools, state.role).specs()
+    tools = () if closing else builtins.session_tools(agent, state).specs()
     return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
 
 

@@ -9,11 +9,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine.errors import (
+    ApprovalError,
     ConcurrencyError,
     InputError,
+    InvalidArgumentsError,
+    LogUnavailableError,
     MessageTooLargeError,
+    NoTurnRunningError,
     SessionClosedError,
     SessionNotFoundError,
+    SnapshotFormatError,
+    SnapshotNotFoundError,
     TurnlogError,
 )
 
@@ -43,17 +49,29 @@ def not_found(session_id: str) -> HttpError:
     return HttpError(404, "not_found", f"no session {session_id}")
 
 
+ENGINE_ERRORS: tuple[tuple[type[TurnlogError], int, str], ...] = (
+    (MessageTooLargeError, 413, "message_too_large"),
+    (InvalidArgumentsError, 422, "invalid_arguments"),
+    (InputError, 422, "invalid_input"),
+    (SessionClosedError, 409, "session_closed"),
+    (NoTurnRunningError, 409, "no_turn_running"),
+    (ApprovalError, 409, "not_awaiting_approval"),
+    (SnapshotNotFoundError, 404, "snapshot_not_found"),
+    (SnapshotFormatError, 409, "snapshot_unreadable"),
+    (LogUnavailableError, 503, "log_unavailable"),
+)
+"""The one table of engine errors → HTTP answers, most specific first."""
+
+
 def from_engine(exc: TurnlogError, session_id: str = "") -> HttpError:
     if isinstance(exc, SessionNotFoundError):
         return not_found(session_id)
-    if isinstance(exc, MessageTooLargeError):
-        return HttpError(413, "message_too_large", str(exc))
-    if isinstance(exc, InputError):
-        return HttpError(422, "invalid_input", str(exc))
-    if isinstance(exc, SessionClosedError):
-        return HttpError(409, "session_closed", str(exc))
     if isinstance(exc, ConcurrencyError):
         return HttpError(409, "conflict", f"{exc}; try again")
+    for kind, status, code in ENGINE_ERRORS:
+        if isinstance(exc, kind):
+            headers = {"Retry-After": "1"} if status == 503 else None
+            return HttpError(status, code, str(exc), headers)
     return HttpError(500, "internal", f"{type(exc).__name__}: {exc}")
 
 
@@ -145,6 +163,24 @@ def string_field(body: dict[str, Any], name: str, *, default: str | None = None,
         raise HttpError(422, "invalid_input", f"'{name}' must be a non-empty string")
     if len(value) > max_chars:
         raise HttpError(422, "invalid_input", f"'{name}' is longer than {max_chars} characters")
+    return value
+
+
+def optional_string(body: dict[str, Any], name: str, *, max_chars: int = 500) -> str:
+    """A string field that may be left out (then ""), e.g. a reason or a note."""
+    if body.get(name) is None:
+        return ""
+    return string_field(body, name, max_chars=max_chars)
+
+
+def int_field(body: dict[str, Any], name: str, *, low: int = 0, high: int = 2**62) -> int:
+    value = body.get(name)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON Schema counts 342.0 as an integer
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise HttpError(422, "invalid_input", f"'{name}' must be an integer")
+    if not low <= value <= high:
+        raise HttpError(422, "invalid_input", f"'{name}' must be in {low}..{high}")
     return value
 
 

@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 document of the gateway, served at /openapi.json.
 
 Written out rather than generated: the routes are few, and tests/test_gateway_http.py checks
-that every route of the app is described here and nothing else is.
+that every route of the app is described here and nothing else is. The bodies' schemas are in
+``openapi_schemas``.
 """
 
 from __future__ import annotations
@@ -9,11 +10,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Sequence
 
+from .openapi_schemas import SCHEMAS, ref
+
 JSON = "application/json"
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -30,8 +29,9 @@ def _errors(*codes: int) -> dict[str, Any]:
         413: "body or message too large",
         422: "invalid field",
         429: "rate limit or open-stream limit reached",
+        503: "the log cannot take the write now (retry after Retry-After)",
     }
-    return {str(c): _json(_ref("Error"), text[c]) for c in (401, 429, *codes)}
+    return {str(c): _json(ref("Error"), text[c]) for c in (401, 429, *codes)}
 
 
 SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -55,9 +55,9 @@ PATHS: dict[str, dict[str, Any]] = {
         "post": {
             "summary": "Open a session with an agent; its role cannot exceed your key's role",
             "operationId": "createSession",
-            "requestBody": _body(_ref("CreateSession")),
+            "requestBody": _body(ref("CreateSession")),
             "responses": {
-                "201": _json(_ref("Created"), "the session, durable on the log"),
+                "201": _json(ref("Created"), "the session, durable on the log"),
                 **_errors(400, 403, 413, 422),
             },
         },
@@ -65,7 +65,7 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "Your sessions, newest first (from the projections)",
             "operationId": "listSessions",
             "parameters": [_limit(50, 500)],
-            "responses": {"200": _json(_ref("SessionList"), "sessions"), **_errors(422)},
+            "responses": {"200": _json(ref("SessionList"), "sessions"), **_errors(422)},
         },
     },
     "/v1/sessions/{session_id}": {
@@ -73,7 +73,7 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "One session (from the projections)",
             "operationId": "getSession",
             "parameters": [SESSION_ID],
-            "responses": {"200": _json(_ref("Session"), "the session"), **_errors(404)},
+            "responses": {"200": _json(ref("Session"), "the session"), **_errors(404)},
         }
     },
     "/v1/sessions/{session_id}/history": {
@@ -81,17 +81,19 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "The session and its last messages, oldest first (from the projections)",
             "operationId": "getHistory",
             "parameters": [SESSION_ID, _limit(50, 1000)],
-            "responses": {"200": _json(_ref("History"), "history"), **_errors(404, 422)},
+            "responses": {"200": _json(ref("History"), "history"), **_errors(404, 422)},
         }
     },
     "/v1/sessions/{session_id}/timeline": {
         "get": {
             "summary": "What the session did: turns, model calls, tool calls, state changes, messages",
-            "description": "From the projections: every model call (tokens, latency, status), every tool "
-            "call (arguments, result, status, duration, attempts) and every state transition with its cause.",
+            "description": "From the projections: every model call (tokens, cost, latency, status; its log "
+            "version and retries added from the log), every tool call (arguments, result, status, duration, "
+            "attempts, approval) and every state transition with its cause; `events` lists from the log "
+            "every event of a kind those rows do not show.",
             "operationId": "getTimeline",
             "parameters": [SESSION_ID],
-            "responses": {"200": _json(_ref("Timeline"), "timeline"), **_errors(404)},
+            "responses": {"200": _json(ref("Timeline"), "timeline"), **_errors(404)},
         }
     },
     "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}": {
@@ -105,7 +107,7 @@ PATHS: dict[str, dict[str, Any]] = {
             ],
             "responses": {
                 "200": _json({"type": "object"}, "model, message_count, exact, messages"),
-                **_errors(404),
+                **_errors(404, 422),
             },
         }
     },
@@ -114,9 +116,9 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "Append a user message; answers with its log position, never waits for the turn",
             "operationId": "postMessage",
             "parameters": [SESSION_ID],
-            "requestBody": _body(_ref("PostMessage")),
+            "requestBody": _body(ref("PostMessage")),
             "responses": {
-                "202": _json(_ref("Posted"), "durable on the log"),
+                "202": _json(ref("Posted"), "durable on the log"),
                 **_errors(400, 404, 409, 413, 422),
             },
         }
@@ -145,6 +147,54 @@ PATHS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "/v1/sessions/{session_id}/cancel": {
+        "post": {
+            "summary": "Cancel the running turn: it stops at its next step boundary (CANCELLED)",
+            "description": "Appends a CancelRequested and answers with it; never waits for the turn. "
+            "409 `no_turn_running` when nothing runs, `session_closed` when the session is closed.",
+            "operationId": "cancelTurn",
+            "parameters": [SESSION_ID],
+            "requestBody": _body(ref("Cancel")),
+            "responses": {
+                "202": _json(ref("Appended"), "the CancelRequested, durable on the log"),
+                **_errors(400, 404, 409, 413, 422, 503),
+            },
+        }
+    },
+    "/v1/sessions/{session_id}/interrupt": {
+        "post": {
+            "summary": "Post a message that stops the running turn; it starts the next turn",
+            "description": "A CancelRequested for the running turn (if one runs), then the message, both "
+            "appended before the answer; the stopped turn ends CANCELLED and the message's turn sees what it "
+            "did. With no turn running it is a plain message (`interrupted: false`).",
+            "operationId": "interruptTurn",
+            "parameters": [SESSION_ID],
+            "requestBody": _body(ref("PostMessage")),
+            "responses": {
+                "202": _json(ref("Interrupted"), "the cancel (if any) and the message, durable on the log"),
+                **_errors(400, 404, 409, 413, 422, 503),
+            },
+        }
+    },
+    "/v1/sessions/{session_id}/approvals/{call_id}": {
+        "post": {
+            "summary": "Approve, edit or reject a tool call waiting for a decision (PAUSED_FOR_USER)",
+            "description": "`edit` runs the call with `arguments`, validated against the tool first (422 "
+            "`invalid_arguments` naming the field). The last decision of a batch resumes the turn, which a "
+            "worker carries on. 404 `unknown_call` for a call that waits for nothing, 409 "
+            "`not_awaiting_approval` for one already decided.",
+            "operationId": "decideToolCall",
+            "parameters": [
+                SESSION_ID,
+                {"name": "call_id", "in": "path", "required": True, "schema": {"type": "string"}},
+            ],
+            "requestBody": _body(ref("Decision")),
+            "responses": {
+                "202": _json(ref("Appended"), "the ApprovalDecided (and the resume transition)"),
+                **_errors(400, 404, 409, 413, 422, 503),
+            },
+        }
+    },
     "/v1/admin/sessions": {
         "get": {
             "summary": "Every user's sessions, filtered (admin)",
@@ -156,7 +206,7 @@ PATHS: dict[str, dict[str, Any]] = {
                     for n in ("user", "state", "agent")
                 ),
             ],
-            "responses": {"200": _json(_ref("SessionList"), "sessions"), **_errors(403, 422)},
+            "responses": {"200": _json(ref("SessionList"), "sessions"), **_errors(403, 422)},
         }
     },
     "/v1/admin/sessions/{session_id}/finish": {
@@ -164,11 +214,50 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "Force-finish a session: end its turn and close it (admin)",
             "operationId": "forceFinish",
             "parameters": [SESSION_ID],
-            "requestBody": _body(_ref("Finish")),
+            "requestBody": _body(ref("Finish")),
             "responses": {
-                "200": _json(_ref("Session"), "the closed session"),
+                "200": _json(ref("Session"), "the closed session"),
                 **_errors(400, 403, 404, 409, 413, 422),
             },
+        }
+    },
+    "/v1/admin/sessions/{session_id}/snapshots": {
+        "get": {
+            "summary": "A session's snapshots, oldest first (admin)",
+            "operationId": "listSnapshots",
+            "parameters": [SESSION_ID],
+            "responses": {"200": _json(ref("SnapshotList"), "snapshots"), **_errors(403, 404)},
+        }
+    },
+    "/v1/admin/sessions/{session_id}/fork": {
+        "post": {
+            "summary": "Fork a new session from the snapshot at `version`, maybe with another agent (admin)",
+            "description": "The fork belongs to the origin's user and starts with its history and state at "
+            "the snapshot; the origin is not touched. A message posted to the fork continues it.",
+            "operationId": "forkSession",
+            "parameters": [SESSION_ID],
+            "requestBody": _body(ref("Fork")),
+            "responses": {
+                "201": _json(ref("Forked"), "the fork's SessionForked, durable on the log"),
+                **_errors(400, 403, 404, 409, 413, 422, 503),
+            },
+        }
+    },
+    "/v1/admin/sessions/{session_id}/replay": {
+        "get": {
+            "summary": "Replay a session read-only: its events, each with the state folded up to it (admin)",
+            "operationId": "replaySession",
+            "parameters": [
+                SESSION_ID,
+                {
+                    "name": "after_version",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 0, "default": 0},
+                },
+                _limit(200, 1000),
+            ],
+            "responses": {"200": _json(ref("Replay"), "one page of steps"), **_errors(403, 404, 422)},
         }
     },
     "/v1/admin/analytics/daily": {
@@ -238,112 +327,13 @@ PATHS: dict[str, dict[str, Any]] = {
     },
 }
 
-SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["error", "detail"],
-        "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
-    },
-    "CreateSession": {
-        "type": "object",
-        "required": ["agent"],
-        "properties": {
-            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
-            "role": {"type": "string", "enum": ["user", "admin"], "default": "user"},
-            "metadata": {"type": "object"},
-        },
-    },
-    "Created": {
-        "type": "object",
-        "required": ["session_id", "agent", "user", "role", "status", "version", "position", "partition"],
-        "properties": {
-            "session_id": {"type": "string"},
-            "agent": {"type": "string"},
-            "user": {"type": "string"},
-            "role": {"type": "string"},
-            "status": {"type": "string"},
-            "version": {"type": "integer"},
-            "position": {"type": "integer"},
-            "partition": {"type": "integer"},
-        },
-    },
-    "PostMessage": {
-        "type": "object",
-        "required": ["text"],
-        "properties": {
-            "text": {
-                "type": "string",
-                "pattern": "\\S",
-                "maxLength": 8192,
-                "description": "not blank; at most the agent's max_message_bytes in UTF-8 (64 KiB default)",
-            }
-        },
-    },
-    "Posted": {
-        "type": "object",
-        "required": ["message_id", "version", "position", "partition"],
-        "properties": {
-            "message_id": {"type": "string"},
-            "version": {"type": "integer"},
-            "position": {"type": "integer"},
-            "partition": {"type": "integer"},
-        },
-    },
-    "Finish": {
-        "type": "object",
-        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
-    },
-    "Session": {
-        "type": "object",
-        "required": ["session_id", "user_id", "agent_id", "role", "current_state", "state_version", "closed"],
-        "properties": {
-            "session_id": {"type": "string"},
-            "user_id": {"type": "string"},
-            "agent_id": {"type": "string"},
-            "role": {"type": "string"},
-            "model_name": {"type": "string"},
-            "current_state": {"type": "string"},
-            "state_version": {"type": "integer"},
-            "message_count": {"type": "integer"},
-            "turns": {"type": "integer"},
-            "input_tokens": {"type": "integer"},
-            "output_tokens": {"type": "integer"},
-            "closed": {"type": "boolean"},
-            "close_reason": {"type": "string"},
-            "start_time_ms": {"type": "integer"},
-            "update_time_ms": {"type": "integer"},
-        },
-    },
-    "SessionList": {
-        "type": "object",
-        "properties": {"sessions": {"type": "array", "items": _ref("Session")}},
-    },
-    "Timeline": {
-        "type": "object",
-        "required": ["session", "messages", "turns", "model_calls", "tool_calls", "state_changes"],
-        "properties": {
-            "session": _ref("Session"),
-            **{
-                name: {"type": "array", "items": {"type": "object"}}
-                for name in ("messages", "turns", "model_calls", "tool_calls", "state_changes")
-            },
-        },
-    },
-    "History": {
-        "type": "object",
-        "properties": {
-            "session": _ref("Session"),
-            "messages": {"type": "array", "items": {"type": "object"}},
-        },
-    },
-}
-
 
 def document(agents: Sequence[str] = ()) -> dict[str, Any]:
     """The document; ``agents`` (the configured agent ids) become the enum of ``agent``."""
     schemas = copy.deepcopy(SCHEMAS)
     if agents:
-        schemas["CreateSession"]["properties"]["agent"]["enum"] = sorted(agents)
+        for name in ("CreateSession", "Fork"):
+            schemas[name]["properties"]["agent"]["enum"] = sorted(agents)
     return {
         "openapi": "3.1.0",
         "info": {"title": "turnlog gateway", "version": "1"},

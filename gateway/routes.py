@@ -3,7 +3,6 @@ or read the projections, answer JSON (or an event stream)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
@@ -12,14 +11,16 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from engine.errors import SessionNotFoundError
-from engine.fold import SessionState
 from projections import queries
 
+from .access import appended, owned_state, projected, session_json, session_view
+from .admin_routes import AdminRoutes
 from .agui import AguiRoute
-from .http import HttpError, int_param, json_body, not_found, principal_of, string_field
+from .control import ControlRoutes
+from .http import HttpError, int_param, json_body, principal_of, string_field
 from .model_request import sent_messages
 from .stream import SessionStream
+from .timeline import session_timeline
 
 if TYPE_CHECKING:
     from .service import Gateway
@@ -31,6 +32,10 @@ class Routes:
 
     def table(self) -> list[Route]:
         wrap = self.gw.guard.wrap
+        control = ControlRoutes(self.gw)
+        admin = AdminRoutes(self.gw)
+        session = "/v1/sessions/{session_id}"
+        admin_session = "/v1/admin/sessions/{session_id}"
         return [
             Route(
                 "/v1/sessions",
@@ -39,66 +44,40 @@ class Routes:
                 ),
                 methods=["GET", "POST"],
             ),
-            Route("/v1/sessions/{session_id}", wrap(self.get_session), methods=["GET"]),
+            Route(session, wrap(self.get_session), methods=["GET"]),
+            Route(f"{session}/history", wrap(self.get_history, query=("limit",)), methods=["GET"]),
+            Route(f"{session}/timeline", wrap(self.get_timeline), methods=["GET"]),
             Route(
-                "/v1/sessions/{session_id}/history", wrap(self.get_history, query=("limit",)), methods=["GET"]
+                f"{session}/model_calls/{{turn_id}}/{{step}}", wrap(self.get_model_request), methods=["GET"]
             ),
-            Route("/v1/sessions/{session_id}/timeline", wrap(self.get_timeline), methods=["GET"]),
-            Route(
-                "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}",
-                wrap(self.get_model_request),
-                methods=["GET"],
-            ),
-            Route("/v1/sessions/{session_id}/messages", wrap(self.post_message), methods=["POST"]),
-            Route(
-                "/v1/sessions/{session_id}/events",
-                wrap(self.stream_events, query=("after",)),
-                methods=["GET"],
-            ),
+            Route(f"{session}/messages", wrap(self.post_message), methods=["POST"]),
+            Route(f"{session}/events", wrap(self.stream_events, query=("after",)), methods=["GET"]),
+            Route(f"{session}/cancel", wrap(control.cancel), methods=["POST"]),
+            Route(f"{session}/interrupt", wrap(control.interrupt), methods=["POST"]),
+            Route(f"{session}/approvals/{{call_id}}", wrap(control.decide), methods=["POST"]),
             Route(
                 "/v1/admin/sessions",
-                wrap(self.admin_sessions, admin=True, query=("limit", "user", "state", "agent")),
+                wrap(admin.sessions, admin=True, query=("limit", "user", "state", "agent")),
                 methods=["GET"],
             ),
+            Route(f"{admin_session}/finish", wrap(admin.force_finish, admin=True), methods=["POST"]),
+            Route(f"{admin_session}/snapshots", wrap(admin.snapshots, admin=True), methods=["GET"]),
+            Route(f"{admin_session}/fork", wrap(admin.fork, admin=True), methods=["POST"]),
             Route(
-                "/v1/admin/sessions/{session_id}/finish",
-                wrap(self.force_finish, admin=True),
-                methods=["POST"],
+                f"{admin_session}/replay",
+                wrap(admin.replay, admin=True, query=("after_version", "limit")),
+                methods=["GET"],
             ),
             Route(
                 "/v1/admin/analytics/daily",
-                wrap(self.analytics, admin=True, query=("days",)),
+                wrap(admin.analytics, admin=True, query=("days",)),
                 methods=["GET"],
             ),
             Route("/v1/agui/{agent}", wrap(AguiRoute(self.gw).run), methods=["POST"]),
-            Route("/metrics", wrap(self.metrics, admin=True), methods=["GET"]),
+            Route("/metrics", wrap(admin.metrics, admin=True), methods=["GET"]),
             Route("/openapi.json", wrap(self.openapi), methods=["GET"]),
             Route("/viewer", viewer_page, methods=["GET"]),
         ]
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    async def _owned(self, request: Request) -> SessionState:
-        """The session named in the path, if the caller may see it; 404 alike otherwise."""
-        session_id = request.path_params["session_id"]
-        principal = principal_of(request)
-        try:
-            state = await self.gw.api.get_state(session_id)
-        except SessionNotFoundError:
-            raise not_found(session_id) from None
-        if state.user_id != principal.user and not principal.is_admin:
-            raise not_found(session_id)
-        return state
-
-    async def _projected(self, state: SessionState) -> dict[str, Any]:
-        """The session's projection row, caught up at least to the state we just folded."""
-        row = self.gw.store.session(state.session_id)
-        if row is None or int(row["state_version"]) < state.version:
-            await self.gw.projector.catch_up()
-            row = self.gw.store.session(state.session_id)
-        if row is None:
-            raise not_found(state.session_id)
-        return _session_json(row)
 
     # -- user routes -----------------------------------------------------------------------------
 
@@ -141,26 +120,27 @@ class Routes:
         limit = int_param(request, "limit", 50, 1, 500)
         await self.gw.projector.catch_up()
         rows = queries.list_sessions(self.gw.store, user_id=principal.user, limit=limit)
-        return JSONResponse({"sessions": [_session_json(r) for r in rows]})
+        return JSONResponse({"sessions": [session_json(r) for r in rows]})
 
     async def get_session(self, request: Request) -> Response:
-        state = await self._owned(request)
-        return JSONResponse(await self._projected(state))
+        state = await owned_state(self.gw, request)
+        return JSONResponse(await session_view(self.gw, state))
 
     async def get_history(self, request: Request) -> Response:
-        state = await self._owned(request)
+        state = await owned_state(self.gw, request)
         limit = int_param(request, "limit", 50, 1, 1000)
-        session = await self._projected(state)
+        session = await projected(self.gw, state)
         messages = queries.last_messages(self.gw.store, state.session_id, limit)
         return JSONResponse({"session": session, "messages": messages})
 
     async def get_timeline(self, request: Request) -> Response:
-        state = await self._owned(request)
-        session = await self._projected(state)
-        return JSONResponse({"session": session, **queries.session_timeline(self.gw.store, state.session_id)})
+        state = await owned_state(self.gw, request)
+        session = await session_view(self.gw, state)
+        rows = await session_timeline(self.gw.log, self.gw.store, state.session_id)
+        return JSONResponse({"session": session, **rows})
 
     async def get_model_request(self, request: Request) -> Response:
-        state = await self._owned(request)
+        state = await owned_state(self.gw, request)
         turn_id, raw_step = request.path_params["turn_id"], request.path_params["step"]
         if not raw_step.isdigit():
             raise HttpError(422, "invalid_input", f"step must be a number (0, 1, ...), not {raw_step!r}")
@@ -173,26 +153,19 @@ class Routes:
         return JSONResponse(sent)
 
     async def post_message(self, request: Request) -> Response:
-        state = await self._owned(request)
+        state = await owned_state(self.gw, request)
         body = await json_body(request, self.gw.limits.max_message_bytes)
         text = body.get("text")
         if not isinstance(text, str):
             raise HttpError(422, "invalid_input", "'text' must be a string")
         event = await self.gw.api.post_user_message(state.session_id, text)
-        (record,) = await self.gw.log.read_session_records(state.session_id, event.version - 1)
-        self.gw.hub.publish(event)
+        (written,) = await appended(self.gw, [event])
         return JSONResponse(
-            {
-                "message_id": event.message_id,
-                "version": event.version,
-                "position": record.offset,
-                "partition": record.partition,
-            },
-            202,
+            {key: written[key] for key in ("message_id", "version", "position", "partition")}, 202
         )
 
     async def stream_events(self, request: Request) -> Response:
-        state = await self._owned(request)
+        state = await owned_state(self.gw, request)
         after = _last_event_id(request)
         user = principal_of(request).user
         if not self.gw.streams.try_open(user):
@@ -221,39 +194,6 @@ class Routes:
         from .openapi import document
 
         return JSONResponse(document([a.agent_id for a in self.gw.api.agents]))
-
-    # -- admin routes ----------------------------------------------------------------------------
-
-    async def admin_sessions(self, request: Request) -> Response:
-        limit = int_param(request, "limit", 50, 1, 500)
-        await self.gw.projector.catch_up()
-        params = request.query_params
-        rows = queries.list_sessions(
-            self.gw.store,
-            user_id=params.get("user"),
-            state=params.get("state"),
-            agent_id=params.get("agent"),
-            limit=limit,
-        )
-        return JSONResponse({"sessions": [_session_json(r) for r in rows]})
-
-    async def force_finish(self, request: Request) -> Response:
-        state = await self._owned(request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
-        reason = string_field(body, "reason", default="finished by an admin", max_chars=500)
-        await self.gw.api.force_finish(state.session_id, reason, actor=principal_of(request).user)
-        for record in await self.gw.log.read_session_records(state.session_id, state.version):
-            self.gw.hub.publish(record.event)
-        return JSONResponse(await self._projected(await self.gw.api.get_state(state.session_id)))
-
-    async def analytics(self, request: Request) -> Response:
-        days = int_param(request, "days", 30, 1, 3660)
-        await self.gw.analytics.catch_up()
-        return JSONResponse(self.gw.analytics.report(days))
-
-    async def metrics(self, request: Request) -> Response:
-        body, content_type = await self.gw.metrics.render()
-        return Response(body, media_type=content_type)
 
 
 VIEWER_HTML = (Path(__file__).parent / "viewer.html").read_text()
@@ -288,9 +228,3 @@ def _last_event_id(request: Request) -> int:
         raise HttpError(
             400, "bad_last_event_id", f"Last-Event-ID must be a log position (an integer), not {raw!r}"
         ) from None
-
-
-def _session_json(row: dict[str, Any]) -> dict[str, Any]:
-    out = dict(row)
-    out["closed"] = bool(out.get("closed"))
-    return json.loads(json.dumps(out))

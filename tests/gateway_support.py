@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
@@ -17,8 +18,11 @@ import httpx
 import uvicorn
 
 from engine import Agent, AgentDirectory, SqliteEventLog, tool
+from engine.errors import ModelError
 from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
-from engine.models.scripted import call
+from engine.models.fallback import FallbackModel
+from engine.models.pricing import Price, PriceTable
+from engine.models.scripted import FunctionModel, call, reply
 from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal
 from projections import SqliteProjectionStore
 
@@ -29,6 +33,11 @@ KEYS = {
 }
 PRINCIPALS = {"alice": "user", "bob": "user", "root": "admin"}
 PARTITIONS = 4
+AGENTS = ["refunds", "support", "troubled"]
+"""support: looks an order up (GatedModel); refunds: a refund that waits for the user's approval;
+troubled: its model fails and its backup repeats one tool call until the loop guard stops it."""
+PRICES = PriceTable({"gated": Price(Decimal("3"), Decimal("0.3"), Decimal("15"))})
+"""Dollars per million tokens for the support agent's model, so its calls have a cost."""
 
 
 def auth(user: str) -> dict[str, str]:
@@ -70,6 +79,39 @@ class GatedModel(Model):
         yield ModelResponse(self.first_half + self.second_half, (), Usage(30, 8), "stop")
 
 
+def refund_answer(request: ModelRequest) -> ModelResponse:
+    """Asks for a refund of 40 on the first step of a turn; then reports the tool's result."""
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    results = [m for m in request.messages[last_user + 1 :] if m.role == "tool"]
+    if not results:
+        turn = sum(1 for m in request.messages if m.role == "user")
+        return reply(
+            "Refunding now.", call("refund", {"order_id": "A-17", "amount": 40}, f"call_refund_{turn}")
+        )
+    return reply("refund result: " + results[-1].content)
+
+
+def refunds_agent(refunds: list[dict[str, Any]]) -> Agent:
+    @tool(requires_approval=True, sensitivity="high")
+    def refund(order_id: str, amount: int) -> dict[str, Any]:
+        """Refund an order."""
+        refunds.append({"order_id": order_id, "amount": amount})
+        return {"refunded": amount, "order_id": order_id}
+
+    return Agent.build("refunds", FunctionModel(refund_answer, name="refunder"), [refund])
+
+
+def troubled_agent() -> Agent:
+    def down(request: ModelRequest) -> ModelResponse:
+        raise ModelError("primary model is down")
+
+    def stuck(request: ModelRequest) -> ModelResponse:
+        return reply("Checking again.", call("lookup", {"order_id": "A-17"}, f"call_{len(request.messages)}"))
+
+    model = FallbackModel(FunctionModel(down, name="primary"), FunctionModel(stuck, name="backup"))
+    return Agent.build("troubled", model, [lookup])
+
+
 @dataclass
 class RunningGateway:
     url: str
@@ -78,12 +120,23 @@ class RunningGateway:
     log_path: Path
     thread: threading.Thread
     server: uvicorn.Server
+    refunds: list[dict[str, Any]]
+    """What the refunds agent's tool ran with, in order."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def build_gateway(home: Path, limits: Limits | None = None, **config: Any) -> tuple[Gateway, GatedModel]:
+def build_gateway(
+    home: Path, limits: Limits | None = None, **config: Any
+) -> tuple[Gateway, GatedModel, list[dict[str, Any]]]:
     model = GatedModel()
-    agents = AgentDirectory([Agent.build("support", model, [lookup], system_prompt="You help with orders.")])
+    refunds: list[dict[str, Any]] = []
+    agents = AgentDirectory(
+        [
+            Agent.build("support", model, [lookup], system_prompt="You help with orders.", prices=PRICES),
+            refunds_agent(refunds),
+            troubled_agent(),
+        ]
+    )
     keys = KeyStore.from_plain({KEYS[u]: Principal(u, role) for u, role in PRINCIPALS.items()})
     gw = Gateway(
         SqliteEventLog(home / "log.db", partitions=PARTITIONS),
@@ -92,7 +145,7 @@ def build_gateway(home: Path, limits: Limits | None = None, **config: Any) -> tu
         keys,
         GatewayConfig(limits=limits or Limits(), poll_s=0.2, ping_s=5, **config),
     )
-    return gw, model
+    return gw, model, refunds
 
 
 def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float = 20.0) -> None:
@@ -108,7 +161,7 @@ def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float 
 
 @contextlib.contextmanager
 def serve_gateway(home: Path, limits: Limits | None = None, **config: Any) -> Iterator[RunningGateway]:
-    gw, model = build_gateway(home, limits, **config)
+    gw, model, refunds = build_gateway(home, limits, **config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -120,7 +173,7 @@ def serve_gateway(home: Path, limits: Limits | None = None, **config: Any) -> It
     thread.start()
     try:
         _wait_until_accepting(port, thread)
-        yield RunningGateway(f"http://127.0.0.1:{port}", gw, model, home / "log.db", thread, server)
+        yield RunningGateway(f"http://127.0.0.1:{port}", gw, model, home / "log.db", thread, server, refunds)
     finally:
         model.gate.set()
         server.should_exit = True
@@ -164,3 +217,26 @@ async def sse_messages(response: httpx.Response) -> AsyncIterator[SseMessage]:
 def open_log(path: Path) -> SqliteEventLog:
     """A second handle on the gateway's log file, to compare what was streamed with the log."""
     return SqliteEventLog(path, partitions=PARTITIONS)
+
+
+async def read_until(stream: Any, stop: Any, into: list[SseMessage]) -> SseMessage:
+    async def go() -> SseMessage:
+        async for message in stream:
+            into.append(message)
+            if stop(message):
+                return message
+        raise AssertionError(f"the stream ended before the expected message; got {[m.event for m in into]}")
+
+    return await asyncio.wait_for(go(), 30)
+
+
+def turn_committed(into: list[SseMessage]) -> Any:
+    """Stop at the last event of the turn's final commit: the snapshot written after TurnFinished."""
+    return lambda m: m.event == "SnapshotTaken" and any(x.event == "TurnFinished" for x in into)
+
+
+async def create(client: httpx.AsyncClient, user: str = "alice", **body: Any) -> dict[str, Any]:
+    response = await client.post("/v1/sessions", json={"agent": "support", **body}, headers=auth(user))
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created

@@ -106,6 +106,20 @@ def _count_tokens(text: str) -> int:
     return len(text.split())
 
 
+def _request_tokens(body: dict[str, Any]) -> int:
+    """The request's size as the server counts it: tiktoken cl100k over every message, tool
+    call and tool definition (a provider's count differs a little from the client's estimate)."""
+    from engine.models.tokens import shared_counter
+
+    counter = shared_counter("cl100k_base")
+    total = 0
+    for message in body.get("messages", []):
+        total += 4 + counter.count(str(message.get("content") or ""))
+        for call in message.get("tool_calls") or []:
+            total += counter.count(json.dumps(call))
+    return total + counter.count(json.dumps(body.get("tools") or []))
+
+
 def _prompt_text(body: dict[str, Any]) -> str:
     return " ".join(str(m.get("content") or "") for m in body.get("messages", []))
 
@@ -338,14 +352,25 @@ def _embedding_value(vector: Any, encoding: str) -> list[float] | str:
 class FakeOpenAIServer:
     """The app and its state; ``serve_openai`` runs it on a real socket."""
 
-    def __init__(self, script: Iterable[Step], model: str = "fake-model", embed: Embed | None = None) -> None:
+    def __init__(
+        self,
+        script: Iterable[Step],
+        model: str = "fake-model",
+        context_window: int | None = None,
+        embed: Embed | None = None,
+    ) -> None:
         self.script: deque[Step] = deque(script)
         self.model = model
+        self.context_window = context_window
+        """Refuse requests longer than this many tokens the way OpenAI does (400,
+        context_length_exceeded), without consuming a step; None accepts any length."""
         self.embed = embed
         self.embedding_requests: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         """JSON bodies of the chat completion requests received, in order."""
         self.headers: list[dict[str, str]] = []
+        self.refused: list[dict[str, Any]] = []
+        """Requests refused as too long (``context_window``)."""
         self.port = 0
         self.app = Starlette(
             routes=[
@@ -397,6 +422,16 @@ class FakeOpenAIServer:
         problem = validate_request(body)
         if problem:
             return _error(400, problem, "invalid_request")
+        if self.context_window is not None:
+            size = _request_tokens(body)
+            if size > self.context_window:
+                self.refused.append(body)
+                return _error(
+                    400,
+                    f"This model's maximum context length is {self.context_window} tokens. However, your "
+                    f"messages resulted in {size} tokens. Please reduce the length of the messages.",
+                    "context_length_exceeded",
+                )
         self.requests.append(body)
         self.headers.append(dict(request.headers))
         if not self.script:
@@ -455,10 +490,11 @@ def serve_openai(
     *,
     model: str = "fake-model",
     log_level: str = "warning",
+    context_window: int | None = None,
     embed: Embed | None = None,
 ) -> Iterator[FakeOpenAIServer]:
     """Serve a FakeOpenAIServer on 127.0.0.1:<free port> in a background thread."""
-    fake = FakeOpenAIServer(script, model, embed)
+    fake = FakeOpenAIServer(script, model, context_window, embed)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -255,3 +255,53 @@ async def test_daily_user_budget_spans_sessions_through_the_projection(tmp_path:
     assert store.cost_by_day() == [{"day": today.isoformat(), "cost_micros": 2500, "calls": 2}]
     store.close()
     await log.close()
+
+
+async def test_a_pausing_budget_waits_for_the_user_to_raise_it_then_the_turn_goes_on(tmp_path: Path) -> None:
+    budget = Budget(per_turn_micros=11_000, on_exceed="pause")
+    agent = Agent.build("a", _tool_loop_model(Usage(100, 100)), [lookup], prices=PRICES, budget=budget)
+    log, api = _api(tmp_path, agent)
+    sid = (await api.create_session("a", "u")).session_id
+    [e async for e in api.send_user_message(sid, "go")]
+    state = await api.get_state(sid)
+    assert state.status == "PAUSED_FOR_USER" and state.turn is not None
+    exceeded = [e for e in await log.read_session(sid) if isinstance(e, ev.BudgetExceeded)]
+    assert [(e.level, e.limit_micros, e.spent_micros, e.worst_case_micros) for e in exceeded] == [
+        ("per-turn", 11_000, 1250, 10_000)
+    ]
+    # a fresh front door (another process, after a restart) reads the pause from the log
+    _, other = _api(tmp_path, agent)
+    items = [e async for e in other.decide_budget(sid, "raise", extra_micros=5_000, note="ok, go on")]
+    events = [e for e in items if isinstance(e, ev.Event)]
+    decided = next(e for e in events if isinstance(e, ev.BudgetDecided))
+    assert (decided.decision, decided.extra_micros, decided.note) == ("raise", 5_000, "ok, go on")
+    resumed = next(e for e in events if isinstance(e, ev.StateChanged))
+    assert (resumed.from_state, resumed.to_state, resumed.cause) == (
+        "PAUSED_FOR_USER",
+        "PROCESSING",
+        "user_approval",
+    )
+    assert _turn_end(events).reason == "answered" and _turn_end(events).cost_micros == 2500
+    await log.close()
+
+
+async def test_a_pausing_budget_stopped_by_the_user_ends_the_turn_with_a_message(tmp_path: Path) -> None:
+    from engine.errors import ApprovalError
+
+    budget = Budget(per_turn_micros=11_000, on_exceed="pause")
+    agent = Agent.build("a", _tool_loop_model(Usage(100, 100)), [lookup], prices=PRICES, budget=budget)
+    log, api = _api(tmp_path, agent)
+    sid = (await api.create_session("a", "u")).session_id
+    with pytest.raises(ApprovalError, match="no turn is waiting for a budget decision"):
+        await api.post_budget_decision(sid, "raise", extra_micros=1)
+    [e async for e in api.send_user_message(sid, "go")]
+    with pytest.raises(ApprovalError, match="extra_micros > 0"):
+        await api.post_budget_decision(sid, "raise")
+    events = [e async for e in api.decide_budget(sid, "stop") if isinstance(e, ev.Event)]
+    stop = next(e for e in events if isinstance(e, ev.StateChanged))
+    assert (stop.from_state, stop.to_state, stop.cause) == ("PAUSED_FOR_USER", "FINISHED", "budget")
+    answer = next(e for e in events if isinstance(e, ev.AssistantMessage))
+    assert "per-turn budget is spent" in answer.text
+    assert _turn_end(events).reason == "budget"
+    assert (await api.get_state(sid)).turn is None
+    await log.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +15,18 @@ import pytest
 from engine import events as ev
 from gateway import Limits
 from gateway.openapi import document
-from tests.gateway_support import RunningGateway, SseMessage, auth, open_log, serve_gateway, sse_messages
+from tests.gateway_support import (
+    AGENTS,
+    RunningGateway,
+    SseMessage,
+    auth,
+    create,
+    open_log,
+    read_until,
+    serve_gateway,
+    sse_messages,
+    turn_committed,
+)
 
 TIMEOUT = httpx.Timeout(30.0)
 
@@ -25,29 +35,6 @@ TIMEOUT = httpx.Timeout(30.0)
 def running(tmp_path: Path):  # type: ignore[no-untyped-def]
     with serve_gateway(tmp_path) as gw:
         yield gw
-
-
-async def read_until(stream: Any, stop: Any, into: list[SseMessage]) -> SseMessage:
-    async def go() -> SseMessage:
-        async for message in stream:
-            into.append(message)
-            if stop(message):
-                return message
-        raise AssertionError(f"the stream ended before the expected message; got {[m.event for m in into]}")
-
-    return await asyncio.wait_for(go(), 30)
-
-
-def turn_committed(into: list[SseMessage]) -> Any:
-    """Stop at the last event of the turn's final commit: the snapshot written after TurnFinished."""
-    return lambda m: m.event == "SnapshotTaken" and any(x.event == "TurnFinished" for x in into)
-
-
-async def create(client: httpx.AsyncClient, user: str = "alice", **body: Any) -> dict[str, Any]:
-    response = await client.post("/v1/sessions", json={"agent": "support", **body}, headers=auth(user))
-    assert response.status_code == 201, response.text
-    created: dict[str, Any] = response.json()
-    return created
 
 
 async def test_post_stream_disconnect_mid_turn_and_resume_with_last_event_id(running: RunningGateway) -> None:
@@ -188,7 +175,7 @@ async def test_bad_input_gets_a_specific_4xx_and_writes_nothing(running: Running
             response = await client.post(url, headers=auth("alice"), **kwargs)  # type: ignore[arg-type]
             assert (response.status_code, response.json()["error"]) == (status, code), kwargs
         unknown = await client.post("/v1/sessions", json={"agent": "nope"}, headers=auth("alice"))
-        assert unknown.status_code == 422 and "known agents: support" in unknown.json()["detail"]
+        assert unknown.status_code == 422 and "known agents: refunds, support" in unknown.json()["detail"]
         bad_id = await client.get(
             f"/v1/sessions/{sid}/events", headers={**auth("alice"), "Last-Event-ID": "x"}
         )
@@ -244,7 +231,7 @@ async def test_a_closed_stream_frees_its_slot(tmp_path: Path) -> None:
 async def test_the_openapi_document_describes_every_route(running: RunningGateway) -> None:
     async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
         served = (await client.get("/openapi.json", headers=auth("alice"))).json()
-    assert served == document(["support"])
+    assert served == document(AGENTS)
     routes = {
         (route.path, method.lower())
         for route in running.gateway.app().routes

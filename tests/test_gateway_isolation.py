@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -19,12 +19,24 @@ MISSING = "0" * 32
 
 
 @dataclass(frozen=True)
+class Setup:
+    """What a fresh session of alice's has done before the route is called."""
+
+    sid: str
+    turn_id: str = ""
+    call_id: str = ""
+    snapshot: int = 0
+
+
+@dataclass(frozen=True)
 class RouteCase:
     method: str
     path: str
     scope: str
     """owner: a session's route; user: any authenticated key; admin: admin keys only."""
-    body: dict[str, Any] | None = None
+    body: dict[str, Any] | Callable[[Setup], dict[str, Any]] | None = None
+    needs: str = "idle"
+    """The session's state for the call: idle, answered (one turn done), paused (a call waits)."""
 
 
 ROUTES = [
@@ -35,9 +47,18 @@ ROUTES = [
     RouteCase("GET", "/v1/sessions/{session_id}", "owner"),
     RouteCase("GET", "/v1/sessions/{session_id}/history", "owner"),
     RouteCase("GET", "/v1/sessions/{session_id}/timeline", "owner"),
-    RouteCase("GET", "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}", "owner"),
+    RouteCase("GET", "/v1/sessions/{session_id}/model_calls/{turn_id}/{step}", "owner", needs="answered"),
     RouteCase("POST", "/v1/sessions/{session_id}/messages", "owner", {"text": "Where is order A-17?"}),
     RouteCase("GET", "/v1/sessions/{session_id}/events", "owner"),
+    RouteCase("POST", "/v1/sessions/{session_id}/cancel", "owner", {"reason": "walk"}, needs="paused"),
+    RouteCase("POST", "/v1/sessions/{session_id}/interrupt", "owner", {"text": "stop that"}, needs="paused"),
+    RouteCase(
+        "POST",
+        "/v1/sessions/{session_id}/approvals/{call_id}",
+        "owner",
+        {"decision": "reject"},
+        needs="paused",
+    ),
     RouteCase(
         "POST",
         "/v1/agui/{agent}",
@@ -56,6 +77,15 @@ ROUTES = [
     RouteCase("GET", "/v1/admin/analytics/daily", "admin"),
     RouteCase("GET", "/metrics", "admin"),
     RouteCase("POST", "/v1/admin/sessions/{session_id}/finish", "admin-owner", {"reason": "walk"}),
+    RouteCase("GET", "/v1/admin/sessions/{session_id}/snapshots", "admin-owner", needs="answered"),
+    RouteCase(
+        "POST",
+        "/v1/admin/sessions/{session_id}/fork",
+        "admin-owner",
+        lambda done: {"version": done.snapshot},
+        needs="answered",
+    ),
+    RouteCase("GET", "/v1/admin/sessions/{session_id}/replay", "admin-owner"),
 ]
 CALLERS = {
     "owner": auth("alice"),
@@ -67,11 +97,14 @@ CALLERS = {
 
 
 async def call(
-    client: httpx.AsyncClient, case: RouteCase, sid: str, headers: dict[str, str], turn_id: str = ""
+    client: httpx.AsyncClient, case: RouteCase, done: Setup, headers: dict[str, str]
 ) -> tuple[int, Any]:
     """Status and body; an event stream is opened, its status read, and closed."""
-    url = case.path.format(session_id=sid, agent="support", turn_id=turn_id, step=0)
-    async with client.stream(case.method, url, json=case.body, headers=headers) as response:
+    url = case.path.format(
+        session_id=done.sid, agent="support", turn_id=done.turn_id, step=0, call_id=done.call_id
+    )
+    body = case.body(done) if callable(case.body) else case.body
+    async with client.stream(case.method, url, json=body, headers=headers) as response:
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             return response.status_code, None
         await response.aread()
@@ -80,15 +113,26 @@ async def call(
         return response.status_code, response.text
 
 
-async def run_turn(client: httpx.AsyncClient, sid: str) -> str:
-    """Post a message of alice's and wait for its turn; return the turn id."""
+async def prepare(client: httpx.AsyncClient, needs: str) -> Setup:
+    """A fresh session of alice's (so a force-finish or a cancel cannot change later answers),
+    brought to what the route needs: a finished turn, or a turn paused for an approval."""
+    agent = "refunds" if needs == "paused" else "support"
+    created = await client.post("/v1/sessions", json={"agent": agent}, headers=auth("alice"))
+    sid = created.json()["session_id"]
+    if needs == "idle":
+        return Setup(sid)
     await client.post(f"/v1/sessions/{sid}/messages", json={"text": "Where is A-17?"}, headers=auth("alice"))
     for _ in range(600):
-        turns = (await client.get(f"/v1/sessions/{sid}/timeline", headers=auth("alice"))).json()["turns"]
-        if turns and turns[0]["outcome"]:
-            return str(turns[0]["turn_id"])
+        timeline = (await client.get(f"/v1/sessions/{sid}/timeline", headers=auth("alice"))).json()
+        turns, waiting = timeline["turns"], timeline["session"]["current_state"] == "PAUSED_FOR_USER"
+        if needs == "answered" and turns and turns[0]["outcome"]:
+            snapshot = max(e["version"] for e in timeline["events"] if e["type"] == "SnapshotTaken")
+            return Setup(sid, turn_id=str(turns[0]["turn_id"]), snapshot=snapshot)
+        if needs == "paused" and waiting:
+            (call,) = [c for c in timeline["tool_calls"] if c["approval"] == "pending"]
+            return Setup(sid, call_id=str(call["call_id"]))
         await asyncio.sleep(0.05)
-    raise AssertionError("the turn did not finish")
+    raise AssertionError(f"the session did not get to {needs!r}")
 
 
 def expected_status(case: RouteCase, caller: str) -> int | str:
@@ -109,20 +153,17 @@ async def test_every_route_as_owner_other_user_admin_and_unauthenticated(tmp_pat
         async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
             for case in ROUTES:
                 for caller, headers in CALLERS.items():
-                    # a fresh session of alice's per call, so a force-finish cannot change later answers
-                    created = await client.post(
-                        "/v1/sessions", json={"agent": "support"}, headers=auth("alice")
-                    )
-                    sid = created.json()["session_id"]
-                    turn_id = await run_turn(client, sid) if "{turn_id}" in case.path else ""
-                    status, body = await call(client, case, sid, headers, turn_id)
+                    done = await prepare(client, case.needs)
+                    sid = done.sid
+                    status, body = await call(client, case, done, headers)
                     want = expected_status(case, caller)
                     ok = 200 <= status < 300 if want == "2xx" else status == want
                     assert ok, f"{case.method} {case.path} as {caller}: {status} {body}, expected {want}"
                     if want == 401:
                         assert body["error"] == "unauthenticated"
                     if want == 404:
-                        missing_status, missing_body = await call(client, case, MISSING, headers, turn_id)
+                        missing = Setup(MISSING, done.turn_id, done.call_id, done.snapshot)
+                        missing_status, missing_body = await call(client, case, missing, headers)
                         assert (status, body) == (
                             missing_status,
                             {**missing_body, "detail": f"no session {sid}"},
@@ -144,6 +185,7 @@ async def test_every_route_as_owner_other_user_admin_and_unauthenticated(tmp_pat
     try:
         owners: dict[str, str] = {}
         writers: dict[str, set[str]] = {}
+        actors: set[tuple[str, str]] = set()
         for partition in range(log.partitions):
             for record in await log.read_partition(partition, 0, 100_000):
                 event = record.event
@@ -151,8 +193,15 @@ async def test_every_route_as_owner_other_user_admin_and_unauthenticated(tmp_pat
                     owners[event.session_id] = event.user_id
                 elif isinstance(event, ev.UserMessageReceived):
                     writers.setdefault(event.session_id, set()).add(event.user_id)
+                elif isinstance(event, (ev.CancelRequested, ev.ApprovalDecided)):
+                    actors.add((event.type, event.actor))
         # only a session's owner ever wrote into it (bob's and anonymous posts wrote nothing)
         assert writers and all(users == {owners[sid]} for sid, users in writers.items())
         assert {owners[sid] for sid in writers} == {"alice", "bob", "root"}  # AG-UI threads are per user
+        # cancels and decisions came from the owner or an admin, never from bob
+        assert actors == {
+            ("CancelRequested", "alice"), ("CancelRequested", "admin"),
+            ("ApprovalDecided", "alice"), ("ApprovalDecided", "root"),
+        }  # fmt: skip
     finally:
         await log.close()

@@ -54,8 +54,8 @@ def test_every_edge_refuses_at_least_one_cause() -> None:
         (S.TOOL_LOOP, S.TOOL_WAIT, C.MODEL_TOOL_CALL),
         (S.FINISHED, S.IDLE, C.ADMIN),
         (S.PROCESSING, S.IDLE, C.MODEL_ANSWER),
-        (S.PAUSED_FOR_USER, S.PROCESSING, C.USER_MESSAGE),
         (S.TOOL_WAIT, S.ERROR, C.MODEL_ERROR),
+        (S.PAUSED_FOR_USER, S.ERROR, C.MODEL_ERROR),
     ],
 )
 def test_sample_of_non_edges_raise(from_state: S, to_state: S, cause: C) -> None:

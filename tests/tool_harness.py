@@ -9,6 +9,7 @@ from typing import Any
 
 from engine import Agent, AgentDirectory, AgentSessions, ChatMessage, FunctionModel, SqliteEventLog, Tool
 from engine import events as ev
+from engine.models.base import ModelRequest
 from projections import SqliteProjectionStore
 from projections.rebuild import catch_up
 
@@ -31,6 +32,13 @@ class Session:
 
     async def events(self) -> list[ev.Event]:
         return await self.log.read_session(self.sid)
+
+    async def of(self, cls: type[ev.E]) -> list[ev.E]:
+        """This session's events of one type, in log order."""
+        return of(await self.events(), cls)
+
+    def last_request(self) -> ModelRequest:
+        return self.model.requests[-1]
 
     async def history(self) -> list[ChatMessage]:
         return await self.api.get_history(self.sid, limit=1000)

@@ -180,6 +180,7 @@ class LocalModelServer:
             max_tokens=MAX_ANSWER_TOKENS,
             token_counter=ServerTokenCounter(self.base_url),
         )
+        inner.context_window = CONTEXT_TOKENS  # the context budgets scale to the server's window
         inner.first_token_timeout_s = FIRST_TOKEN_TIMEOUT_S
         inner.response_timeout_s = RESPONSE_TIMEOUT_S
         return PromptToolsModel(inner)

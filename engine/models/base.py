@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
+
+if TYPE_CHECKING:
+    from .tokens import TokenCounter
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,14 @@ class Model(abc.ABC):
         """The request's size in this model's tokens, counted before it is sent (for budgets and
         the trace). 0 means no estimate: the default, so scripted models cost nothing here."""
         return 0
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        """The tokenizer context budgets count with: tiktoken's cl100k_base unless the model has
+        its own (an OpenAI model's encoding, a local model's server tokenizer)."""
+        from .tokens import shared_counter
+
+        return shared_counter("cl100k_base")
 
 
 def estimate_tokens(text: str) -> int:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Sequence
 
-from ..errors import ConfigurationError, ModelError
+from ..errors import ConfigurationError, ContextLengthError, ModelError
 from ..messages import ChatMessage
 from .base import Model, ModelChunk, ModelRequest, ModelSwitch, TextDelta
 from .limits import stream_within
+from .tokens import TokenCounter
 
 DEFAULT_FIRST_TOKEN_S = 15.0
 DEFAULT_RESPONSE_S = 120.0
@@ -37,6 +38,8 @@ class FallbackModel(Model):
         response_s: float = DEFAULT_RESPONSE_S,
     ) -> None:
         self.chain: list[Model] = [m for m in (primary, backup, degraded) if m is not None]
+        self.context_window = primary.context_window
+        """Budgets follow the primary; a backup with a smaller window gets the request refitted."""
         if backup is not None and backup.name == primary.name:
             raise ConfigurationError(f"the backup model must differ from the primary ({primary.name!r})")
         self.degraded = degraded
@@ -51,6 +54,10 @@ class FallbackModel(Model):
         for model in self.chain:
             await model.aclose()
 
+    @property
+    def token_counter(self) -> TokenCounter:
+        return self.chain[0].token_counter
+
     async def estimate_input_tokens(self, request: ModelRequest) -> int:
         return await self.chain[0].estimate_input_tokens(request)
 
@@ -62,8 +69,8 @@ class FallbackModel(Model):
                     yield chunk
                 return
             except ModelError as exc:
-                if position == len(self.chain) - 1:
-                    raise
+                if position == len(self.chain) - 1 or isinstance(exc, ContextLengthError):
+                    raise  # a too-long context is the engine's to compact, not a reason to switch
                 following = self.chain[position + 1]
                 degraded = following is self.degraded
                 yield ModelSwitch(model.name, following.name, f"{type(exc).__name__}: {exc}", degraded)

@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import openai
 
-from ..errors import ModelError
+from ..errors import ContextLengthError, ModelError
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
 from .base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
@@ -241,6 +241,11 @@ class OpenAICompatibleModel(Model):
         where, model = self.base_url, self.name
         if isinstance(exc, openai.APIStatusError):
             hint = _STATUS_HINTS.get(exc.status_code, "the server failed; check its logs")
+            if _is_context_length(exc):
+                return ContextLengthError(
+                    f"model endpoint {where} refused the request as too long for model {model!r}: "
+                    f"{_excerpt(exc)}; the history is compacted and the call made once more"
+                )
             return ModelError(
                 f"model endpoint {where} answered {exc.status_code} for model {model!r}: "
                 f"{_excerpt(exc)}; {hint}"
@@ -271,6 +276,17 @@ def _reason(exc: BaseException) -> str:
         exc = cause
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_context_length(exc: openai.APIStatusError) -> bool:
+    """OpenAI says ``context_length_exceeded``; other servers only say it in words."""
+    if exc.code == "context_length_exceeded":
+        return True
+    text = _excerpt(exc).lower()
+    return exc.status_code in (400, 413) and any(p in text for p in _CONTEXT_LENGTH_PHRASES)
+
+
+_CONTEXT_LENGTH_PHRASES = ("maximum context length", "context length", "context window", "too many tokens")
 
 
 def _excerpt(exc: openai.APIStatusError) -> str:

@@ -25,6 +25,7 @@ from ..errors import ModelError
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
 from .base import Model, ModelChunk, ModelRequest, ModelResponse, ModelSwitch, TextDelta, Usage
+from .tokens import TokenCounter
 from .tool_text import ParsedToolText, parse_tool_text
 
 _CALL_OPENERS = ("```", "<tool_call>", "{", "[{")
@@ -96,12 +97,17 @@ class PromptToolsModel(Model):
         self.name = inner.name
         self.first_token_timeout_s = inner.first_token_timeout_s
         self.response_timeout_s = inner.response_timeout_s
+        self.context_window = inner.context_window
         self.repair_attempts = repair_attempts
         self.repaired_texts: deque[str] = deque(maxlen=100)
         """Raw answers whose tool calls needed repair or a retry: material for the parser's corpus."""
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        return self.inner.token_counter
 
     async def estimate_input_tokens(self, request: ModelRequest) -> int:
         """The inner model's count of what it is really sent: tools as prompt text."""

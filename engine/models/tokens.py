@@ -106,6 +106,12 @@ class TiktokenCounter:
         return self._count(text)
 
 
+@cache
+def shared_counter(encoding_name: str) -> TiktokenCounter:
+    """One counter (and one count cache) per encoding for the whole process."""
+    return TiktokenCounter(encoding_name)
+
+
 def count_chat_tokens(
     counter: TokenCounter, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] = ()
 ) -> int:

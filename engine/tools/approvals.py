@@ -47,8 +47,7 @@ def add_decision(
     if call is None or state.turn is None:
         names = ", ".join(f"{c.call_id} ({c.tool_name})" for c in waiting.values()) or "none"
         raise ApprovalError(
-            f"session {state.session_id}: tool call {call_id!r} is not waiting for approval; "
-            f"waiting: {names}"
+            f"session {state.session_id}: tool call {call_id!r} is not waiting for approval; waiting: {names}"
         )
     if decision not in _RECORDED:
         raise ApprovalError(f"decision must be one of approve, edit, reject; got {decision!r}")

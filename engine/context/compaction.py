@@ -1,0 +1,201 @@
+"""What to cut from a history that grew too large (seed §3.2); pure, so it can be tested alone.
+
+Three moves, cheapest loss first:
+
+* ``plan_trim`` (at 60 % of the history budget): the lowest-value messages go first: oldest
+  small talk (a greeting or a thanks and its answer, removed as a pair), then the details of tool
+  calls that a later call superseded or whose error a later call corrected (the result is
+  shortened to a note; the call and its result stay together).
+* ``summary_cut`` (at 90 %, or past the agent's verbatim-turn limit): the oldest third of the
+  history, in whole exchanges, to be replaced by one summary message.
+* ``plan_oversized`` (still over budget, e.g. huge tool results in the current turn): each tool
+  result is cut down to a share of the budget, head kept, with a note.
+
+Cuts never fall inside an exchange: a summary replaces everything before a user message, a
+removal takes a user message with its plain answer, and shortening keeps every message. So a
+tool call is never separated from its result, and what is sent stays a valid conversation.
+Nothing is lost: each cut names its messages by ``ref``, and the originals stay on the log.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..messages import ChatMessage, is_tool_error
+
+SMALL_TALK = re.compile(
+    r"^\W*(hi|hello|hey|thanks?|thank you( very much)?|thx|ok(ay)?|cool|great|nice|good (morning|"
+    r"afternoon|evening|night)|bye|see you|got it|sounds good|perfect|awesome|you'?re welcome|"
+    r"你好|您好|谢谢|多谢|好的|好|嗯|早上好|晚上好|再见|收到|明白了?|没问题)\W*$",
+    re.IGNORECASE,
+)
+SMALL_TALK_ANSWER_CHARS = 400
+"""A plain answer longer than this is not small talk, whatever the user said."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrimItem:
+    ref: int
+    action: str
+    """removed | shortened"""
+    reason: str
+    """small_talk | superseded | corrected_error | oversized"""
+    tokens: int
+    """Tokens the message took before the cut."""
+    text: str = ""
+    """The shortened content (empty when removed)."""
+
+
+def current_input_index(messages: Sequence[ChatMessage], turn_running: bool) -> int:
+    """Index of the running turn's user message (what the model answers); len() when none."""
+    if turn_running:
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i].role == "user":
+                return i
+    return len(messages)
+
+
+def is_small_talk(text: str) -> bool:
+    return len(text) <= 60 and not any(c.isdigit() for c in text) and bool(SMALL_TALK.match(text))
+
+
+def plan_trim(
+    messages: Sequence[ChatMessage],
+    counts: Sequence[int],
+    superseded: dict[str, str],
+    *,
+    total: int,
+    target: int,
+    protected_from: int,
+) -> list[TrimItem]:
+    """Cuts, lowest value first, until the history is at most ``target`` tokens (or nothing
+    cheap is left). Small talk is only taken before ``protected_from`` (the current input)."""
+    items: list[TrimItem] = []
+    for item in (
+        *_small_talk(messages, counts, protected_from),
+        *_spent_results(messages, counts, superseded),
+    ):
+        if total <= target:
+            break
+        items.append(item)
+        total -= item.tokens - (_note_tokens(item) if item.action == "shortened" else 0)
+    return items
+
+
+def _note_tokens(item: TrimItem) -> int:
+    return max(1, len(item.text) // 4)
+
+
+def _small_talk(messages: Sequence[ChatMessage], counts: Sequence[int], end: int) -> list[TrimItem]:
+    items = []
+    for i in range(min(end, len(messages)) - 1):
+        user, answer = messages[i], messages[i + 1]
+        if (
+            user.role == "user"
+            and answer.role == "assistant"
+            and not answer.tool_calls
+            and len(answer.content) <= SMALL_TALK_ANSWER_CHARS
+            and is_small_talk(user.content)
+        ):
+            items.append(TrimItem(user.ref, "removed", "small_talk", counts[i]))
+            items.append(TrimItem(answer.ref, "removed", "small_talk", counts[i + 1]))
+    return items
+
+
+def _spent_results(
+    messages: Sequence[ChatMessage], counts: Sequence[int], superseded: dict[str, str]
+) -> list[TrimItem]:
+    """Tool results a later call replaced: superseded ones, and failures a later call of the
+    same tool got right."""
+    later_success: set[str] = set()  # tools with a successful result after the current position
+    spent: list[TrimItem] = []
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.role != "tool" or m.content.startswith(SPENT_PREFIX):
+            continue
+        name = m.name or ""
+        if m.tool_call_id in superseded:
+            note = (
+                f"{SPENT_PREFIX} superseded by call {superseded[m.tool_call_id]}; the original is archived]"
+            )
+            spent.append(TrimItem(m.ref, "shortened", "superseded", counts[i], note))
+        elif is_tool_error(m) and name in later_success:
+            note = (
+                f"{SPENT_PREFIX} failed attempt, corrected by a later {name} call; the original is archived]"
+            )
+            spent.append(TrimItem(m.ref, "shortened", "corrected_error", counts[i], note))
+        elif not is_tool_error(m):
+            later_success.add(name)
+    spent.reverse()  # oldest first
+    return [item for item in spent if item.tokens > _note_tokens(item) + 4]
+
+
+SPENT_PREFIX = "[context:"
+"""Starts every note that stands in for a shortened result, so it is never shortened twice."""
+
+
+def summary_cut(
+    messages: Sequence[ChatMessage],
+    counts: Sequence[int],
+    *,
+    protected_from: int,
+    keep_turns: int | None = None,
+) -> int:
+    """How many leading messages to summarise: the oldest third of the history's tokens, or
+    (with ``keep_turns``) all but that many earlier exchanges, whichever is more; always a whole
+    number of exchanges (the cut is at a user message) and never into the current turn.
+    0 means nothing can be summarised."""
+    starts = [i for i in range(1, min(protected_from, len(messages)) + 1) if _starts_exchange(messages, i)]
+    if not starts:
+        return 0
+    total = sum(counts[:protected_from]) if protected_from else sum(counts)
+    cut, taken = 0, 0
+    for i in starts:  # by tokens: the smallest cut holding a third
+        taken = sum(counts[:i])
+        cut = i
+        if taken * 3 >= total:
+            break
+    if keep_turns is not None:
+        users = [i for i in range(min(protected_from, len(messages))) if messages[i].role == "user"]
+        if len(users) > keep_turns:
+            cut = max(cut, users[len(users) - keep_turns])
+    return cut
+
+
+def _starts_exchange(messages: Sequence[ChatMessage], i: int) -> bool:
+    return i == len(messages) or messages[i].role == "user"
+
+
+def plan_oversized(
+    messages: Sequence[ChatMessage], counts: Sequence[int], *, total: int, target: int, max_tokens: int
+) -> list[TrimItem]:
+    """Tool results cut to ``max_tokens`` (their head, with a note), largest first, until the
+    history is at most ``target`` tokens."""
+    order = sorted(
+        (i for i, m in enumerate(messages) if m.role == "tool" and counts[i] > max_tokens),
+        key=lambda i: -counts[i],
+    )
+    items = []
+    for i in order:
+        if total <= target:
+            break
+        m = messages[i]
+        keep_chars = max(200, max_tokens * 3)
+        note = (
+            f"\n{SPENT_PREFIX} result cut from about {counts[i]} tokens to fit the context; "
+            "the full result is archived, recall_history finds it]"
+        )
+        items.append(TrimItem(m.ref, "shortened", "oversized", counts[i], m.content[:keep_chars] + note))
+        total -= counts[i] - (keep_chars // 3)
+    return items
+
+
+def summary_message_index(messages: Sequence[ChatMessage]) -> int | None:
+    """Where the current summary stands (always first), or None."""
+    from ..messages import SUMMARY_HEADER
+
+    if messages and messages[0].role == "system" and messages[0].content.startswith(SUMMARY_HEADER):
+        return 0
+    return None

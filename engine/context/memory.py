@@ -1,0 +1,63 @@
+"""Long-term memory on a turn's path: what the model is told about the user (seed §3.3).
+
+Before each turn the user's memories most similar to their message are retrieved, with a tag
+filter and a minimum score, and kept within the memory section's token budget; they are recorded
+as a ``MemoriesRetrieved`` event, so the trace shows exactly what the model was told. Writing
+memories happens elsewhere (the ``remember`` tool's ``MemoryNoted`` events and end-of-task
+extraction, both stored by the memory consumer). A failing store never fails a turn.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import structlog
+
+from ..memory.base import Memory, MemoryStore
+from ..models.tokens import TokenCounter
+
+log = structlog.get_logger("turnlog.context")
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryPolicy:
+    store: MemoryStore
+    tags: Sequence[str] = field(default_factory=tuple)
+    """Only memories with one of these tags are shown; empty shows every tag."""
+    min_score: float = 0.35
+    """Similarity below which a memory is not relevant enough to show."""
+    limit: int = 5
+
+
+async def retrieve(policy: MemoryPolicy, user_id: str, query: str) -> list[Memory]:
+    try:
+        return await policy.store.search(
+            user_id, query, tags=tuple(policy.tags), min_score=policy.min_score, limit=policy.limit
+        )
+    except Exception as exc:  # memory is an aid: the turn goes on without it
+        log.warning("memory.search_failed", user=user_id, error=f"{type(exc).__name__}: {exc}")
+        return []
+
+
+def within_budget(memories: Sequence[Memory], counter: TokenCounter, budget: int) -> tuple[list[Memory], int]:
+    """The best memories that fit ``budget`` tokens, and the tokens they take."""
+    kept, used = [], 0
+    for memory in memories:
+        tokens = counter.count(memory.text) + 6
+        if used + tokens > budget:
+            break
+        kept.append(memory)
+        used += tokens
+    return kept, used
+
+
+def memories_json(memories: Sequence[Memory]) -> str:
+    return json.dumps(
+        [
+            {"memory_id": m.memory_id, "text": m.text, "tag": m.tag, "score": round(m.score, 4)}
+            for m in memories
+        ],
+        ensure_ascii=False,
+    )

@@ -1,0 +1,62 @@
+"""Token counts of a session's history, each message counted once.
+
+The history grows by appends between compactions, so a session's counts are extended with the
+new messages only; a compaction (or a reload) makes a new message list, which is counted afresh.
+Per-step counting therefore costs the step's new messages, not the history's length.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..messages import ChatMessage
+from ..models.tokens import TOKENS_PER_MESSAGE, TokenCounter
+
+
+def message_tokens(counter: TokenCounter, message: ChatMessage) -> int:
+    """One message's tokens with its framing and tool calls (as ``count_chat_tokens`` counts)."""
+    total = TOKENS_PER_MESSAGE + counter.count(message.content)
+    for call in message.tool_calls:
+        total += counter.count(call.name) + counter.count(call.arguments_json)
+    return total
+
+
+@dataclass(slots=True)
+class _Counts:
+    messages: list[ChatMessage]
+    counter: TokenCounter
+    per_message: list[int] = field(default_factory=list)
+    total: int = 0
+
+
+class TokenTally:
+    """Per-message token counts of the sessions a runner serves (bounded, least recent dropped)."""
+
+    def __init__(self, cache_size: int = 1024) -> None:
+        self._cache: OrderedDict[str, _Counts] = OrderedDict()
+        self._cache_size = cache_size
+
+    def counts(
+        self, session_id: str, messages: list[ChatMessage], counter: TokenCounter
+    ) -> tuple[Sequence[int], int]:
+        """Tokens of each message of ``messages`` (the session's history list), in order, and
+        their sum."""
+        entry = self._cache.pop(session_id, None)
+        n = len(entry.per_message) if entry else 0
+        if (
+            entry is None
+            or entry.messages is not messages
+            or entry.counter is not counter
+            or len(messages) < n
+        ):
+            entry, n = _Counts(messages, counter), 0
+        for message in messages[n:]:
+            tokens = message_tokens(counter, message)
+            entry.per_message.append(tokens)
+            entry.total += tokens
+        self._cache[session_id] = entry
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return entry.per_message, entry.total

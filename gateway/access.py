@@ -1,0 +1,105 @@
+"""What every session route shares: the session named in the path if the caller may see it, its
+projection row, and the answer for what a POST appended (the events with their log positions)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import TYPE_CHECKING, Any, Sequence
+
+from starlette.requests import Request
+
+from engine import events as ev
+from engine.errors import SessionNotFoundError
+from engine.fold import SessionState
+
+from .http import not_found, principal_of
+
+if TYPE_CHECKING:
+    from .service import Gateway
+
+HEAVY: frozenset[type[ev.Event]] = frozenset({ev.SnapshotTaken, ev.SessionForked})
+"""Events whose ``state_json`` (a whole session state) is too large to send back: sent as a size."""
+
+
+async def owned_state(gw: Gateway, request: Request) -> SessionState:
+    """The session named in the path, if the caller may see it; 404 alike otherwise."""
+    session_id = request.path_params["session_id"]
+    principal = principal_of(request)
+    try:
+        state = await gw.api.get_state(session_id)
+    except SessionNotFoundError:
+        raise not_found(session_id) from None
+    if state.user_id != principal.user and not principal.is_admin:
+        raise not_found(session_id)
+    return state
+
+
+async def projected(gw: Gateway, state: SessionState) -> dict[str, Any]:
+    """The session's projection row, caught up at least to the state we just folded."""
+    row = gw.store.session(state.session_id)
+    if row is None or int(row["state_version"]) < state.version:
+        await gw.projector.catch_up()
+        row = gw.store.session(state.session_id)
+    if row is None:
+        raise not_found(state.session_id)
+    return session_json(row)
+
+
+async def session_view(gw: Gateway, state: SessionState) -> dict[str, Any]:
+    """The projection row, plus from the fold: whether a turn runs (it can be cancelled) and the
+    tool calls waiting for a decision."""
+    row = await projected(gw, state)
+    return {**row, "turn_running": state.turn is not None, "pending_approvals": pending_approvals(state)}
+
+
+def session_json(row: dict[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    out["closed"] = bool(out.get("closed"))
+    return json.loads(json.dumps(out))
+
+
+def pending_approvals(state: SessionState) -> list[dict[str, Any]]:
+    """The tool calls waiting for the user's decision (PAUSED_FOR_USER), from the fold."""
+    return [
+        {
+            "call_id": c.call_id,
+            "tool_name": c.tool_name,
+            "arguments": _json_or_text(c.arguments_json),
+            "iteration": c.iteration,
+        }
+        for c in state.pending_approvals
+    ]
+
+
+def event_json(event: ev.Event) -> dict[str, Any]:
+    """An event's fields as JSON, with its type; heavy state bodies replaced by their size."""
+    body = dataclasses.asdict(event)
+    if type(event) in HEAVY:
+        body["state_json_chars"] = len(body.pop("state_json"))
+    body["type"] = event.type
+    return body
+
+
+async def appended(gw: Gateway, events: Sequence[ev.Event]) -> list[dict[str, Any]]:
+    """What a route appended, each event with its log position; live streams hear of them.
+
+    An event submitted but not sequenced yet (version 0: on Kafka, from a process that does not
+    own the session's partition) has no position to report: ``position`` is None."""
+    versions = {e.version for e in events if e.version > 0}
+    records = await gw.log.read_session_records(events[0].session_id, min(versions) - 1) if versions else []
+    found = {r.event.version: r for r in records if r.event.version in versions}
+    out = []
+    for event in events:
+        record = found.get(event.version)
+        gw.hub.publish(record.event if record is not None else event)
+        where = (record.offset, record.partition) if record is not None else (None, None)
+        out.append({**event_json(event), "position": where[0], "partition": where[1]})
+    return out
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

@@ -1,0 +1,128 @@
+"""Admin routes (the admin role only): every user's sessions, force-finish, a session's snapshots,
+a fork from one of them, a read-only replay, the analytics and the metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine.admin import SessionAdmin
+from engine.fold import SessionState
+from projections import queries
+
+from .access import appended, event_json, owned_state, pending_approvals, projected, session_json
+from .http import HttpError, int_field, int_param, json_body, principal_of, string_field
+
+if TYPE_CHECKING:
+    from .service import Gateway
+
+REPLAY_PAGE = 200
+"""Default number of replay steps per page."""
+
+
+class AdminRoutes:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.admin = SessionAdmin(gw.log, producer="gateway-admin")
+
+    async def sessions(self, request: Request) -> Response:
+        limit = int_param(request, "limit", 50, 1, 500)
+        await self.gw.projector.catch_up()
+        params = request.query_params
+        rows = queries.list_sessions(
+            self.gw.store,
+            user_id=params.get("user"),
+            state=params.get("state"),
+            agent_id=params.get("agent"),
+            limit=limit,
+        )
+        return JSONResponse({"sessions": [session_json(r) for r in rows]})
+
+    async def force_finish(self, request: Request) -> Response:
+        state = await owned_state(self.gw, request)
+        body = await json_body(request, self.gw.limits.max_message_bytes)
+        reason = string_field(body, "reason", default="finished by an admin", max_chars=500)
+        await self.gw.api.force_finish(state.session_id, reason, actor=principal_of(request).user)
+        for record in await self.gw.log.read_session_records(state.session_id, state.version):
+            self.gw.hub.publish(record.event)
+        return JSONResponse(await projected(self.gw, await self.gw.api.get_state(state.session_id)))
+
+    async def snapshots(self, request: Request) -> Response:
+        state = await owned_state(self.gw, request)
+        found = await self.admin.snapshots(state.session_id)
+        return JSONResponse(
+            {"session_id": state.session_id, "snapshots": [dataclasses.asdict(s) for s in found]}
+        )
+
+    async def fork(self, request: Request) -> Response:
+        """A new session (the origin's user owns it) from the snapshot at ``version``, optionally
+        with another agent; the origin is never touched."""
+        state = await owned_state(self.gw, request)
+        body = await json_body(request, self.gw.limits.max_message_bytes)
+        version = int_field(body, "version", low=1)
+        agent_id = body.get("agent")
+        model = None
+        if agent_id is not None:
+            agent_id = string_field(body, "agent")
+            if agent_id not in self.gw.api.agents:
+                known = ", ".join(sorted(a.agent_id for a in self.gw.api.agents)) or "none"
+                raise HttpError(422, "unknown_agent", f"no agent {agent_id!r}; known agents: {known}")
+            model = self.gw.api.agents.get(agent_id).model.name
+        forked = await self.admin.fork(state.session_id, version, agent_id=agent_id, model=model)
+        (written,) = await appended(self.gw, [forked])
+        fork_state = await self.gw.api.get_state(forked.session_id)
+        return JSONResponse(
+            {
+                **written,
+                "user_id": fork_state.user_id,
+                "status": str(fork_state.status),
+                "turn_running": fork_state.turn is not None,
+            },
+            201,
+        )
+
+    async def replay(self, request: Request) -> Response:
+        """One page of the session's events, each with the session as folded up to it."""
+        state = await owned_state(self.gw, request)
+        after = int_param(request, "after_version", 0, 0, 2**62)
+        limit = int_param(request, "limit", REPLAY_PAGE, 1, 1000)
+        steps: list[dict[str, Any]] = []
+        more = False
+        async for step in self.admin.replay(state.session_id, from_version=after):
+            if len(steps) == limit:
+                more = True
+                break
+            steps.append({"event": event_json(step.event), "state": state_summary(step.state)})
+        next_after = steps[-1]["event"]["version"] if more else None
+        return JSONResponse(
+            {"session_id": state.session_id, "steps": steps, "next_after_version": next_after}
+        )
+
+    async def analytics(self, request: Request) -> Response:
+        days = int_param(request, "days", 30, 1, 3660)
+        await self.gw.analytics.catch_up()
+        return JSONResponse(self.gw.analytics.report(days))
+
+    async def metrics(self, request: Request) -> Response:
+        body, content_type = await self.gw.metrics.render()
+        return Response(body, media_type=content_type)
+
+
+def state_summary(state: SessionState) -> dict[str, Any]:
+    """The folded session after one replayed event: what a reader of a replay looks at."""
+    return {
+        "version": state.version,
+        "status": str(state.status),
+        "turn_id": state.turn.turn_id if state.turn is not None else None,
+        "turns_finished": state.turns_finished,
+        "message_count": len(state.messages),
+        "waiting_messages": len(state.inbox),
+        "pending_approvals": [c["call_id"] for c in pending_approvals(state)],
+        "input_tokens": state.input_tokens,
+        "output_tokens": state.output_tokens,
+        "cost_micros": state.cost_micros,
+        "closed": state.closed,
+    }

@@ -1,0 +1,275 @@
+"""The request and response bodies of the gateway's OpenAPI document (``components/schemas``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+NOTE = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 2000,
+    "description": "why; a rejection's note reaches the model",
+}
+
+POSITION = {
+    "type": ["integer", "null"],
+    "description": "the event's offset in its partition; null (with version 0) when the log has taken "
+    "it but not sequenced it yet (Kafka, from a process that does not own the session's partition)",
+}
+
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error", "detail"],
+        "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
+    },
+    "CreateSession": {
+        "type": "object",
+        "required": ["agent"],
+        "properties": {
+            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
+            "role": {"type": "string", "enum": ["user", "admin"], "default": "user"},
+            "metadata": {"type": "object"},
+        },
+    },
+    "Created": {
+        "type": "object",
+        "required": ["session_id", "agent", "user", "role", "status", "version", "position", "partition"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "agent": {"type": "string"},
+            "user": {"type": "string"},
+            "role": {"type": "string"},
+            "status": {"type": "string"},
+            "version": {"type": "integer"},
+            "position": {"type": "integer"},
+            "partition": {"type": "integer"},
+        },
+    },
+    "PostMessage": {
+        "type": "object",
+        "required": ["text"],
+        "properties": {
+            "text": {
+                "type": "string",
+                "pattern": "\\S",
+                "maxLength": 8192,
+                "description": "not blank; at most the agent's max_message_bytes in UTF-8 (64 KiB default)",
+            }
+        },
+    },
+    "Posted": {
+        "type": "object",
+        "required": ["message_id", "version", "position", "partition"],
+        "properties": {
+            "message_id": {"type": "string"},
+            "version": {"type": "integer"},
+            "position": POSITION,
+            "partition": {"type": ["integer", "null"]},
+        },
+    },
+    "Finish": {
+        "type": "object",
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
+    },
+    "Cancel": {
+        "type": "object",
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
+    },
+    "Decision": {
+        "description": "approve or reject as asked, or edit: run the call with new `arguments`",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["decision"],
+                "properties": {"decision": {"type": "string", "enum": ["approve", "reject"]}, "note": NOTE},
+                "not": {"required": ["arguments"]},
+            },
+            {
+                "type": "object",
+                "required": ["decision", "arguments"],
+                "properties": {
+                    "decision": {"type": "string", "const": "edit"},
+                    "arguments": {"type": "object", "description": "validated against the tool's schema"},
+                    "note": NOTE,
+                },
+            },
+        ],
+    },
+    "AppendedEvent": {
+        "type": "object",
+        "required": ["type", "session_id", "version", "position", "partition"],
+        "properties": {
+            "type": {"type": "string"},
+            "session_id": {"type": "string"},
+            "version": {"type": "integer"},
+            "position": POSITION,
+            "partition": {"type": ["integer", "null"]},
+        },
+        "description": "an event appended by the request: its fields, its type and its log position",
+    },
+    "Appended": {
+        "type": "object",
+        "required": ["events"],
+        "properties": {"events": {"type": "array", "items": ref("AppendedEvent")}},
+    },
+    "Interrupted": {
+        "type": "object",
+        "required": ["interrupted", "events"],
+        "properties": {
+            "interrupted": {"type": "boolean", "description": "a running turn was asked to stop"},
+            "events": {"type": "array", "items": ref("AppendedEvent")},
+        },
+    },
+    "Fork": {
+        "type": "object",
+        "required": ["version"],
+        "properties": {
+            "version": {"type": "integer", "minimum": 1, "description": "a snapshot's version"},
+            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
+        },
+    },
+    "Forked": {
+        "allOf": [
+            ref("AppendedEvent"),
+            {
+                "type": "object",
+                "required": ["origin_session_id", "origin_version", "agent_id", "user_id", "status"],
+                "properties": {
+                    "origin_session_id": {"type": "string"},
+                    "origin_version": {"type": "integer"},
+                    "agent_id": {"type": "string"},
+                    "model": {"type": "string"},
+                    "user_id": {"type": "string"},
+                    "status": {"type": "string"},
+                    "turn_running": {"type": "boolean"},
+                },
+            },
+        ]
+    },
+    "SnapshotList": {
+        "type": "object",
+        "required": ["session_id", "snapshots"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "snapshots": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["version", "status", "turns", "message_count", "time_ms"],
+                    "properties": {
+                        "version": {"type": "integer"},
+                        "status": {"type": "string"},
+                        "last_tool": {"type": "string"},
+                        "turns": {"type": "integer"},
+                        "input_tokens": {"type": "integer"},
+                        "output_tokens": {"type": "integer"},
+                        "message_count": {"type": "integer"},
+                        "time_ms": {"type": "integer"},
+                        "turn_id": {"type": ["string", "null"]},
+                    },
+                },
+            },
+        },
+    },
+    "Replay": {
+        "type": "object",
+        "required": ["session_id", "steps", "next_after_version"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "steps": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["event", "state"],
+                    "properties": {
+                        "event": {"type": "object", "description": "the event's fields and type"},
+                        "state": {
+                            "type": "object",
+                            "required": ["version", "status"],
+                            "properties": {"version": {"type": "integer"}, "status": {"type": "string"}},
+                            "description": "the session folded up to and including the event",
+                        },
+                    },
+                },
+            },
+            "next_after_version": {
+                "type": ["integer", "null"],
+                "description": "pass as after_version for the next page; null on the last page",
+            },
+        },
+    },
+    "Session": {
+        "type": "object",
+        "required": ["session_id", "user_id", "agent_id", "role", "current_state", "state_version", "closed"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "user_id": {"type": "string"},
+            "agent_id": {"type": "string"},
+            "role": {"type": "string"},
+            "model_name": {"type": "string"},
+            "current_state": {"type": "string"},
+            "state_version": {"type": "integer"},
+            "message_count": {"type": "integer"},
+            "turns": {"type": "integer"},
+            "input_tokens": {"type": "integer"},
+            "output_tokens": {"type": "integer"},
+            "closed": {"type": "boolean"},
+            "close_reason": {"type": "string"},
+            "start_time_ms": {"type": "integer"},
+            "update_time_ms": {"type": "integer"},
+            "turn_running": {
+                "type": "boolean",
+                "description": "GET of one session only: it can be cancelled",
+            },
+            "pending_approvals": {
+                "type": "array",
+                "description": "GET of one session only: tool calls waiting for a decision",
+                "items": {
+                    "type": "object",
+                    "required": ["call_id", "tool_name", "arguments"],
+                    "properties": {
+                        "call_id": {"type": "string"},
+                        "tool_name": {"type": "string"},
+                        "arguments": {},
+                        "iteration": {"type": "integer"},
+                    },
+                },
+            },
+        },
+    },
+    "SessionList": {
+        "type": "object",
+        "properties": {"sessions": {"type": "array", "items": ref("Session")}},
+    },
+    "Timeline": {
+        "type": "object",
+        "required": ["session", "messages", "turns", "model_calls", "tool_calls", "state_changes", "events"],
+        "properties": {
+            "session": ref("Session"),
+            **{
+                name: {"type": "array", "items": {"type": "object"}}
+                for name in ("messages", "turns", "model_calls", "tool_calls", "state_changes")
+            },
+            "events": {
+                "type": "array",
+                "items": {"type": "object", "required": ["type", "version"]},
+                "description": "every event of a kind the other lists do not show (approvals, guard stops, "
+                "fallbacks, snapshots, cancels, forks, context and memory events...), with its fields",
+            },
+        },
+    },
+    "History": {
+        "type": "object",
+        "properties": {
+            "session": ref("Session"),
+            "messages": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+}

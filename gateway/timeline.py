@@ -1,0 +1,55 @@
+"""One session's timeline for the viewer: the projections' rows, placed on the log and completed
+with what the projections do not hold.
+
+The projection rows (turns, model calls, tool calls, state changes, messages) get the log version
+they start at, so a reader can put them in order; model calls get their retries. Every event of
+a kind the projections do not cover (approvals, guard stops, fallbacks, snapshots, cancels,
+forks, context and memory events, and any kind added later) is listed in ``events`` with its
+fields, so nothing on the log is missing from the timeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine import events as ev
+from engine.log.base import EventLog
+from projections import queries
+from projections.store import ProjectionStore
+
+from .access import event_json
+
+PROJECTED: frozenset[type[ev.Event]] = frozenset(
+    {
+        ev.SessionCreated,
+        ev.UserMessageReceived,
+        ev.TurnStarted,
+        ev.StateChanged,
+        ev.ModelCallStarted,
+        ev.ModelCallFinished,
+        ev.AssistantMessage,
+        ev.ToolCallRequested,
+        ev.ToolCallStarted,
+        ev.ToolCallFinished,
+        ev.TurnFinished,
+    }
+)
+"""Event kinds the projection rows of a timeline already show in full."""
+
+
+async def session_timeline(log: EventLog, store: ProjectionStore, session_id: str) -> dict[str, Any]:
+    rows = queries.session_timeline(store, session_id)
+    events = await log.read_session(session_id)
+    started = {(e.turn_id, e.step): e.version for e in events if isinstance(e, ev.ModelCallStarted)}
+    retries = {(e.turn_id, e.step): e.retries for e in events if isinstance(e, ev.ModelCallFinished)}
+    requested = {(e.turn_id, e.call_id): e.version for e in events if isinstance(e, ev.ToolCallRequested)}
+    turn_started = {e.turn_id: e.version for e in events if isinstance(e, ev.TurnStarted)}
+    for m in rows["model_calls"]:
+        key = (m["turn_id"], m["step"])
+        m["version"], m["retries"] = started.get(key), retries.get(key, 0)
+    for c in rows["tool_calls"]:
+        c["version"] = requested.get((c["turn_id"], c["call_id"]))
+    for t in rows["turns"]:
+        t["version"] = turn_started.get(t["turn_id"])
+    rows["events"] = [event_json(e) for e in events if type(e) not in PROJECTED]
+    return rows
