@@ -296,3 +296,18 @@ async def test_an_unreachable_server_says_what_to_check(embedder: UniversalSente
             await store.search("u1", "anything")
     finally:
         await store.close()
+
+
+async def test_a_store_on_an_embeddings_endpoint(embedder: UniversalSentenceEncoder, tmp_path: Path) -> None:
+    with serve_openai([], embed=embedder.embed) as server:
+        remote = OpenAIEmbeddings("use-v3", base_url=server.base_url, api_key="k")
+        store = QdrantMemoryStore(remote, path=str(tmp_path / "q"))
+        try:
+            await store.remember("u1", "用户偏好使用顺丰快递发货", "preference")
+            found = await store.search("u1", "Which courier should I use?")
+        finally:
+            await store.close()
+            remote.close()
+    assert [m.text for m in found] == ["用户偏好使用顺丰快递发货"]
+    # the write learns the dimension from its own vectors: no probe call
+    assert len(server.embedding_requests) == 2

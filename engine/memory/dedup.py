@@ -5,7 +5,8 @@ the default embedder) or "华东地区失败最多" from "华南地区失败最�
 across languages score as low as 0.69. Merging two different facts loses one of them, which is
 worse than keeping a near-duplicate, so two cheap deterministic checks veto a merge first:
 
-* different numbers or ids (digits, ``C2024-118``, ``30%``, ``UTC+8``) mean different facts;
+* different numbers or ids (digits, ``C2024-118``, ``30%``, ``UTC+8``) mean different facts
+  (Arabic digits only: "五点" / "九点" is left to the contrast check below);
 * a *contrast pair*, the same sentence frame with one span swapped ("by channel" / "by day",
   "顺丰" / "圆通", "Monday mornings" / "Friday evenings"), is a different fact, however close
   the vectors are. A paraphrase rewords the frame itself, so it is not caught.
