@@ -25,6 +25,7 @@
     ├── ModelError                a model call failed; the turn records it
     │   ├── ModelTimeoutError
     │   └── ContextLengthError    the provider refused the request as too long
+    ├── MemoryStoreError          the long-term memory store or its embedder failed
     └── ToolFailure               raised *by a tool* to report a business error to the model
 
 Messages say what to do next, not only what went wrong.
@@ -187,6 +188,10 @@ class ContextLengthError(ModelError):
     """The provider refused the request as longer than the model's context window. The engine
     compacts the history and calls once more; set the agent's ``ContextPolicy.window`` to the
     model's real window so it does not happen at all."""
+
+
+class MemoryStoreError(TurnlogError):
+    """The long-term memory store (Qdrant) or its embedder refused or failed an operation."""
 
 
 class ToolFailure(TurnlogError):

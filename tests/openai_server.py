@@ -13,12 +13,16 @@ The server plays a script, one step per chat completion request:
 * ``FakeError``: an HTTP error with an OpenAI-style ``{"error": {...}}`` body.
 * ``FakeDrop``: streams some text, then closes the connection without finishing the response.
 
+``/v1/embeddings`` is not scripted: given ``embed`` (texts to vectors, e.g. the local memory
+embedder) it computes real vectors, float or base64 as the client asks, like the real API.
+
 Malformed requests get the 400 the real API would give and do not consume a step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import socket
@@ -27,7 +31,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Sequence
 
 import uvicorn
 from starlette.applications import Starlette
@@ -317,17 +321,51 @@ async def _json_then_drop(drop: FakeDrop) -> AsyncIterator[bytes]:
     raise DroppedConnection("FakeDrop: closing the connection mid-body")
 
 
+Embed = Callable[[Sequence[str]], Any]
+"""Texts to a (len(texts), dim) array of vectors."""
+
+
+def validate_embeddings_request(body: Any) -> str | None:
+    """The message the real API gives a malformed embeddings request, or None."""
+    if not isinstance(body, dict):
+        return "We could not parse the JSON body of your request."
+    if not body.get("model"):
+        return "you must provide a model parameter"
+    texts = body.get("input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        return "'input' must be a non-empty string or a non-empty array of non-empty strings"
+    if body.get("encoding_format", "float") not in ("float", "base64"):
+        return "Invalid value for 'encoding_format': must be 'float' or 'base64'."
+    return None
+
+
+def _embedding_value(vector: Any, encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        import numpy as np
+
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+    return [float(x) for x in vector]
+
+
 class FakeOpenAIServer:
     """The app and its state; ``serve_openai`` runs it on a real socket."""
 
     def __init__(
-        self, script: Iterable[Step], model: str = "fake-model", context_window: int | None = None
+        self,
+        script: Iterable[Step],
+        model: str = "fake-model",
+        context_window: int | None = None,
+        embed: Embed | None = None,
     ) -> None:
         self.script: deque[Step] = deque(script)
         self.model = model
         self.context_window = context_window
         """Refuse requests longer than this many tokens the way OpenAI does (400,
         context_length_exceeded), without consuming a step; None accepts any length."""
+        self.embed = embed
+        self.embedding_requests: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         """JSON bodies of the chat completion requests received, in order."""
         self.headers: list[dict[str, str]] = []
@@ -338,6 +376,7 @@ class FakeOpenAIServer:
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             ]
         )
 
@@ -348,6 +387,30 @@ class FakeOpenAIServer:
     async def _models(self, request: Request) -> Response:
         model = {"id": self.model, "object": "model", "created": 0, "owned_by": "turnlog-tests"}
         return JSONResponse({"object": "list", "data": [model]})
+
+    async def _embeddings(self, request: Request) -> Response:
+        if not request.headers.get("authorization", "").startswith("Bearer "):
+            return _error(401, "You didn't provide an API key.", "missing_api_key")
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        problem = validate_embeddings_request(body)
+        if problem:
+            return _error(400, problem, "invalid_request")
+        if self.embed is None:
+            return _error(404, f"The model `{body['model']}` does not support embeddings.", "model_not_found")
+        self.embedding_requests.append(body)
+        texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+        vectors = await asyncio.to_thread(self.embed, texts)
+        encoding = body.get("encoding_format", "float")
+        data = [
+            {"object": "embedding", "index": i, "embedding": _embedding_value(v, encoding)}
+            for i, v in enumerate(vectors)
+        ]
+        tokens = sum(_count_tokens(t) for t in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return JSONResponse({"object": "list", "data": data, "model": body["model"], "usage": usage})
 
     async def _chat(self, request: Request) -> Response:
         if not request.headers.get("authorization", "").startswith("Bearer "):
@@ -428,9 +491,10 @@ def serve_openai(
     model: str = "fake-model",
     log_level: str = "warning",
     context_window: int | None = None,
+    embed: Embed | None = None,
 ) -> Iterator[FakeOpenAIServer]:
     """Serve a FakeOpenAIServer on 127.0.0.1:<free port> in a background thread."""
-    fake = FakeOpenAIServer(script, model, context_window)
+    fake = FakeOpenAIServer(script, model, context_window, embed)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -1,0 +1,184 @@
+#!/usr/bin/env python
+"""Long-term memory: write and retrieval latency with 10,000 memories (issue 8, seed §3.3).
+
+    PYTHONPATH=. .venv/bin/python bench/memory.py                  # 10,000 memories (~2-3 min)
+    PYTHONPATH=. .venv/bin/python bench/memory.py --memories 2000 --writes 50 --searches 100
+    PYTHONPATH=. .venv/bin/python bench/memory.py --shards 1     # one collection, as on a server
+
+A ``QdrantMemoryStore`` in local mode on disk (a temp dir) with the default embedder (USE v3,
+offline). The preload is a bulk insert (``remember_many``: batched embedding and upserts, no
+duplicate check) of synthetic Chinese and English facts spread over ``--users`` users. Then,
+timed one at a time:
+
+* embed: the embedder alone on one text (what every write and search pays first);
+* write: ``remember`` of a new fact (embed + the dedup look-up among the user's current
+  memories + the upsert, or the supersede);
+* search: ``search`` for a user (embed + the filtered query), limit 5;
+* search, Qdrant only: the same query with the vector already computed.
+
+p50 / p95 in ms. Results: a table on stdout and JSON in bench/results/memory.json (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for _p in (str(REPO), str(HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import engine_version  # noqa: E402
+
+from engine.memory.base import Memory  # noqa: E402
+from engine.memory.embedders import UniversalSentenceEncoder  # noqa: E402
+from engine.memory.qdrant import QdrantMemoryStore  # noqa: E402
+
+CARRIERS = ["DHL", "FedEx", "UPS", "顺丰", "圆通", "中通", "韵达", "EMS"]
+CITIES = ["Shanghai", "Beijing", "Shenzhen", "Hangzhou", "上海", "北京", "广州", "成都"]
+TEMPLATES = [
+    "The user prefers {carrier} for orders to {city}",
+    "Order {n} was lost by {carrier}",
+    "用户希望发往{city}的订单使用{carrier}",
+    "订单{n}的退款已经在{d}天内处理完毕",
+    "Refund orders that are more than {d} days late",
+    "客户{n}一般在周{d}下单最多",
+    "The weekly report for warehouse {n} goes out on day {d}",
+    "{city}仓库的支付失败率是{d}%",
+]
+TAGS = ["preference", "conclusion", "agreement"]
+QUERIES = [
+    "which carrier should ship this order?",
+    "订单丢了怎么办？",
+    "when are refunds due?",
+    "周报什么时候发？",
+    "哪个仓库支付失败多？",
+    "what does the user prefer?",
+]
+
+
+def fact(rng: random.Random) -> str:
+    return rng.choice(TEMPLATES).format(
+        carrier=rng.choice(CARRIERS),
+        city=rng.choice(CITIES),
+        n=rng.randint(1000, 99999),
+        d=rng.randint(1, 30),
+    )
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(pct(values, 0.5), 2), "p95_ms": round(pct(values, 0.95), 2), "n": len(values)}
+
+
+async def timed(fn: Any, *args: Any, **kwargs: Any) -> float:
+    start = time.perf_counter()
+    await fn(*args, **kwargs)
+    return (time.perf_counter() - start) * 1000
+
+
+async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    rng = random.Random(7)
+    embedder = UniversalSentenceEncoder()
+    start = time.perf_counter()
+    embedder.embed(["warm-up"])
+    load_s = time.perf_counter() - start
+    store = QdrantMemoryStore(embedder, path=str(root / "qdrant"), shards=args.shards)
+    users = [f"user-{i}" for i in range(args.users)]
+    preload = [
+        Memory(
+            memory_id=f"{i:08x}-0000-4000-8000-000000000000",
+            user_id=users[i % len(users)],
+            text=fact(rng),
+            tag=rng.choice(TAGS),
+            valid_from_ms=1,
+        )
+        for i in range(args.memories)
+    ]
+    start = time.perf_counter()
+    embedder.batch_size = 256
+    await store.remember_many(preload)
+    embedder.batch_size = 64
+    preload_s = time.perf_counter() - start
+    assert await store.count() == args.memories
+
+    embed = [await timed(asyncio.to_thread, embedder.embed, [fact(rng)]) for _ in range(args.searches)]
+    writes = [
+        await timed(store.remember, rng.choice(users), fact(rng), rng.choice(TAGS))
+        for _ in range(args.writes)
+    ]
+    searches, qdrant_only = [], []
+    for _ in range(args.searches):
+        user, query = rng.choice(users), rng.choice(QUERIES)
+        searches.append(await timed(store.search, user, query, limit=5))
+        vector = embedder.embed([query])[0]
+        qdrant_only.append(await timed(store._call, store._query, user, vector, (), 0.0, 5))
+    total = await store.count(current_only=False)
+    await store.close()
+    return {
+        "memories": args.memories,
+        "shards": store.shards,
+        "users": args.users,
+        "stored_after_writes": total,
+        "model_load_s": round(load_s, 2),
+        "preload_s": round(preload_s, 1),
+        "embed": summary(embed),
+        "write": summary(writes),
+        "search": summary(searches),
+        "search_qdrant_only": summary(qdrant_only),
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = [
+        ("embed one text (USE v3)", result["embed"]),
+        ("write: remember (embed + dedup + upsert)", result["write"]),
+        ("search: embed + filtered query, limit 5", result["search"]),
+        ("search, Qdrant only (vector given)", result["search_qdrant_only"]),
+    ]
+    lines = [
+        f"{result['memories']} memories over {result['users']} users, Qdrant local mode on disk, "
+        f"{result['shards']} collections; "
+        f"preload {result['preload_s']} s (bulk), model load {result['model_load_s']} s",
+        "| operation | p50 ms | p95 ms | n |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [f"| {name} | {s['p50_ms']} | {s['p95_ms']} | {s['n']} |" for name, s in rows]
+    return "\n".join(lines)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--memories", type=int, default=10_000)
+    parser.add_argument("--users", type=int, default=100)
+    parser.add_argument("--writes", type=int, default=100)
+    parser.add_argument("--searches", type=int, default=200)
+    parser.add_argument("--shards", type=int, default=None, help="collections (default: the store's)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "memory.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = await run(args, Path(tmp))
+    print(table(result))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    facts = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    out = {"engine": engine_version.fingerprint()["sha256_12"], **facts, **result}
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,193 @@
+"""The memory consumer: writes long-term memories off the turn's path (seed §3.3).
+
+Two moments write a memory. A ``MemoryNoted`` (the model's ``remember`` tool: the user said
+"remember this") is stored at once. At the end of a task (``TurnFinished`` with reason
+"answered") the turn's user and assistant messages are read back from the log and an
+extraction model lists the facts worth keeping, each tagged preference, conclusion or agreement.
+
+It is a consumer group on the log (``GROUP``), committing after each record, so a restart
+resumes where it stopped. A record handled twice (a crash before its commit, or a re-run from
+offset 0) writes nothing twice: the store's dedup treats the same fact at the same or an older
+time as already stored. A model answer that is not a usable list is logged and skipped; a store
+that is down leaves the record uncommitted, to be retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import json_repair
+import structlog
+
+from consumers.runner import GroupConsumer
+from engine.errors import InputError, LogUnavailableError, MemoryStoreError, ModelError
+from engine.events import (
+    AssistantMessage,
+    Event,
+    MemoryNoted,
+    SessionCreated,
+    TurnFinished,
+    UserMessageReceived,
+)
+from engine.log.base import EventLog, LogRecord
+from engine.memory.base import MemoryStore, MemoryTag
+from engine.messages import ChatMessage
+from engine.models.base import Model, ModelRequest, ModelResponse
+
+GROUP = "memory"
+EXTRACTION_TIMEOUT_S = 120.0
+MAX_FACTS = 10
+"""At most this many facts are kept from one task (seed: more memories are not better)."""
+
+EXTRACTION_PROMPT = """You keep an assistant's long-term memory about one user.
+Read the conversation below and list only the facts worth remembering in later sessions:
+- preference: how the user wants things done (carriers, formats, languages, schedules)
+- conclusion: a business conclusion reached and confirmed (with its ids and numbers)
+- agreement: something agreed with the user for the future
+Skip small talk, one-off questions and anything only true for this conversation.
+Write each fact as one short self-contained sentence in the conversation's language, keeping
+exact ids, numbers and names. Answer with JSON only, a list, empty if nothing is worth keeping:
+[{"fact": "...", "tag": "preference" | "conclusion" | "agreement"}]"""
+
+_TAGS = frozenset(t.value for t in MemoryTag)
+log = structlog.get_logger("turnlog.memory")
+
+
+@dataclass(frozen=True, slots=True)
+class ExtractedFact:
+    text: str
+    tag: str
+
+
+def parse_facts(text: str) -> tuple[list[ExtractedFact], list[str]]:
+    """(facts, problems): the usable items of a model's answer, and why any item was dropped.
+
+    Tolerant of fences, prose around the JSON, single quotes and trailing commas; an object with
+    a "facts" list is accepted too.
+    """
+    value: Any = json_repair.loads(text) if text.strip() else []
+    if isinstance(value, dict) and isinstance(value.get("facts"), list):
+        value = value["facts"]
+    if not isinstance(value, list):
+        return [], [f"the answer is not a JSON list of facts: {text[:200]!r}"]
+    facts, problems = [], []
+    for item in value:
+        fact = item.get("fact") if isinstance(item, dict) else None
+        tag = item.get("tag") if isinstance(item, dict) else None
+        if not isinstance(fact, str) or not fact.strip():
+            problems.append(f"no fact text in {item!r}")
+        elif tag not in _TAGS:
+            problems.append(f"tag {tag!r} is not one of {sorted(_TAGS)} in {item!r}")
+        else:
+            facts.append(ExtractedFact(fact.strip(), str(tag)))
+    return facts[:MAX_FACTS], problems
+
+
+def transcript(events: Sequence[Event], turn: TurnFinished) -> str:
+    """The turn's user message and assistant texts, in order, as the extraction model reads them."""
+    lines = []
+    for event in events:
+        if isinstance(event, UserMessageReceived) and event.message_id == turn.message_id:
+            lines.append(f"User: {event.text}")
+        elif isinstance(event, AssistantMessage) and event.turn_id == turn.turn_id and event.text.strip():
+            lines.append(f"Assistant: {event.text}")
+    return "\n".join(lines)
+
+
+class MemoryConsumer:
+    """Tails the log and writes memories into ``store``; ``extractor`` None turns off extraction
+    at the end of a task (explicit ``remember`` notes are still stored)."""
+
+    def __init__(
+        self,
+        event_log: EventLog,
+        store: MemoryStore,
+        extractor: Model | None = None,
+        *,
+        group: str = GROUP,
+        partitions: Sequence[int] | None = None,
+        batch: int = 200,
+        idle_wait_s: float = 0.5,
+        extraction_timeout_s: float = EXTRACTION_TIMEOUT_S,
+    ) -> None:
+        self.log = event_log
+        self.store = store
+        self.extractor = extractor
+        self.extraction_timeout_s = extraction_timeout_s
+        # every partition by default, like analytics: on Kafka a memory consumer owns none
+        everything = range(event_log.partitions) if partitions is None else partitions
+        self.consumer = GroupConsumer(
+            event_log, group, self.handle, partitions=everything, batch=batch, idle_wait_s=idle_wait_s
+        )
+
+    async def catch_up(self) -> int:
+        """Handle everything beyond the group's committed offsets; return records read."""
+        return await self.consumer.poll_once()
+
+    async def run(self) -> None:
+        await self.consumer.run()
+
+    def stop(self) -> None:
+        self.consumer.stop()
+
+    async def handle(self, record: LogRecord) -> None:
+        event = record.event
+        try:
+            if isinstance(event, MemoryNoted):
+                await self._note(event)
+            elif isinstance(event, TurnFinished) and event.reason == "answered" and self.extractor:
+                await self._extract(event)
+        except MemoryStoreError as exc:
+            raise LogUnavailableError(f"memory store unavailable, record retried later: {exc}") from exc
+
+    async def _note(self, event: MemoryNoted) -> None:
+        try:
+            await self.store.remember(
+                event.user_id, event.text, event.tag, source=event.session_id, time_ms=event.time_ms
+            )
+        except InputError as exc:
+            log.warning(
+                "memory.note_skipped", session_id=event.session_id, call_id=event.call_id, error=str(exc)
+            )
+
+    async def _extract(self, turn: TurnFinished) -> None:
+        events = await self.log.read_session(turn.session_id)
+        user_id = next((e.user_id for e in events if isinstance(e, SessionCreated)), "")
+        text = transcript(events, turn)
+        if not user_id or not text:
+            return
+        answer = await self._ask(turn, text)
+        if answer is None:
+            return
+        facts, problems = parse_facts(answer)
+        if problems:
+            log.warning("memory.extraction_unusable", session_id=turn.session_id, problems=problems[:5])
+        for fact in facts:
+            await self.store.remember(
+                user_id, fact.text, fact.tag, source=turn.session_id, time_ms=turn.time_ms
+            )
+
+    async def _ask(self, turn: TurnFinished, text: str) -> str | None:
+        """The extraction model's answer text, or None (logged) when the call fails."""
+        assert self.extractor is not None
+        request = ModelRequest(
+            messages=[ChatMessage.system(EXTRACTION_PROMPT), ChatMessage.user(text)],
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+        )
+        try:
+            return await asyncio.wait_for(_answer(self.extractor, request), self.extraction_timeout_s)
+        except (ModelError, TimeoutError) as exc:
+            log.warning(
+                "memory.extraction_failed", session_id=turn.session_id, error=str(exc) or type(exc).__name__
+            )
+            return None
+
+
+async def _answer(model: Model, request: ModelRequest) -> str:
+    async for chunk in model.stream(request):
+        if isinstance(chunk, ModelResponse):
+            return chunk.text
+    raise ModelError(f"{model.name}: the stream ended without a complete answer")
