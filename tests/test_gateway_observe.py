@@ -198,3 +198,39 @@ def test_a_failing_observer_never_breaks_the_publisher() -> None:
         hub.publish(delta)
     assert seen == [delta] and queue.get_nowait() == delta
     assert [line["event"] for line in lines] == ["hub.observer_failed"]
+
+
+async def test_context_compactions_and_overflow_alerts_are_counted(tmp_path: Path) -> None:
+    from engine import ContextPolicy, ModelError
+    from tests.context_support import open_session
+
+    @tool(idempotent=True, max_result_chars=100_000)
+    def export(name: str) -> str:
+        """Export a table."""
+        return "row; " * 8000
+
+    def broken_summariser(request: ModelRequest) -> str:
+        raise ModelError("summariser down")
+
+    def rule(request: ModelRequest) -> ModelResponse | str:
+        if request.messages[-1].role == "user" and request.messages[-1].content == "export":
+            return reply("", call("export", {"name": "orders"}))
+        return "Checked the next batch of deliveries; nothing unusual in it at all. " * 10
+
+    policy = ContextPolicy(window=4096, summarizer=FunctionModel(broken_summariser, name="cheap"))
+    session = await open_session(tmp_path, rule, [export], context=policy)
+    await session.send("export")
+    for _ in range(12):
+        await session.send("Continue with the next batch.")
+    metrics = GatewayMetrics()
+    await ObservabilityConsumer(session.log, logger=EventLogger(0), metrics=metrics).poll_once()
+    value = metrics.registry.get_sample_value
+    summaries = len(await session.of(ev.HistorySummarized))
+    assert (
+        summaries
+        and value("turnlog_context_compactions_total", {"kind": "summarized", "reason": "tokens"})
+        == summaries
+    )
+    assert value("turnlog_context_overflows_total", {"kind": "summary_fallback"}) == summaries
+    assert value("turnlog_context_overflows_total", {"kind": "oversized"}) >= 1
+    assert value("turnlog_context_compactions_total", {"kind": "trimmed", "reason": "oversized"}) >= 1

@@ -7,6 +7,7 @@ state, consumer lag) are read from the projections and the log when /metrics is 
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Awaitable, Callable
 
@@ -68,6 +69,19 @@ class GatewayMetrics:
             registry=r,
         )
         self.turns = Counter("turnlog_turns", "Finished turns by outcome.", ["reason"], registry=r)
+        self.context_compactions = Counter(
+            "turnlog_context_compactions",
+            "Context trims and summaries by kind and reason (seed §3.2).",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.context_overflows = Counter(
+            "turnlog_context_overflows",
+            "Context overflow alerts: a provider refused a request as too long (context_length), "
+            "tool results cut to fit (oversized), a summariser that failed (summary_fallback).",
+            ["kind"],
+            registry=r,
+        )
         self.active_sessions = Gauge(
             "turnlog_active_sessions", "Open sessions by state.", ["state"], registry=r
         )
@@ -121,6 +135,22 @@ class GatewayMetrics:
         elif isinstance(event, ev.SessionClosed):
             self.tool_calls_per_session.observe(self._session_tool_calls.pop(event.session_id, 0))
             self._session_models.pop(event.session_id, None)
+        elif isinstance(event, (ev.ContextTrimmed, ev.HistorySummarized)):
+            self._on_compaction(event)
+
+    def _on_compaction(self, event: ev.ContextTrimmed | ev.HistorySummarized) -> None:
+        if isinstance(event, ev.HistorySummarized):
+            self.context_compactions.labels("summarized", event.reason).inc()
+            if event.reason == "context_length":
+                self.context_overflows.labels("context_length").inc()
+            if event.fallback:
+                self.context_overflows.labels("summary_fallback").inc()
+            return
+        reasons = {item["reason"] for item in json.loads(event.items_json)}
+        for reason in sorted(reasons):
+            self.context_compactions.labels("trimmed", reason).inc()
+        if "oversized" in reasons:
+            self.context_overflows.labels("oversized").inc()
 
     # -- scrape -----------------------------------------------------------------------------------
 
