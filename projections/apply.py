@@ -352,6 +352,27 @@ def _invoked(e: ev.ToolInvoked) -> list[Statement]:
     ]
 
 
+def _archived(e: ev.Event, refs_and_reasons: list[tuple[int, str]]) -> list[Statement]:
+    """The messages cut from the model's context (the archive, seed §3.2): each row keeps its
+    content and says which event cut it and why; ``refs`` are the messages' own versions."""
+    return [session_update(e)] + [
+        (
+            "UPDATE messages SET archived_by = ?, archive_reason = ? WHERE session_id = ? AND version = ?",
+            (e.version, reason, e.session_id, ref),
+        )
+        for ref, reason in refs_and_reasons
+    ]
+
+
+def _context_trimmed(e: ev.ContextTrimmed) -> list[Statement]:
+    items = json.loads(e.items_json)
+    return _archived(e, [(i["ref"], f"{i['action']}: {i['reason']}") for i in items])
+
+
+def _history_summarized(e: ev.HistorySummarized) -> list[Statement]:
+    return _archived(e, [(ref, f"summarized: {e.reason}") for ref in json.loads(e.removed_refs_json)])
+
+
 _RULES: dict[type[ev.Event], Callable[[Any], list[Statement]]] = {
     ev.SessionCreated: _created,
     ev.UserMessageReceived: _user_message,
@@ -370,6 +391,8 @@ _RULES: dict[type[ev.Event], Callable[[Any], list[Statement]]] = {
     ev.LoopGuardTriggered: _guard,
     ev.ToolResultSuperseded: _superseded,
     ev.ToolInvoked: _invoked,
+    ev.ContextTrimmed: _context_trimmed,
+    ev.HistorySummarized: _history_summarized,
 }
 
 

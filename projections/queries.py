@@ -44,6 +44,13 @@ def last_messages(store: ProjectionStore, session_id: str, limit: int) -> list[R
     return rows[::-1]
 
 
+def archived_messages(store: ProjectionStore, session_id: str) -> list[Row]:
+    """The messages cut from a session's context, oldest first, with the event that cut them."""
+    return store._query(
+        "SELECT * FROM messages WHERE session_id = ? AND archived_by IS NOT NULL ORDER BY seq", [session_id]
+    )
+
+
 def session_timeline(store: ProjectionStore, session_id: str) -> dict[str, Any]:
     """Everything the read models hold about one session, table by table."""
     return {name: store.rows_of(name, session_id) for name in HISTORY_TABLES}

@@ -42,6 +42,8 @@ TABLES: dict[str, str] = {
             turn_id         TEXT,
             version         BIGINT NOT NULL,
             created_at_ms   BIGINT NOT NULL,
+            archived_by     BIGINT,
+            archive_reason  TEXT,
             PRIMARY KEY (session_id, seq)
         )""",
     "tool_calls": """

@@ -343,3 +343,28 @@ async def test_a_budget_that_would_stop_the_call_first_compacts_the_context(tmp_
     assert [e.reason for e in events if isinstance(e, ev.TurnFinished)] == ["answered"] * 14
     for started in (e for e in events if isinstance(e, ev.ModelCallStarted)):
         assert started.estimated_input_tokens * 2.5 + 10_000 <= 20_000
+
+
+async def test_the_archive_projection_keeps_every_cut_message_with_what_cut_it(tmp_path: Path) -> None:
+    from projections.queries import archived_messages
+
+    policy = ContextPolicy(window=2048, summarizer="extractive")
+    s = await open_session(tmp_path, lambda r: ANSWER, context=policy)
+    await s.send("My order number is A-555.")
+    for i in range(25):
+        await s.send("thanks!" if i % 4 == 3 else FILLER)
+    cut: dict[int, tuple[int, str]] = {}
+    for e in await s.events():
+        if isinstance(e, ev.ContextTrimmed):
+            cut |= {i["ref"]: (e.version, f"{i['action']}: {i['reason']}") for i in json.loads(e.items_json)}
+        elif isinstance(e, ev.HistorySummarized):
+            cut |= {ref: (e.version, f"summarized: {e.reason}") for ref in json.loads(e.removed_refs_json)}
+    store = await s.project(tmp_path / "projections.db")
+    rows = archived_messages(store, s.sid)
+    summary_refs = {e.version for e in await s.of(ev.HistorySummarized)}  # a summary is not a message row
+    assert {r["version"]: (r["archived_by"], r["archive_reason"]) for r in rows} == {
+        ref: why for ref, why in cut.items() if ref not in summary_refs
+    }
+    assert rows[0]["content"] == "My order number is A-555." and rows[0]["role"] == "user"
+    assert {r["archive_reason"] for r in rows} >= {"removed: small_talk", "summarized: tokens"}
+    store.close()
