@@ -100,6 +100,8 @@ async def test_facts_planted_over_200_turns_are_found_after_compaction(tmp_path:
     summaries = [e for e in events if isinstance(e, ev.HistorySummarized)]
     trims = [e for e in events if isinstance(e, ev.ContextTrimmed)]
     assert len(summaries) >= 5 and all(e.summarizer == "extractive" and not e.fallback for e in summaries)
+    assert all(0 < e.tokens_after < e.tokens_before for e in summaries)
+    assert all(e.history_tokens_after < e.history_tokens_before for e in trims)
     reasons = {item["reason"] for e in trims for item in json.loads(e.items_json)}
     assert {"small_talk", "corrected_error"} <= reasons
     for started in (e for e in events if isinstance(e, ev.ModelCallStarted)):

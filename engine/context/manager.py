@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import events as ev
 from ..log.base import EventLog
+from ..messages import summary_message
 from ..models.base import Model, ModelRequest
 from ..tools import ToolRegistry
 from . import archive, builtins, compaction, memory
@@ -91,7 +92,7 @@ class ContextManager:
         size = self.measure(w.state, agent)
         changed = False
         if size.tokens >= policy.trim_at * budget:
-            changed |= self._trim(w, step, size, budget, int(policy.trim_at * budget))
+            changed |= self._trim(w, agent, step, size, budget, int(policy.trim_at * budget))
             size = self.measure(w.state, agent)
         reason = force or self._summary_reason(agent, w.state, size, budget)
         if reason:
@@ -105,7 +106,7 @@ class ContextManager:
                 target=budget,
                 max_tokens=int(budget * policy.max_result_share),
             )
-            changed |= self._add_trim(w, step, items, size.tokens, budget, agent)
+            changed |= self._add_trim(w, step, items, size, budget, agent)
         return changed
 
     def _summary_reason(self, agent: Agent, state: SessionState, size: HistorySize, budget: int) -> str:
@@ -118,7 +119,9 @@ class ContextManager:
                 return "turns"
         return ""
 
-    def _trim(self, w: SessionWriter, step: int, size: HistorySize, budget: int, target: int) -> bool:
+    def _trim(
+        self, w: SessionWriter, agent: Agent, step: int, size: HistorySize, budget: int, target: int
+    ) -> bool:
         items = compaction.plan_trim(
             w.state.messages,
             size.counts,
@@ -127,21 +130,24 @@ class ContextManager:
             target=target,
             protected_from=size.current,
         )
-        return self._add_trim(w, step, items, size.tokens, budget, None)
+        return self._add_trim(w, step, items, size, budget, agent)
 
     def _add_trim(
         self,
         w: SessionWriter,
         step: int,
         items: list[compaction.TrimItem],
-        before: int,
+        size: HistorySize,
         budget: int,
-        agent: Agent | None,
+        agent: Agent,
     ) -> bool:
         if not items:
             return False
         turn_id = w.state.turn.turn_id if w.state.turn else ""
-        after = before - sum(i.tokens for i in items) + sum(max(1, len(i.text) // 4) for i in items if i.text)
+        counter = agent.model.token_counter
+        after = (
+            size.tokens - sum(i.tokens for i in items) + sum(counter.count(i.text) for i in items if i.text)
+        )
         w.add(
             ev.ContextTrimmed,
             turn_id=turn_id,
@@ -153,7 +159,7 @@ class ContextManager:
                 ],
                 ensure_ascii=False,
             ),
-            history_tokens_before=before,
+            history_tokens_before=size.tokens,
             history_tokens_after=max(0, after),
             history_budget=budget,
             correlation_id=turn_id or None,
@@ -182,6 +188,7 @@ class ContextManager:
             response_s=agent.model_timeout_s,
         )
         turn_id = w.state.turn.turn_id if w.state.turn else ""
+        summary_tokens = message_tokens(agent.model.token_counter, summary_message(summary.text, 0))
         w.add(
             ev.HistorySummarized,
             turn_id=turn_id,
@@ -193,7 +200,7 @@ class ContextManager:
             fallback=summary.fallback,
             error=summary.error,
             tokens_before=size.tokens,
-            tokens_after=0,
+            tokens_after=size.tokens - sum(size.counts[:cut]) + summary_tokens,
             correlation_id=turn_id or None,
         )
         return True
