@@ -11,5 +11,13 @@ npm_ci_once tests/agui "the AG-UI client"
 source scripts/_browser.sh
 ensure_chromium
 .venv/bin/ruff check .
-.venv/bin/mypy
-exec .venv/bin/python -m pytest "$@"
+.venv/bin/mypy > .venv/mypy.log 2>&1 & mypy_run=$!  # type-checks while the tests run
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if ! wait "$mypy_run"; then
+    cat .venv/mypy.log >&2
+    echo "mypy found type errors (above)" >&2
+    exit 1
+fi
+tail -n 1 .venv/mypy.log
+exit "$status"
