@@ -7,6 +7,7 @@ validates every state change against the transition table.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import deque
 from dataclasses import dataclass, field
@@ -287,15 +288,11 @@ def _context_trimmed(s: SessionState, e: ev.ContextTrimmed) -> None:
             shortened[item["ref"]] = item["text"]
     # a new list, never edited in place: the snapshot encoder treats history as append-only per list
     s.messages = [
-        _with_content(m, shortened[m.ref]) if m.ref in shortened else m
+        dataclasses.replace(m, content=shortened[m.ref]) if m.ref in shortened else m
         for m in s.messages
         if m.ref not in removed
     ]
     s.archived += len(removed) + len(shortened)
-
-
-def _with_content(m: ChatMessage, content: str) -> ChatMessage:
-    return ChatMessage(m.role, content, m.tool_calls, m.tool_call_id, m.name, ref=m.ref)
 
 
 def _summarized(s: SessionState, e: ev.HistorySummarized) -> None:

@@ -190,12 +190,3 @@ def plan_oversized(
         items.append(TrimItem(m.ref, "shortened", "oversized", counts[i], m.content[:keep_chars] + note))
         total -= counts[i] - (keep_chars // 3)
     return items
-
-
-def summary_message_index(messages: Sequence[ChatMessage]) -> int | None:
-    """Where the current summary stands (always first), or None."""
-    from ..messages import SUMMARY_HEADER
-
-    if messages and messages[0].role == "system" and messages[0].content.startswith(SUMMARY_HEADER):
-        return 0
-    return None

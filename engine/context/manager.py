@@ -22,7 +22,7 @@ from ..tools import ToolRegistry
 from . import archive, builtins, compaction, memory
 from .assemble import system_blocks, turn_blocks
 from .summarize import summarize
-from .tally import TokenTally, message_tokens
+from .tally import TokenTally, message_tokens, within_budget
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -61,7 +61,7 @@ class ContextManager:
         counter = agent.model.token_counter
         if agent.memory is not None:
             found = await memory.retrieve(agent.memory, state.user_id, text)
-            kept, tokens = memory.within_budget(found, counter, budgets.memory // 2)
+            kept, tokens = within_budget(found, lambda m: counter.count(m.text) + 6, budgets.memory // 2)
             if kept:
                 w.add(
                     ev.MemoriesRetrieved,
@@ -73,7 +73,8 @@ class ContextManager:
                 )
         if state.archived and archive.refers_back(text):
             found_messages = archive.recall_for(await archive.load_archive(self.log, state.session_id), text)
-            quoted = _within(counter, [m.quoted() for m in found_messages], budgets.memory // 2)
+            lines = [m.quoted() for m in found_messages]
+            quoted, _ = within_budget(lines, lambda line: counter.count(line) + 2, budgets.memory // 2)
             if quoted:
                 w.add(
                     ev.HistoryRecalled,
@@ -209,21 +210,17 @@ class ContextManager:
         """Tokens each section of ``request`` takes (recorded on ModelCallStarted)."""
         counter = agent.model.token_counter
         size = self.measure(state, agent)
+        system, per_turn = system_blocks(state, agent), turn_blocks(state)
         sections: dict[str, Any] = {
-            "system": sum(message_tokens(counter, m) for m in system_blocks(state, agent)),
+            "system": sum(message_tokens(counter, m) for m in system),
             "tools": self._tools_tokens(builtins.session_tools(agent, state), counter)
             if request.tools
             else 0,
-            "memory": sum(message_tokens(counter, m) for m in turn_blocks(state)),
+            "memory": sum(message_tokens(counter, m) for m in per_turn),
             "history": size.tokens,
             "input": size.counts[size.current] if size.current < len(size.counts) else 0,
         }
-        extra = (
-            len(request.messages)
-            - len(state.messages)
-            - len(system_blocks(state, agent))
-            - len(turn_blocks(state))
-        )
+        extra = len(request.messages) - len(state.messages) - len(system) - len(per_turn)
         if extra > 0:  # a closing note after the history
             sections["system"] += sum(message_tokens(counter, m) for m in request.messages[-extra:])
         return sections
@@ -243,14 +240,3 @@ def _summarizer(agent: Agent) -> Model | None:
     if chosen == "extractive":
         return None
     return chosen if isinstance(chosen, Model) else agent.model
-
-
-def _within(counter: Any, lines: list[str], budget: int) -> list[str]:
-    kept, used = [], 0
-    for line in lines:
-        tokens = counter.count(line) + 2
-        if used + tokens > budget:
-            break
-        kept.append(line)
-        used += tokens
-    return kept

@@ -16,7 +16,6 @@ from typing import Sequence
 import structlog
 
 from ..memory.base import Memory, MemoryStore
-from ..models.tokens import TokenCounter
 
 log = structlog.get_logger("turnlog.context")
 
@@ -40,18 +39,6 @@ async def retrieve(policy: MemoryPolicy, user_id: str, query: str) -> list[Memor
     except Exception as exc:  # memory is an aid: the turn goes on without it
         log.warning("memory.search_failed", user=user_id, error=f"{type(exc).__name__}: {exc}")
         return []
-
-
-def within_budget(memories: Sequence[Memory], counter: TokenCounter, budget: int) -> tuple[list[Memory], int]:
-    """The best memories that fit ``budget`` tokens, and the tokens they take."""
-    kept, used = [], 0
-    for memory in memories:
-        tokens = counter.count(memory.text) + 6
-        if used + tokens > budget:
-            break
-        kept.append(memory)
-        used += tokens
-    return kept, used
 
 
 def memories_json(memories: Sequence[Memory]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from ..messages import ChatMessage
 from ..models.tokens import TOKENS_PER_MESSAGE, TokenCounter
@@ -21,6 +21,22 @@ def message_tokens(counter: TokenCounter, message: ChatMessage) -> int:
     for call in message.tool_calls:
         total += counter.count(call.name) + counter.count(call.arguments_json)
     return total
+
+
+T = TypeVar("T")
+
+
+def within_budget(items: Sequence[T], tokens: Callable[[T], int], budget: int) -> tuple[list[T], int]:
+    """The leading items (best first) whose tokens fit ``budget``, and the tokens they take."""
+    kept: list[T] = []
+    used = 0
+    for item in items:
+        cost = tokens(item)
+        if used + cost > budget:
+            break
+        kept.append(item)
+        used += cost
+    return kept, used
 
 
 @dataclass(slots=True)
