@@ -106,6 +106,18 @@ def _count_tokens(text: str) -> int:
     return len(text.split())
 
 
+async def _accepted(request: Request, validate: Callable[[Any], str | None]) -> tuple[Any, Response | None]:
+    """The request's JSON body, or the 401 / 400 the real API gives instead (no key, bad body)."""
+    if not request.headers.get("authorization", "").startswith("Bearer "):
+        return None, _error(401, "You didn't provide an API key.", "missing_api_key")
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    problem = validate(body)
+    return body, (_error(400, problem, "invalid_request") if problem else None)
+
+
 def _request_tokens(body: dict[str, Any]) -> int:
     """The request's size as the server counts it: tiktoken cl100k over every message, tool
     call and tool definition (a provider's count differs a little from the client's estimate)."""
@@ -389,15 +401,9 @@ class FakeOpenAIServer:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def _embeddings(self, request: Request) -> Response:
-        if not request.headers.get("authorization", "").startswith("Bearer "):
-            return _error(401, "You didn't provide an API key.", "missing_api_key")
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        problem = validate_embeddings_request(body)
-        if problem:
-            return _error(400, problem, "invalid_request")
+        body, refused = await _accepted(request, validate_embeddings_request)
+        if refused is not None:
+            return refused
         if self.embed is None:
             return _error(404, f"The model `{body['model']}` does not support embeddings.", "model_not_found")
         self.embedding_requests.append(body)
@@ -413,15 +419,9 @@ class FakeOpenAIServer:
         return JSONResponse({"object": "list", "data": data, "model": body["model"], "usage": usage})
 
     async def _chat(self, request: Request) -> Response:
-        if not request.headers.get("authorization", "").startswith("Bearer "):
-            return _error(401, "You didn't provide an API key.", "missing_api_key")
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        problem = validate_request(body)
-        if problem:
-            return _error(400, problem, "invalid_request")
+        body, refused = await _accepted(request, validate_request)
+        if refused is not None:
+            return refused
         if self.context_window is not None:
             size = _request_tokens(body)
             if size > self.context_window:

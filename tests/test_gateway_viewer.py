@@ -8,7 +8,9 @@ artifacts, ignored by git)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,24 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="needs Debian's chromium (scripts/test.sh installs it when it can)"
 )
+
+
+@contextlib.asynccontextmanager
+async def viewer(running: RunningGateway) -> AsyncIterator[tuple[Any, list[str]]]:
+    """The viewer page open in headless Chromium, and the page errors it raises (a test asserts
+    there are none once it is done)."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(f"{running.url}/viewer")
+            yield page, errors
+        finally:
+            await browser.close()
 
 
 async def one_turn(running: RunningGateway, user: str, text: str, agent: str = "support") -> str:
@@ -81,21 +101,13 @@ async def add_events_the_viewer_does_not_know(running: RunningGateway, sid: str)
 
 
 async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) -> None:
-    from playwright.async_api import async_playwright
-
     ARTIFACTS.mkdir(exist_ok=True)
     with serve_gateway(tmp_path) as running:
         alice = await one_turn(running, "alice", "Where is order A-17?")
         await one_turn(running, "bob", "Where is <b>order</b> B-2?")
         troubled = await one_turn(running, "alice", "Where is A-17, again?", agent="troubled")
         await add_events_the_viewer_does_not_know(running, alice)
-        async with async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(f"{running.url}/viewer")
-
+        async with viewer(running) as (page, errors):
             # an admin sees every user's sessions, filters them, and gets the charts
             await page.fill("#key", KEYS["root"])
             await page.click("#load")
@@ -203,25 +215,17 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             assert await page.locator(".turn b").count() == 0
             assert await page.locator("button.fork").count() == 0  # forking is the admin's
             await page.screenshot(path=str(ARTIFACTS / "viewer-user.png"), full_page=True)
-            await browser.close()
     assert errors == []
 
 
 async def test_the_owner_approves_rejects_and_cancels_from_the_viewer(tmp_path: Path) -> None:
-    from playwright.async_api import async_playwright
-
     ARTIFACTS.mkdir(exist_ok=True)
     with serve_gateway(tmp_path) as running:
         async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
             created = await client.post("/v1/sessions", json={"agent": "refunds"}, headers=auth("alice"))
             sid = created.json()["session_id"]
         await pause_for_approval(running, sid, "Refund A-17")
-        async with async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(f"{running.url}/viewer")
+        async with viewer(running) as (page, errors):
             await page.fill("#key", KEYS["alice"])
             await page.click("#load")
             await page.locator("tr.session").click()
@@ -266,5 +270,4 @@ async def test_the_owner_approves_rejects_and_cancels_from_the_viewer(tmp_path: 
             assert "PAUSED_FOR_USER → CANCELLED" in await page.locator("#transitions").inner_text()
             assert running.refunds == [{"order_id": "A-17", "amount": 40}]
             await page.screenshot(path=str(ARTIFACTS / "viewer-owner-actions.png"), full_page=True)
-            await browser.close()
     assert errors == []
