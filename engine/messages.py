@@ -61,6 +61,11 @@ def summary_message(summary: str, ref: int) -> ChatMessage:
     return ChatMessage("system", SUMMARY_HEADER + summary, ref=ref)
 
 
+def calls_text(calls: Sequence[ToolCallSpec]) -> str:
+    """Tool calls as one line of text, ``name(arguments); ...`` (summaries, the archive)."""
+    return "; ".join(f"{c.name}({c.arguments_json})" for c in calls)
+
+
 def is_tool_error(message: ChatMessage) -> bool:
     """A tool result that reports a failure (every non-success result starts with a marker)."""
     return message.role == "tool" and message.content.startswith(("[FAILED", "[REJECTED]"))

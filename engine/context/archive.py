@@ -18,6 +18,7 @@ from typing import Sequence
 
 from .. import events as ev
 from ..log.base import EventLog
+from ..messages import calls_text
 
 WORD = re.compile(r"[a-z0-9]+(?:[-_][a-z0-9]+)*|[\u4e00-\u9fff]+", re.IGNORECASE)
 STOP = frozenset(
@@ -55,7 +56,7 @@ async def load_archive(log: EventLog, session_id: str) -> list[ArchivedMessage]:
         if isinstance(e, ev.UserMessageReceived):
             originals[e.version] = ArchivedMessage(e.version, "user", e.text)
         elif isinstance(e, ev.AssistantMessage):
-            calls = "; ".join(f"{c.name}({c.arguments_json})" for c in e.tool_calls)
+            calls = calls_text(e.tool_calls)
             text = e.text + (f" [calls {calls}]" if calls else "")
             originals[e.version] = ArchivedMessage(e.version, "assistant", text)
         elif isinstance(e, ev.ToolCallFinished):

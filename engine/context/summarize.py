@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..messages import SUMMARY_HEADER, ChatMessage
+from ..messages import SUMMARY_HEADER, ChatMessage, calls_text
 from ..models.base import Model, ModelRequest, ModelResponse
 from ..models.limits import stream_within
 
@@ -53,8 +53,9 @@ def transcript(messages: Sequence[ChatMessage]) -> str:
         elif m.role == "tool":
             lines.append(f"[tool {m.name} result] {m.content}")
         elif m.tool_calls:
-            calls = "; ".join(f"{c.name}({c.arguments_json})" for c in m.tool_calls)
-            lines.append(f"[assistant calls] {calls}" + (f" {m.content}" if m.content else ""))
+            lines.append(
+                f"[assistant calls] {calls_text(m.tool_calls)}" + (f" {m.content}" if m.content else "")
+            )
         else:
             lines.append(f"[{m.role}] {m.content}")
     return "\n".join(lines)
