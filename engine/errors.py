@@ -79,6 +79,21 @@ class ConcurrencyError(LogError):
         self.actual = actual
 
 
+class DuplicateSubmissionError(LogError):
+    """The session already holds this submission (the same event id, or a user message with the
+    same message id): a producer's retry or a redelivery. Nothing was appended; the event that
+    holds it is at ``version``."""
+
+    def __init__(self, session_id: str, key: str, version: int) -> None:
+        super().__init__(
+            f"session {session_id} already holds {key.replace(':', ' ', 1)} (at version {version}); "
+            "nothing was appended. A retried submission is answered with the event already on the log."
+        )
+        self.session_id = session_id
+        self.key = key
+        self.version = version
+
+
 class LogUnavailableError(LogError):
     """The log cannot take or serve this request right now (broker unreachable, a transaction
     whose outcome is unknown); nothing was lost, retry after a back-off."""

@@ -39,6 +39,8 @@ from .writer import SessionWriter
 APPEND_RETRIES = 8
 REQUEST_WAIT_S = 30.0
 """How long a request sent to another process's partition (force_finish) is waited for."""
+MAX_MESSAGE_ID_CHARS = 128
+"""A caller-chosen message id (an idempotency key for retries) is at most this long."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,18 +93,24 @@ class AgentSessions:
         await self.log.submit(created)
         return SessionInfo(sid, agent_id, user_id, role, str(SessionStatus.IDLE), 1)
 
-    async def post_user_message(self, session_id: str, text: str) -> ev.UserMessageReceived:
+    async def post_user_message(
+        self, session_id: str, text: str, *, message_id: str | None = None
+    ) -> ev.UserMessageReceived:
         """Submit a user message; it is durable and queued for a turn when this returns.
 
         The log assigns its version (``EventLog.submit``); on Kafka, from a process that does not
-        own the session's partition, the returned event has ``version == 0``.
+        own the session's partition, the returned event has ``version == 0``. A ``message_id``
+        chosen by the caller makes a retry safe: a message id the session already holds is not
+        taken again, and the message already on the log is returned.
         """
+        if message_id is not None and not 0 < len(message_id) <= MAX_MESSAGE_ID_CHARS:
+            raise InputError(f"a message id is 1 to {MAX_MESSAGE_ID_CHARS} characters, not {len(message_id)}")
         state = await self.runner.load(session_id)
         self.check_message(state, text)
         event = ev.UserMessageReceived(
             session_id=session_id,
             version=0,
-            message_id=ev.new_id(),
+            message_id=message_id or ev.new_id(),
             text=text,
             user_id=state.user_id,
             producer=self.producer,

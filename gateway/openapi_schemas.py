@@ -61,7 +61,16 @@ SCHEMAS: dict[str, Any] = {
                 "pattern": "\\S",
                 "maxLength": 8192,
                 "description": "not blank; at most the agent's max_message_bytes in UTF-8 (64 KiB default)",
-            }
+            },
+            "message_id": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 128,
+                "description": (
+                    "optional, chosen by the client: a retry with the same id is not taken twice "
+                    "(the answer names the message already on the log)"
+                ),
+            },
         },
     },
     "Posted": {

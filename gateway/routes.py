@@ -156,10 +156,12 @@ class Routes:
     async def post_message(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
         body = await json_body(request, self.gw.limits.max_message_bytes)
-        text = body.get("text")
+        text, message_id = body.get("text"), body.get("message_id")
         if not isinstance(text, str):
             raise HttpError(422, "invalid_input", "'text' must be a string")
-        event = await self.gw.api.post_user_message(state.session_id, text)
+        if message_id is not None and not isinstance(message_id, str):
+            raise HttpError(422, "invalid_input", "'message_id' must be a string (1 to 128 characters)")
+        event = await self.gw.api.post_user_message(state.session_id, text, message_id=message_id)
         (written,) = await appended(self.gw, [event])
         return JSONResponse(
             {key: written[key] for key in ("message_id", "version", "position", "partition")}, 202

@@ -1,10 +1,12 @@
 """The distributed backend under faults: three turn-worker processes in the Kafka owners' group,
-50 sessions of multi-step tool turns, workers SIGKILLed at random moments and restarted, and
-(when this run started the broker with scripts/kafka.sh) a broker restart mid-run.
+80 sessions of multi-step tool turns, workers SIGKILLed at random moments and restarted (eight
+times), a producer that resubmits some messages as a retry after a lost acknowledgement does,
+and (when this run started the broker with scripts/kafka.sh) a broker restart mid-run.
 
-Afterwards: every session is idle in FINISHED, every accepted message had its turn answered, no
-non-idempotent tool ran twice (it counts its side effects in PostgreSQL), and the projections
-kept live by a projector equal a rebuild from offset 0.
+Afterwards, for every session: each accepted message entered the history once and in order and
+had exactly one turn, answered; each tool call finished once; no non-idempotent tool ran twice
+(it counts its side effects in PostgreSQL); every tool run got its call's logged key; and the
+projections kept live by a projector equal a rebuild from offset 0.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from tests.services import fresh_topic, kafka_log, need_service, postgres_store
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 6
-SESSIONS = 50
+SESSIONS = 80
 WORKERS = 3
-KILLS = 4
+KILLS = 8
+RESUBMIT_EVERY = 4
+"""Every 4th session's messages are submitted twice (the same event: a producer's retry)."""
 
 
 class Fleet:
@@ -158,21 +162,28 @@ async def run_the_faults(
         await submit_retrying(
             producer, ev.SessionCreated(session_id=sid, version=1, agent_id=AGENT, user_id="u")
         )
-        await submit_retrying(producer, message(sid, "m1"))
+        await submit_message(producer, sid, "m1", twice=i % RESUBMIT_EVERY == 0)
     restart = broker_script_started(bootstrap) and os.environ.get("TURNLOG_FAULT_BROKER_RESTART", "1") == "1"
     for round_ in range(KILLS):
-        await asyncio.sleep(rng.uniform(0.5, 2.5))
+        await asyncio.sleep(rng.uniform(0.3, 1.5))
         slot = rng.randrange(WORKERS)
         fleet.kill(slot)
-        if round_ == 1:  # a second message for every session while workers die
-            for sid, texts in expected.items():
+        if round_ == 2:  # a second message for every session while workers die
+            for i, (sid, texts) in enumerate(expected.items()):
                 texts.append("m2")
-                await submit_retrying(producer, message(sid, "m2"))
-        if round_ == 2 and restart:
+                await submit_message(producer, sid, "m2", twice=i % RESUBMIT_EVERY == 1)
+        if round_ == 4 and restart:
             await restart_broker()
         await asyncio.sleep(rng.uniform(0.0, 1.0))
         fleet.start(slot)
     return expected
+
+
+async def submit_message(producer: KafkaEventLog, sid: str, text: str, *, twice: bool) -> None:
+    event = message(sid, text)
+    await submit_retrying(producer, event)
+    if twice:  # as a producer does that never saw the first acknowledgement
+        await submit_retrying(producer, event)
 
 
 def message(sid: str, text: str) -> ev.UserMessageReceived:
@@ -197,23 +208,31 @@ async def check_outcome(
         assert [e.version for e in events] == list(range(1, len(events) + 1))
         received = [e.text for e in events if isinstance(e, ev.UserMessageReceived)]
         assert received == texts, sid  # each accepted message sequenced exactly once, in order
+        started = [e.message_id for e in events if isinstance(e, ev.TurnStarted)]
         turns = [e for e in events if isinstance(e, ev.TurnFinished)]
-        assert [t.message_id for t in turns] == [f"{sid}-{t}" for t in texts]
-        assert all(t.reason == "answered" for t in turns)
+        assert started == [t.message_id for t in turns] == [f"{sid}-{t}" for t in texts], sid
+        assert all(t.reason == "answered" for t in turns), sid
+        answers = [e.text for e in events if isinstance(e, ev.AssistantMessage) and e.text.startswith("done")]
+        assert answers == [f"done: {t}" for t in texts], sid
         for text in texts:
-            finished = [
+            for tool in ("lookup", "notify"):
+                finished = [
+                    e for e in events if isinstance(e, ev.ToolCallFinished) and e.call_id == f"{tool}-{text}"
+                ]
+                assert len(finished) == 1, (sid, tool, text)
+            notified = next(
                 e for e in events if isinstance(e, ev.ToolCallFinished) and e.call_id == f"notify-{text}"
-            ]
-            assert len(finished) == 1, (sid, text)
+            )
             sent = effects[(sid, f"notify-{text}")]
-            outcomes[finished[0].status] += 1
-            if finished[0].status == "success":
+            outcomes[notified.status] += 1
+            if notified.status == "success":
                 assert sent == 1, (sid, text)  # sent once, recorded once
             else:  # killed between the send and its record: reported, never sent again
-                assert finished[0].status == "interrupted" and sent <= 1, (sid, text, sent)
+                assert notified.status == "interrupted" and sent <= 1, (sid, text, sent)
     assert max(effects.values()) == 1  # no notification was ever sent twice
     await check_ledger(producer, runs)
     assert sum(outcomes.values()) == 2 * SESSIONS
+    print(f"notify outcomes: {dict(outcomes)}")
     await Projector(producer, live).catch_up()
     assert await rebuild(producer, rebuilt) > 0
     for name in READ_MODELS:

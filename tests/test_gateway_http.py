@@ -170,6 +170,8 @@ async def test_bad_input_gets_a_specific_4xx_and_writes_nothing(running: Running
             (dict(json={"text": "   "}), 422, "invalid_input"),
             (dict(json=["text"]), 422, "invalid_input"),
             (dict(json={"text": "x" * (70 * 1024)}), 413, "body_too_large"),
+            (dict(json={"text": "hi", "message_id": 5}), 422, "invalid_input"),
+            (dict(json={"text": "hi", "message_id": ""}), 422, "invalid_input"),
         ]
         for kwargs, status, code in cases:
             response = await client.post(url, headers=auth("alice"), **kwargs)  # type: ignore[arg-type]
@@ -186,6 +188,29 @@ async def test_bad_input_gets_a_specific_4xx_and_writes_nothing(running: Running
         assert await log.session_version(sid) == 1  # only SessionCreated: nothing bad was written
     finally:
         await log.close()
+
+
+async def test_a_post_retried_with_its_message_id_is_taken_once(running: RunningGateway) -> None:
+    """A client that never saw the 202 posts again with the id it chose: the same message, the
+    same log position, one turn."""
+    async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+        sid = (await create(client))["session_id"]
+        url, body = f"/v1/sessions/{sid}/messages", {"text": "Where is order A-17?", "message_id": "c-1"}
+        first = await client.post(url, json=body, headers=auth("alice"))
+        again = await client.post(url, json=body, headers=auth("alice"))
+        assert first.status_code == again.status_code == 202, again.text
+        assert again.json() == first.json() and first.json()["message_id"] == "c-1"
+    log = open_log(running.log_path)
+    try:
+        for _ in range(600):  # the gateway's worker runs the turn
+            events = await log.read_session(sid)
+            if any(isinstance(e, ev.TurnFinished) for e in events):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await log.close()
+    assert [e.message_id for e in events if isinstance(e, ev.UserMessageReceived)] == ["c-1"]
+    assert [e.message_id for e in events if isinstance(e, ev.TurnStarted)] == ["c-1"]
 
 
 async def test_a_session_role_never_exceeds_the_key_role(running: RunningGateway) -> None:

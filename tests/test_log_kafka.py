@@ -12,6 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaConnectionError
 
 from engine import codec
 from engine import events as ev
@@ -24,7 +25,7 @@ from engine.errors import (
     SessionNotFoundError,
 )
 from engine.log.kafka import KafkaEventLog
-from tests.services import kafka_log, need_service
+from tests.services import delete_topics, fresh_topic, kafka_log, need_service
 
 
 @pytest.fixture
@@ -231,3 +232,76 @@ async def test_a_failed_re_acquire_read_is_retried_until_the_partition_is_owned_
     await owner.wait_owned(timeout=20)
     assert failures == [part.partition]
     assert (await owner.submit(message("s-6"))).version == 2  # and it sequences again
+
+
+class CommitResponseLost(AIOKafkaProducer):
+    """A transactional producer whose next commit reaches the broker and commits, but whose
+    answer is lost on the way back (the client sees a dropped connection): the outcome the
+    owner cannot know, injected at the one point it happens."""
+
+    lose_next = False
+
+    async def commit_transaction(self) -> None:
+        await super().commit_transaction()
+        if CommitResponseLost.lose_next:
+            CommitResponseLost.lose_next = False
+            raise KafkaConnectionError("injected: the commit's response was lost")
+
+
+class LosingCommitResponses(KafkaEventLog):
+    def _owner_producer(self, partition: int) -> AIOKafkaProducer:
+        return CommitResponseLost(
+            bootstrap_servers=self.bootstrap,
+            client_id=self.client_id,
+            transactional_id=self.topics.transactional_id(partition),
+            enable_idempotence=True,
+            acks="all",
+        )
+
+
+async def test_a_sequencing_commit_whose_response_is_lost_sequences_the_message_once(bootstrap: str) -> None:
+    """The transaction that sequenced m1 committed, but the owner saw a failure: it re-acquires
+    the partition, reads the inbox record again, finds m1 on the log by its id and skips it
+    (before idempotent sequencing m1 entered the session twice, issue 13)."""
+    topic = fresh_topic()
+    log = LosingCommitResponses(bootstrap, topic=topic, partitions=2, session_timeout_ms=6000)
+    await log.start()
+    try:
+        await log.wait_owned()
+        await log.submit(created("s-lost"))
+        CommitResponseLost.lose_next = True
+        first = message("s-lost", "m1")
+        answer = await log.submit(first)  # sequenced, then re-read after the re-acquire
+        assert not CommitResponseLost.lose_next  # the fault was injected on m1's transaction
+        await log.wait_owned()
+        after = await log.submit(message("s-lost", "m2"))
+        events = await log.read_session("s-lost")
+    finally:
+        await log.close()
+        await delete_topics(bootstrap, topic)
+    assert [e.text for e in events if isinstance(e, ev.UserMessageReceived)] == ["m1", "m2"]
+    assert answer.event_id == first.event_id and answer.version in (0, 2)  # 0: answered by the next owner
+    assert after.version == 3
+
+
+async def test_an_inbox_read_again_by_a_new_owner_sequences_nothing_twice(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    """A new owner whose committed-offset fetch was stale (its predecessor's offset commit not
+    yet visible) reads inbox records that are already on the log: a creation, messages, a
+    cancel and a force-finish request. Seeking the owner's inbox back to 0 is that redelivery."""
+    sid = "s-again"
+    await owner.submit(created(sid))
+    one = await owner.submit(message(sid, "one"))
+    assert isinstance(one, ev.UserMessageReceived)
+    turn = ev.TurnStarted(session_id=sid, version=3, turn_id="t1", message_id=one.message_id)
+    await owner.append([turn], expected_version=2)
+    await owner.submit(ev.CancelRequested(session_id=sid, version=0, reason="stop", actor="u"))
+    before = [(e.type, e.event_id) for e in await owner.read_session(sid)]
+    assert owner._inbox is not None
+    tp = TopicPartition(owner.topics.inbox, owner.partition_of(sid))
+    owner._inbox.seek(tp, 0)
+    marker = await owner.submit(message(sid, "two"))  # sequenced after every re-read record
+    after = [(e.type, e.event_id) for e in await owner.read_session(sid)]
+    assert after == [*before, ("UserMessageReceived", marker.event_id)]
+    assert marker.version == len(before) + 1

@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def msg(session_id: str, version: int, text: str = "hello") -> ev.UserMessageReceived:
-    return ev.UserMessageReceived(session_id=session_id, version=version, message_id=f"m{version}", text=text)
+    return ev.UserMessageReceived(
+        session_id=session_id, version=version, message_id=f"m{version}-{text}", text=text
+    )
 
 
 def session_in(partition: int, partitions: int, prefix: str = "s") -> str:

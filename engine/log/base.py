@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
-from ..errors import ConcurrencyError, LogError
+import structlog
+
+from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError
 from ..events import Event, SessionCreated
 
 SUBMIT_RETRIES = 8
+log = structlog.get_logger("turnlog.log")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,19 +102,31 @@ class EventLog(abc.ABC):
         appends directly (retrying on a concurrent append); the Kafka log hands the event to the
         partition's owner through its inbox topic (see docs/architecture.md), and returns it
         with ``version == 0`` when this process does not own the partition.
+
+        Idempotent: an event the session already holds (the same event id, or a user message with
+        the same message id, ``engine.log.submissions``) is not appended again; the event already
+        on the log is returned.
         """
-        if isinstance(event, SessionCreated):
-            await self.append([event], expected_version=0)
-            return event
-        for _ in range(SUBMIT_RETRIES):
-            version = await self.session_version(event.session_id)
-            sequenced = dataclasses.replace(event, version=version + 1)
-            try:
-                await self.append([sequenced], expected_version=version)
-            except ConcurrencyError:
-                continue
-            return sequenced
+        try:
+            if isinstance(event, SessionCreated):
+                await self.append([event], expected_version=0)
+                return event
+            for _ in range(SUBMIT_RETRIES):
+                version = await self.session_version(event.session_id)
+                sequenced = dataclasses.replace(event, version=version + 1)
+                try:
+                    await self.append([sequenced], expected_version=version)
+                except ConcurrencyError:
+                    continue
+                return sequenced
+        except DuplicateSubmissionError as held:
+            return await self._held_submission(held)
         raise ConcurrencyError(event.session_id, version, await self.session_version(event.session_id))
+
+    async def _held_submission(self, held: DuplicateSubmissionError) -> Event:
+        """The event a repeated submission names, as the log holds it."""
+        log.info("log.submission_repeated", session=held.session_id, key=held.key, version=held.version)
+        return (await self.read_session(held.session_id, held.version - 1))[0]
 
     def owned_partitions(self) -> Sequence[int]:
         """The partitions this process may append to (all of them, except on Kafka, where the

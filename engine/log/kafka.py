@@ -35,13 +35,14 @@ from .. import codec
 from ..errors import (
     ConcurrencyError,
     ConfigurationError,
+    DuplicateSubmissionError,
     LogError,
     LogUnavailableError,
     PartitionNotOwnedError,
 )
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch
-from .kafka_inbox import SUBMITTABLE, admit, event_id
+from .kafka_inbox import admit
 from .kafka_index import PartitionIndex
 from .kafka_poison import (
     Poison,
@@ -53,6 +54,7 @@ from .kafka_poison import (
     settle,
 )
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
+from .submissions import SUBMITTABLE
 
 log = structlog.get_logger("turnlog.kafka")
 SUBMIT_WAIT_S = 30.0
@@ -178,14 +180,18 @@ class KafkaEventLog(EventLog):
             if not part.owned:
                 await self._start_owning(part)
 
-    async def _start_owning(self, part: PartitionIndex) -> None:
-        producer = AIOKafkaProducer(
+    def _owner_producer(self, partition: int) -> AIOKafkaProducer:
+        """The transactional producer that makes this process the partition's only writer."""
+        return AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
             client_id=self.client_id,
-            transactional_id=self.topics.transactional_id(part.partition),
+            transactional_id=self.topics.transactional_id(partition),
             enable_idempotence=True,
             acks="all",
         )
+
+    async def _start_owning(self, part: PartitionIndex) -> None:
+        producer = self._owner_producer(part.partition)
         try:
             await producer.start()  # init_transactions: bumps the epoch, aborts a zombie's transaction
             async with part.lock:
@@ -229,6 +235,9 @@ class KafkaEventLog(EventLog):
         async with part.lock:
             if not part.owned:
                 raise PartitionNotOwnedError(part.partition)
+            for event in events:
+                if (held := part.held_submission(event)) is not None:
+                    raise DuplicateSubmissionError(session_id, *held)
             actual = part.version(session_id)
             if actual != expected_version:
                 raise ConcurrencyError(session_id, expected_version, actual)
@@ -341,6 +350,8 @@ class KafkaEventLog(EventLog):
             raise LogError(f"only {', '.join(c.type for c in SUBMITTABLE)} are submitted, not {event.type}")
         assert self._producer is not None, "call start() first"
         part = self._parts[self.partition_of(event.session_id)]
+        if part.owned and (held := part.held_submission(event)) is not None:
+            return await self._held_submission(DuplicateSubmissionError(event.session_id, *held))
         waiter: asyncio.Future[Event] | None = None
         if part.owned:  # we sequence it ourselves: return it as appended (read your writes)
             waiter = self._submitted[event.event_id] = asyncio.get_running_loop().create_future()
@@ -388,40 +399,55 @@ class KafkaEventLog(EventLog):
                 await asyncio.sleep(1.0)
 
     async def _sequence(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
-        async with part.lock:
-            if part.owned:
-                await self._sequence_owned(part, tp, messages)
-                return
-            if self._inbox is None or tp not in self._inbox.assignment():
-                return  # revoked: the next owner reads these from the committed offset
-            self._inbox.seek(tp, messages[0].offset)  # still assigned, being re-acquired: read them again
-        await asyncio.sleep(0.2)
+        """Sequence inbox records fetched for ``tp``; whatever stops that reads them again (the
+        consumer's position already moved past them), so no record is ever skipped."""
+        try:
+            async with part.lock:
+                if part.owned:
+                    await self._sequence_owned(part, tp, messages)
+                    return
+                if self._inbox is None or tp not in self._inbox.assignment():
+                    return  # revoked: the next owner reads these from the committed offset
+            self._rewind(tp, messages)  # still assigned, being re-acquired: read them again
+            await asyncio.sleep(0.2)
+        except (KafkaError, LogError) as exc:  # the broker is away: nothing was sequenced, retry
+            self._rewind(tp, messages)
+            log.warning("kafka.sequencer_retry", partition=tp.partition, error=repr(exc))
+            await asyncio.sleep(1.0)
+        except Exception:  # a bug: say so loudly, lose nothing, and keep the other partitions moving
+            self._rewind(tp, messages)
+            log.exception("kafka.sequencer_failed", partition=tp.partition, offset=messages[0].offset)
+            await asyncio.sleep(1.0)
+
+    def _rewind(self, tp: TopicPartition, messages: list[Any]) -> None:
+        if self._inbox is not None and tp in self._inbox.assignment():
+            self._inbox.seek(tp, messages[0].offset)
 
     async def _sequence_owned(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
         """Sequence a batch of inbox records; called with ``part.lock`` held by the owner."""
         accepted: list[Event] = []
         dead: list[Poison] = []
         refused: dict[str, Exception] = {}
+        repeats: dict[str, Event] = {}
         versions: dict[str, int] = {}
         for msg in messages:
-            admitted, error = admit(part, msg, versions, accepted, self)
-            if error is None:
-                accepted += admitted
+            admission = admit(part, msg, versions, accepted, self)
+            if admission.held is not None and admission.event_id is not None:
+                repeats[admission.event_id] = admission.held
+            if admission.refused is None:
+                accepted += admission.events
                 continue
-            poison = poison_of(msg, str(error))
+            poison = poison_of(msg, str(admission.refused))
             dead.append(poison)
-            if (eid := event_id(msg)) is not None:
-                refused[eid] = error
+            if admission.event_id is not None:
+                refused[admission.event_id] = admission.refused
             elif (marked := poisoned(part, poison, versions, self._owner_name)) is not None:
                 accepted.append(marked)
-        try:
-            records = await self._transaction(part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead)
-        except LogError:
-            if self._inbox is not None and tp in self._inbox.assignment():
-                self._inbox.seek(tp, messages[0].offset)  # not sequenced: read them again
-            return
+        records = await self._transaction(part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead)
         for record in records:
             self._resolve(record.event.event_id, record.event, None)
+        for eid, held in repeats.items():
+            self._resolve(eid, held, None)
         for eid, error in refused.items():
             self._resolve(eid, None, error)
         if dead:

@@ -1,13 +1,16 @@
 """How a Kafka partition's owner takes inbox records: each becomes its session's next event
-(a force-finish request: the events that close the session), or is refused with a reason (and
+(a force-finish request: the events that close the session), is recognised as a submission the
+session already holds (skipped: ``engine.log.submissions``), or is refused with a reason (and
 goes to the dead-letter topic); an undecodable record moves the resting session it names to
 ERROR (``kafka_poison.poisoned``)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
+
+import structlog
 
 from .. import codec
 from ..errors import (
@@ -18,45 +21,88 @@ from ..errors import (
     SessionClosedError,
     SessionNotFoundError,
 )
-from ..events import CancelRequested, Event, SessionClosed, SessionCreated, UserMessageReceived
+from ..events import CancelRequested, Event, SessionClosed, SessionCreated
 from ..fold import fold
 from .base import EventLog
 from .kafka_index import PartitionIndex
+from .submissions import SUBMITTABLE, submission_keys
 
-SUBMITTABLE = (SessionCreated, UserMessageReceived, CancelRequested, SessionClosed)
-"""What producers may submit; everything else is written by the session's owner. A submitted
-SessionClosed is a force-finish request: the owner writes the whole close (``_close``)."""
+log = structlog.get_logger("turnlog.kafka")
+
+
+@dataclass
+class Admission:
+    """What the owner makes of one inbox record."""
+
+    events: list[Event] = field(default_factory=list)
+    """The session's next events (empty if the record is refused or repeats a submission)."""
+    event_id: str | None = None
+    """The submitted event's id, if the record decodes (to answer its submitter)."""
+    refused: Exception | None = None
+    """Why the record cannot be taken; it goes to the dead-letter topic."""
+    held: Event | None = None
+    """The event already on the log that this record repeats; nothing is written for it."""
 
 
 def admit(
     part: PartitionIndex, msg: Any, versions: dict[str, int], pending: list[Event], writer_log: EventLog
-) -> tuple[list[Event], Exception | None]:
-    """The inbox record as the session's next events, or why it cannot be. ``versions`` holds
-    the sessions' versions after ``pending``, the events admitted earlier in this batch;
-    ``writer_log`` is the log a close's writer is bound to (it never commits)."""
+) -> Admission:
+    """The inbox record as the session's next events, the event it repeats, or why it cannot be
+    taken. ``versions`` holds the sessions' versions after ``pending``, the events admitted
+    earlier in this batch; ``writer_log`` is the log a close's writer is bound to (it never
+    commits)."""
     try:
         event = codec.decode(msg.value)
     except EventError as exc:
-        return [], exc
+        return Admission(refused=exc)
+    if (held := _held(part, event, pending)) is not None:
+        log.info(
+            "kafka.inbox_repeat_skipped",
+            partition=part.partition,
+            offset=msg.offset,
+            session=event.session_id,
+            type=event.type,
+            held_version=held.version,
+        )
+        return Admission(event_id=event.event_id, held=held)
+    if (error := _refusal(part, event, versions, pending)) is not None:
+        return Admission(event_id=event.event_id, refused=error)
     sid = event.session_id
-    current = versions.get(sid, part.version(sid))
-    if not isinstance(event, SUBMITTABLE):
-        return [], LogError(f"{event.type} cannot be submitted through the inbox")
-    if isinstance(event, SessionCreated):
-        if current != 0:
-            return [], ConcurrencyError(sid, 0, current)
-    elif current == 0:
-        return [], SessionNotFoundError(sid)
-    elif sid in part.closed or (sid in versions and _closed_in(pending, sid)):
-        return [], SessionClosedError(sid, f"closed before this {event.type} was sequenced")
-    elif isinstance(event, CancelRequested) and part.states[sid].turn is None:
-        return [], NoTurnRunningError(sid, str(part.states[sid].status))
     if isinstance(event, SessionClosed):
         admitted = _close(part, event, [e for e in pending if e.session_id == sid], writer_log)
     else:
-        admitted = [dataclasses.replace(event, version=current + 1)]
+        admitted = [dataclasses.replace(event, version=versions.get(sid, part.version(sid)) + 1)]
     versions[sid] = admitted[-1].version
-    return admitted, None
+    return Admission(admitted, event.event_id)
+
+
+def _held(part: PartitionIndex, event: Event, pending: list[Event]) -> Event | None:
+    """The event that already holds one of ``event``'s submission keys: on the log (the
+    partition index), or admitted earlier in this batch."""
+    if (held := part.held_submission(event)) is not None:
+        return part.session_after(event.session_id, held[1] - 1)[0]
+    keys = set(submission_keys(event))
+    return next(
+        (e for e in pending if e.session_id == event.session_id and keys & set(submission_keys(e))), None
+    )
+
+
+def _refusal(
+    part: PartitionIndex, event: Event, versions: dict[str, int], pending: list[Event]
+) -> Exception | None:
+    sid = event.session_id
+    current = versions.get(sid, part.version(sid))
+    if not isinstance(event, SUBMITTABLE):
+        return LogError(f"{event.type} cannot be submitted through the inbox")
+    if isinstance(event, SessionCreated):
+        return ConcurrencyError(sid, 0, current) if current != 0 else None
+    if current == 0:
+        return SessionNotFoundError(sid)
+    if sid in part.closed or (sid in versions and _closed_in(pending, sid)):
+        return SessionClosedError(sid, f"closed before this {event.type} was sequenced")
+    if isinstance(event, CancelRequested) and part.states[sid].turn is None:
+        return NoTurnRunningError(sid, str(part.states[sid].status))
+    return None
 
 
 def _closed_in(pending: list[Event], sid: str) -> bool:
@@ -78,10 +124,3 @@ def _close(
         w, request.reason, request.actor, SnapshotEncoder(cache_size=1), event_id=request.event_id
     )
     return w.take_pending()
-
-
-def event_id(msg: Any) -> str | None:
-    """The event id of an inbox record, if it decodes (to answer the submitter)."""
-    with contextlib.suppress(EventError):
-        return codec.decode(msg.value).event_id
-    return None

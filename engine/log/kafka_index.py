@@ -19,6 +19,7 @@ from ..events import Event, SessionClosed
 from ..fold import SessionState
 from .base import LogRecord
 from .kafka_poison import Poison
+from .submissions import submission_keys
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaProducer
@@ -40,6 +41,9 @@ class PartitionIndex:
     dead_sources: set[str] = field(default_factory=set)
     """Sources already in the dead-letter topic (read by the owner when it takes the partition)."""
     closed: set[str] = field(default_factory=set)
+    submissions: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Each session's submission keys (engine.log.submissions) and the version that holds each:
+    an inbox record whose key its session holds is not sequenced again."""
     next_offset: int = 0
     """Where reading the partition from Kafka continues (past records and transaction markers)."""
     own_marker: bool = False
@@ -77,11 +81,24 @@ class PartitionIndex:
             self.session_records.setdefault(event.session_id, []).append(record)
             if isinstance(event, SessionClosed):
                 self.closed.add(event.session_id)
+            if keys := submission_keys(event):
+                held = self.submissions.setdefault(event.session_id, {})
+                for key in keys:
+                    held.setdefault(key, event.version)
         if records:
             self.next_offset = max(self.next_offset, records[-1].offset + 1)
         if next_offset is not None:
             self.next_offset = max(self.next_offset, next_offset)
         return rejected
+
+    def held_submission(self, event: Event) -> tuple[str, int] | None:
+        """The first key of ``event`` its session already holds, and the version holding it."""
+        held = self.submissions.get(event.session_id)
+        if held:
+            for key in submission_keys(event):
+                if key in held:
+                    return key, held[key]
+        return None
 
     def continues_at(self, records: Sequence[LogRecord]) -> bool:
         """Whether the owner's just-committed ``records`` sit right where the index ends (after

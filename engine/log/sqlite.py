@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from .. import codec
-from ..errors import ConcurrencyError, ConfigurationError, EventError, LogError
+from ..errors import ConcurrencyError, ConfigurationError, DuplicateSubmissionError, EventError, LogError
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
+from .submissions import SUBMITTED_TYPES, submission_keys
 
 Durability = Literal["process", "power"]
 
@@ -44,7 +45,15 @@ CREATE TABLE IF NOT EXISTS group_offsets (
     PRIMARY KEY (group_id, partition)
 );
 CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS submissions (
+    session_id TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    PRIMARY KEY (session_id, key)
+) WITHOUT ROWID;
 """
+"""``submissions``: the keys of every submitted event (engine.log.submissions), written in the
+append's transaction, so a session takes each submission once, whichever process appends."""
 
 
 _HEADS = (
@@ -66,6 +75,7 @@ class SqliteEventLog(EventLog):
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
         self.partitions = self._fix_partitions(partitions)
+        self._index_old_submissions()
         self._waiters: list[asyncio.Future[None]] = []
 
     def _fix_partitions(self, wanted: int) -> int:
@@ -81,16 +91,40 @@ class SqliteEventLog(EventLog):
             )
         return stored
 
+    def _index_old_submissions(self) -> None:
+        """Fill ``submissions`` from a log written before it existed (once)."""
+        if self._db.execute("SELECT 1 FROM log_meta WHERE key = 'submissions_indexed'").fetchone():
+            return
+        marks = ",".join("?" * len(SUBMITTED_TYPES))
+        rows = self._db.execute(
+            f"SELECT partition, position, value FROM events WHERE type IN ({marks})", SUBMITTED_TYPES
+        ).fetchall()
+        events = [_decode(*row) for row in rows]
+        keys = [(e.session_id, key, e.version) for e in events for key in submission_keys(e)]
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany("INSERT OR IGNORE INTO submissions VALUES (?, ?, ?)", keys)
+            self._db.execute("INSERT OR IGNORE INTO log_meta VALUES ('submissions_indexed', '1')")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
     async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
         values = [codec.encode(e) for e in events]
+        keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
         db = self._db
         db.execute("BEGIN IMMEDIATE")  # the write lock: versions and positions cannot move under us
         try:
+            if keys:
+                self._refuse_held(keys)
             actual, last = db.execute(_HEADS, (session_id,)).fetchone()
             if actual != expected_version:
                 raise ConcurrencyError(session_id, expected_version, actual)
+            if keys:
+                db.executemany("INSERT INTO submissions VALUES (?, ?, ?)", keys)
             positions = range(last + 1, last + 1 + len(events))
             db.executemany(
                 "INSERT INTO events (position, partition, session_id, version, type, value) "
@@ -106,6 +140,17 @@ class SqliteEventLog(EventLog):
             raise
         self._notify()
         return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+
+    def _refuse_held(self, keys: list[tuple[str, str, int]]) -> None:
+        """DuplicateSubmissionError if the session already holds one of the batch's keys."""
+        session_id = keys[0][0]
+        marks = ",".join("?" * len(keys))
+        held = self._db.execute(
+            f"SELECT key, version FROM submissions WHERE session_id = ? AND key IN ({marks}) LIMIT 1",
+            (session_id, *(key for _, key, _ in keys)),
+        ).fetchone()
+        if held is not None:
+            raise DuplicateSubmissionError(session_id, held[0], held[1])
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []

@@ -1,0 +1,32 @@
+"""How a log recognises a submission it already holds, so that sequencing is idempotent.
+
+A producer's event can reach the log more than once: a producer retries after an error whose
+outcome it could not see (the record was written, the acknowledgement was lost), a client
+resends a message with the id it chose, an inbox record is read again after an owner change or
+a transaction whose outcome was unknown. Each submitted event is recognised by its keys (its
+event id, and for a user message its message id); a session takes each key once. The embedded
+log enforces it with a unique index in the append's transaction (``engine.log.sqlite``), the
+Kafka owner when it admits an inbox record (``engine.log.kafka_inbox``), checked against the
+keys its partition index holds.
+"""
+
+from __future__ import annotations
+
+from ..events import CancelRequested, Event, SessionClosed, SessionCreated, UserMessageReceived
+
+SUBMITTABLE = (SessionCreated, UserMessageReceived, CancelRequested, SessionClosed)
+"""What producers may submit; everything else is written by the session's writer. A submitted
+SessionClosed is a force-finish request: the owner writes the whole close."""
+
+SUBMITTED_TYPES = tuple(cls.type for cls in SUBMITTABLE)
+
+
+def submission_keys(event: Event) -> tuple[str, ...]:
+    """The keys under which ``event`` is recognised when it is submitted again; () for events
+    that are never submitted. A user message's id is a key of its own: a client that retries
+    with the id it chose makes a new event with the same message id."""
+    if not isinstance(event, SUBMITTABLE):
+        return ()
+    if isinstance(event, UserMessageReceived):
+        return (f"event:{event.event_id}", f"message:{event.message_id}")
+    return (f"event:{event.event_id}",)
