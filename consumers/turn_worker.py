@@ -1,9 +1,14 @@
-"""The turn worker: runs the turns of user messages on its partitions.
+"""The turn worker: runs the turns of user messages on its partitions, many sessions at once.
 
-For each UserMessageReceived (or CancelRequested) it folds the session and lets the TurnRunner
-do whatever the log says is left: a new turn, the rest of a turn a previous worker died in, or
-stopping a turn someone cancelled. A redelivered message whose turn already finished finds
-nothing to do, so no turn ever runs twice.
+For each UserMessageReceived (or a decision, or a CancelRequested) it folds the session and lets
+the TurnRunner do whatever the log says is left: a new turn, the rest of a turn a previous
+worker died in, or stopping a turn someone cancelled. A redelivered message whose turn already
+finished finds nothing to do, so no turn ever runs twice.
+
+Sessions run concurrently (``KeyedConsumer``, keyed by session): up to ``max_concurrent_turns``
+turns at once, each session's records strictly one at a time and in order. Turns mostly wait on
+models, so hundreds fit in one process. ``stop()`` lets each turn in flight finish the step it
+is in and commit it; the rest of the turn stays on the log for the next worker.
 """
 
 from __future__ import annotations
@@ -18,15 +23,24 @@ from engine.log.base import EventLog, LogRecord
 from engine.stream import StreamItem
 from engine.turn import TurnRunner
 
-from .runner import GroupConsumer
+from .parallel import KeyedConsumer
 
 GROUP = "turn-workers"
+MAX_CONCURRENT_TURNS = 256
+DRAIN_TIMEOUT_S = 30.0
+"""How long ``stop()`` waits for the steps in flight (a model call may take longer: it is then
+cancelled, and made again by the successor; a tool batch that ran past it is reported as
+interrupted, or re-run if its tools are idempotent)."""
 log = structlog.get_logger("turnlog.worker")
 
 
 RESUMES = (ev.UserMessageReceived, ev.ApprovalDecided, ev.BudgetDecided, ev.CancelRequested)
 """The events that give a worker something to do: a new message, a decision on a paused turn,
 a cancel."""
+
+
+def resumes(record: LogRecord) -> bool:
+    return isinstance(record.event, RESUMES)
 
 
 class TurnWorker:
@@ -38,10 +52,21 @@ class TurnWorker:
         worker_id: str = "worker",
         partitions: Sequence[int] | None = None,
         on_item: Callable[[StreamItem], None] | None = None,
+        max_concurrent_turns: int = MAX_CONCURRENT_TURNS,
+        drain_timeout_s: float = DRAIN_TIMEOUT_S,
     ) -> None:
         self.runner = TurnRunner(event_log, agents.get, producer=worker_id)
         self.on_item = on_item
-        self.consumer = GroupConsumer(event_log, GROUP, self.handle, partitions=partitions)
+        self.consumer = KeyedConsumer(
+            event_log,
+            GROUP,
+            self.handle,
+            wanted=resumes,
+            partitions=partitions,
+            max_in_flight=max_concurrent_turns,
+            drain_timeout_s=drain_timeout_s,
+            on_drain=self._drain,
+        )
 
     async def handle(self, record: LogRecord) -> None:
         event = record.event
@@ -53,10 +78,15 @@ class TurnWorker:
         log.debug("worker.message_done", session=event.session_id, offset=record.offset)
 
     async def poll_once(self) -> int:
+        """Run every turn the partitions call for now (concurrently), and return."""
         return await self.consumer.poll_once()
 
     async def run(self) -> None:
+        """Run turns as messages arrive, until ``stop()``; then drain."""
         await self.consumer.run()
 
     def stop(self) -> None:
         self.consumer.stop()
+
+    def _drain(self) -> None:
+        self.runner.draining = True

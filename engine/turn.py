@@ -128,6 +128,9 @@ class TurnRunner:
         # one lock per session while someone holds or waits for it; dropped after, so a worker
         # that sees millions of sessions does not keep millions of locks
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.draining = False
+        """Set when the process stops: every run returns at its next step boundary, with what it
+        did committed, and leaves the rest of its turn on the log for a successor."""
 
     async def load(self, session_id: str) -> SessionState:
         """The session's state, caught up with the log."""
@@ -210,6 +213,9 @@ class TurnRunner:
                 check(state, message)
             writer.add(ev.UserMessageReceived, message_id=ev.new_id(), text=message, user_id=state.user_id)
         while not isinstance(step := next_step(writer.state, agent), Done):
+            if self.draining:
+                log.info("turn.drained", session=session_id, next_step=type(step).__name__)
+                break
             async for item in self._perform(step, writer, agent):
                 yield item
         for event in await writer.commit():

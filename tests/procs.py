@@ -7,9 +7,13 @@ python tests/procs.py crash LOG_PATH SESSION_ID {lookup|send|model}
     ``recovery_agent`` to run the same agent with a tool that does return.
 python tests/procs.py sqlite-worker LOG_PATH
     (tests/test_worker.py) a turn worker whose `fetch_status` tool never returns.
-python tests/procs.py kafka-worker BOOTSTRAP TOPIC PARTITIONS DSN SCHEMA WORKER_ID
-    (tests/test_fault.py) a member of the Kafka owners' group running multi-step tool turns
-    until killed; its non-idempotent tool counts side effects in PostgreSQL.
+python tests/procs.py kafka-worker BOOTSTRAP TOPIC PARTITIONS DSN SCHEMA WORKER_ID [LATENCY_S]
+    (tests/test_fault.py, tests/test_worker_concurrency.py) a member of the Kafka owners' group
+    running multi-step tool turns until killed; its non-idempotent tool counts side effects in
+    PostgreSQL; its model takes LATENCY_S per call.
+python tests/procs.py sqlite-fleet-worker LOG_PATH PARTITIONS EFFECTS_PATH WORKER_ID LATENCY_S
+    (tests/test_worker_concurrency.py) the same agent and worker on the embedded log; side
+    effects in the SQLite file EFFECTS_PATH.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from engine import (
 )
 from engine.models.base import ModelChunk
 from tests.fleet import kafka_worker_main
+from tests.fleet import sqlite_worker_main as sqlite_fleet_worker_main
 
 # --- crash: tests/test_recovery.py -----------------------------------------------------------
 
@@ -138,6 +143,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(sqlite_worker_main(args[0]))
     elif command == "kafka-worker":
         asyncio.run(kafka_worker_main(*args))
+    elif command == "sqlite-fleet-worker":
+        asyncio.run(sqlite_fleet_worker_main(*args))
     else:
         raise SystemExit(f"unknown command {command!r}; see the docstring of tests/procs.py")
 

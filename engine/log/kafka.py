@@ -33,7 +33,6 @@ from aiokafka.errors import KafkaError, ProducerFenced
 
 from .. import codec
 from ..errors import (
-    ConcurrencyError,
     ConfigurationError,
     DuplicateSubmissionError,
     LogError,
@@ -42,6 +41,7 @@ from ..errors import (
 )
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch
+from .kafka_appends import PendingAppend, fail_group, settle_group, take_group
 from .kafka_inbox import admit
 from .kafka_index import PartitionIndex
 from .kafka_poison import (
@@ -153,7 +153,10 @@ class KafkaEventLog(EventLog):
                 await asyncio.sleep(0.05)
 
     async def close(self) -> None:
-        for task in [*self._background, *([self._sequencer] if self._sequencer else [])]:
+        with contextlib.suppress(Exception):  # hand over the groups' offsets (a successor re-reads less)
+            await self._flush_commits()
+        committers = [p.committer for p in self._parts if p.committer is not None]
+        for task in [*self._background, *committers, *([self._sequencer] if self._sequencer else [])]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -230,24 +233,48 @@ class KafkaEventLog(EventLog):
     # -- appends --------------------------------------------------------------------------------
 
     async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
+        """Queue the batch for the partition's next transaction (group commit, kafka_appends):
+        appends of many sessions made while one transaction is in flight share the next."""
         session_id = check_batch(events, expected_version)
         part = self._parts[self.partition_of(session_id)]
-        async with part.lock:
-            if not part.owned:
-                raise PartitionNotOwnedError(part.partition)
-            for event in events:
-                if (held := part.held_submission(event)) is not None:
-                    raise DuplicateSubmissionError(session_id, *held)
-            actual = part.version(session_id)
-            if actual != expected_version:
-                raise ConcurrencyError(session_id, expected_version, actual)
-            records = await self._transaction(part, list(events))
-            indexed = part.session_records_after(session_id, expected_version)[: len(records)]
-            if [r.offset for r in indexed] != [r.offset for r in records]:
-                # another producer's valid events took these versions first; ours are poison
-                raise ConcurrencyError(session_id, expected_version, part.version(session_id))
+        if not part.owned:
+            raise PartitionNotOwnedError(part.partition)
+        append = PendingAppend(session_id, list(events), expected_version)
+        part.appends.append(append)
+        if part.committer is None:
+            part.committer = asyncio.get_running_loop().create_task(
+                self._commit_appends(part), name=f"turnlog-commit-{part.partition}"
+            )
+        records = await append.done
         self._notify()
         return records
+
+    async def _commit_appends(self, part: PartitionIndex) -> None:
+        """Commit the partition's queued appends, a group per transaction, until none wait."""
+        try:
+            while part.appends:
+                async with part.lock:
+                    if not part.owned:
+                        fail_group(part.appends, PartitionNotOwnedError(part.partition))
+                        part.appends = []
+                        break
+                    group = take_group(part)
+                    if not group:
+                        continue
+                    try:
+                        records = await self._transaction(part, [e for a in group for e in a.events])
+                    except LogError as exc:
+                        fail_group(group, exc)
+                        continue
+                    except BaseException as exc:  # cancelled (closing), or a bug: no caller hangs
+                        fail_group(group, LogUnavailableError(f"the append did not complete: {exc!r}"))
+                        raise
+                    settle_group(part, group, records)
+        finally:
+            part.committer = None
+            if part.appends:  # queued after the loop's last look, or left by a cancellation
+                fail_group(part.appends, LogUnavailableError("the log is closing; retry"))
+                part.appends = []
 
     async def _transaction(
         self,

@@ -24,6 +24,8 @@ from .submissions import submission_keys
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaProducer
 
+    from .kafka_appends import PendingAppend
+
 
 @dataclass
 class PartitionIndex:
@@ -57,6 +59,10 @@ class PartitionIndex:
     """Held while taking ownership, so one process never runs two producers of one id."""
     pending_commits: dict[str, int] = field(default_factory=dict)
     """Consumer-group offsets on this partition to commit with its next transaction."""
+    appends: list[PendingAppend] = field(default_factory=list)
+    """Appends waiting for the partition's next transaction (group commit: kafka_appends)."""
+    committer: asyncio.Task[None] | None = None
+    """The task that commits queued appends, group by group, while any are queued."""
 
     def version(self, session_id: str) -> int:
         events = self.sessions.get(session_id)
