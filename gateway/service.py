@@ -91,6 +91,7 @@ class Gateway:
             else None
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self._worker_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
     async def consumer_lag(self) -> dict[tuple[str, int], int]:
@@ -109,9 +110,9 @@ class Gateway:
             self._follow(c)
             for c in (self.projector.catch_up, self.analytics.catch_up, self.observer.poll_once)
         ]
-        if self.worker is not None:
-            runners.append(self.worker.run())
         self._tasks = [asyncio.create_task(r) for r in runners]
+        if self.worker is not None:
+            self._worker_task = asyncio.create_task(self.worker.run())
         log.info("gateway.start", worker=self.worker is not None)
 
     async def _follow(self, catch_up: Callable[[], Awaitable[int]]) -> None:
@@ -128,8 +129,10 @@ class Gateway:
 
     async def stop(self) -> None:
         self._stop.set()
-        if self.worker is not None:
-            self.worker.stop()
+        if self.worker is not None and self._worker_task is not None:
+            self.worker.stop()  # the turns in flight end at a step boundary (bounded by its drain timeout)
+            await asyncio.gather(self._worker_task, return_exceptions=True)
+            self._worker_task = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

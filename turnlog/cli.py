@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+from consumers.turn_worker import MAX_CONCURRENT_TURNS
 from engine import events as ev
 from engine.errors import TurnlogError
 from engine.models.base import Model
@@ -318,21 +319,25 @@ def worker_cmd(
     topic: TopicOption = "turnlog.events",
     partitions: PartitionsOption = 8,
     worker_id: Annotated[str, typer.Option("--id", help="Producer name on the events it writes.")] = "worker",
+    max_turns: Annotated[
+        int, typer.Option("--max-turns", min=1, help="Turns of different sessions run at once.")
+    ] = MAX_CONCURRENT_TURNS,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,
 ) -> None:
-    """Run the demo agent's turns (until SIGTERM): for the Kafka partitions this process is
-    assigned (--kafka), or for messages posted to the embedded log (by `turnlog serve --no-worker`)."""
+    """Run the demo agent's turns (until SIGTERM, which lets each turn in flight finish its step):
+    for the Kafka partitions this process is assigned (--kafka), or for messages posted to the
+    embedded log (by `turnlog serve --no-worker`). Sessions run concurrently, each in order."""
     settings = ModelSettings.from_env(base_url, api_key, model)
     if kafka:
         from .distributed import run_worker as run_kafka_worker
 
-        _run(run_kafka_worker(kafka, topic, partitions, worker_id, home_dir(home), settings))
+        _run(run_kafka_worker(kafka, topic, partitions, worker_id, home_dir(home), settings, max_turns))
     else:
         from .serve import run_worker
 
-        _run(run_worker(home_dir(home), settings, worker_id))
+        _run(run_worker(home_dir(home), settings, worker_id, max_turns))
 
 
 @app.command(name="add-key")

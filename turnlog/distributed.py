@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import signal
 from pathlib import Path
+from typing import Callable
 
 import structlog
 
@@ -20,14 +21,21 @@ from .config import ModelSettings
 log = structlog.get_logger("turnlog.distributed")
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
+def stop_on_signals(stop: Callable[[], None]) -> None:
+    """Call ``stop`` on SIGINT or SIGTERM (a container's stop, Ctrl-C)."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stop)
 
 
 async def run_worker(
-    bootstrap: str, topic: str, partitions: int, worker_id: str, home: Path, settings: ModelSettings
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    worker_id: str,
+    home: Path,
+    settings: ModelSettings,
+    max_turns: int,
 ) -> int:
     from examples.logistics import LogisticsBackend, build_agent, demo_model
 
@@ -36,9 +44,9 @@ async def run_worker(
     agents = AgentDirectory([build_agent(model, backend)])
     event_log = KafkaEventLog(bootstrap, topic=topic, partitions=partitions, client_id=worker_id)
     await event_log.start()
-    worker = TurnWorker(event_log, agents, worker_id=worker_id)
+    worker = TurnWorker(event_log, agents, worker_id=worker_id, max_concurrent_turns=max_turns)
     stop = asyncio.Event()
-    _stop_on_signals(stop)
+    stop_on_signals(stop.set)
     task = asyncio.create_task(worker.run())
     log.info("worker.ready", worker=worker_id, topic=topic)
     try:
@@ -56,7 +64,7 @@ async def run_projector(bootstrap: str, topic: str, partitions: int, dsn: str, s
     store = PostgresProjectionStore(dsn, schema=schema)
     projector = Projector(event_log, store)
     stop = asyncio.Event()
-    _stop_on_signals(stop)
+    stop_on_signals(stop.set)
     task = asyncio.create_task(projector.run())
     try:
         await stop.wait()

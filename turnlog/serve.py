@@ -55,12 +55,16 @@ def _demo_app(home: Path, settings: ModelSettings) -> Any:
     return EmbeddedApp(home, [build_agent(model, backend)])
 
 
-async def run_worker(home: Path, settings: ModelSettings, worker_id: str) -> int:
-    """Run turns of messages on the embedded log (posted by a gateway with --no-worker) until stopped."""
+async def run_worker(home: Path, settings: ModelSettings, worker_id: str, max_turns: int) -> int:
+    """Run turns of messages on the embedded log (posted by a gateway with --no-worker) until
+    SIGTERM or SIGINT; then the turns in flight end at a step boundary."""
     from consumers import TurnWorker
 
+    from .distributed import stop_on_signals
+
     app_ = _demo_app(home, settings)
-    worker = TurnWorker(app_.log, app_.agents, worker_id=worker_id)
+    worker = TurnWorker(app_.log, app_.agents, worker_id=worker_id, max_concurrent_turns=max_turns)
+    stop_on_signals(worker.stop)
     try:
         await worker.run()
     finally:

@@ -160,6 +160,9 @@ class KafkaEventLog(EventLog):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for part in self._parts:  # a committer cancelled before it ran never answered its queue
+            fail_group(part.appends, LogUnavailableError("the log was closed before this append; retry"))
+            part.appends = []
         if self._inbox is not None:
             with contextlib.suppress(Exception):
                 await self._inbox.stop()  # leaves the group: the revoke hook releases partitions
