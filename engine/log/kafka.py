@@ -559,6 +559,10 @@ class KafkaEventLog(EventLog):
 
     async def _read_to_end(self, reader: AIOKafkaConsumer, part: PartitionIndex, tp: TopicPartition) -> None:
         end = (await reader.end_offsets([tp]))[tp]
+        if part.own_marker and end == part.next_offset + 1:
+            part.add([], end)  # nothing after our own last transaction but its commit marker
+            part.own_marker = False
+            return
         if part.next_offset >= end:
             return
         if reader.assignment() != {tp}:
@@ -566,7 +570,9 @@ class KafkaEventLog(EventLog):
         reader.resume(tp)
         reader.seek(tp, part.next_offset)
         while part.next_offset < end:
-            batch = await reader.getmany(tp, timeout_ms=1000, max_records=1000)
+            # short polls: a stretch of commit or abort markers returns no records, and the
+            # position moves past it with the fetch, not with the poll's timeout
+            batch = await reader.getmany(tp, timeout_ms=50, max_records=1000)
             for msg in batch.get(tp, []):
                 index_consumed(part, msg)
             part.add([], await reader.position(tp))
