@@ -48,8 +48,8 @@ SCHEMAS: dict[str, Any] = {
             "role": {"type": "string"},
             "status": {"type": "string"},
             "version": {"type": "integer"},
-            "position": {"type": "integer"},
-            "partition": {"type": "integer"},
+            "position": POSITION,
+            "partition": {"type": ["integer", "null"]},
         },
     },
     "PostMessage": {

@@ -100,8 +100,10 @@ class Routes:
         if not isinstance(metadata, dict):
             raise HttpError(422, "invalid_input", "'metadata' must be a JSON object")
         info = await self.gw.api.create_session(agent_id, principal.user, role=role, metadata=metadata)
-        (record,) = await self.gw.log.read_session_records(info.session_id, 0)
-        self.gw.hub.publish(record.event)
+        # on Kafka, from a process that owns no partition, the owner sequences it a moment later
+        record = next(iter(await self.gw.log.read_session_records(info.session_id, 0)), None)
+        if record is not None:
+            self.gw.hub.publish(record.event)
         return JSONResponse(
             {
                 "session_id": info.session_id,
@@ -110,8 +112,8 @@ class Routes:
                 "role": info.role,
                 "status": info.status,
                 "version": info.version,
-                "position": record.offset,
-                "partition": record.partition,
+                "position": None if record is None else record.offset,
+                "partition": None if record is None else record.partition,
             },
             201,
         )

@@ -370,8 +370,12 @@ class FakeOpenAIServer:
         model: str = "fake-model",
         context_window: int | None = None,
         embed: Embed | None = None,
+        respond: Callable[[dict[str, Any]], Step] | None = None,
     ) -> None:
         self.script: deque[Step] = deque(script)
+        self.respond = respond
+        """Answers each request from its body instead of the script (many concurrent sessions, as
+        in bench/production.py); requests are then not kept."""
         self.model = model
         self.context_window = context_window
         """Refuse requests longer than this many tokens the way OpenAI does (400,
@@ -432,6 +436,8 @@ class FakeOpenAIServer:
                     f"messages resulted in {size} tokens. Please reduce the length of the messages.",
                     "context_length_exceeded",
                 )
+        if self.respond is not None:
+            return self._answer(self.respond(body), body)
         self.requests.append(body)
         self.headers.append(dict(request.headers))
         if not self.script:

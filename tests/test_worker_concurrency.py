@@ -38,10 +38,12 @@ WAIT_S = 120.0
 
 async def until(what: str, condition: Callable[[], Awaitable[bool]], timeout: float = WAIT_S) -> None:
     """Poll ``condition`` until it holds; fail saying what was awaited."""
-    async with asyncio.timeout(timeout):
-        while not await condition():
-            await asyncio.sleep(0.05)
-    assert await condition(), what
+    try:
+        async with asyncio.timeout(timeout):
+            while not await condition():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"waited {timeout:.0f} s for {what}") from None
 
 
 class GatedModel(Model):
@@ -243,15 +245,21 @@ async def test_a_worker_killed_with_50_turns_in_flight_is_continued_once(fleet: 
     projector = Projector(fleet.producer, fleet.live, idle_wait_s=0.2)
     projecting = asyncio.create_task(projector.run())
     try:
-        with worker_process(fleet, "doomed", latency_s=1.5) as proc:
+        # 3 s per model call (x 0.5-1.5): a turn takes 4.5 s at least, time enough for the worker
+        # to take every partition and start all 50 turns before any ends, on a busy machine
+        with worker_process(fleet, "doomed", latency_s=3.0) as proc:
+            seen: list[Counter[str]] = []
 
             async def all_in_flight() -> bool:
                 assert proc.poll() is None, "the worker process died on its own"
-                counts = await tally(fleet.producer, sids)
-                open_turns = counts["TurnStarted"] - counts["TurnFinished"]
-                return open_turns == 50 and counts["ToolCallStarted"] > 0
+                seen[:] = [await tally(fleet.producer, sids)]
+                open_turns = seen[0]["TurnStarted"] - seen[0]["TurnFinished"]
+                return open_turns == 50 and seen[0]["ToolCallStarted"] > 0
 
-            await until("50 turns in flight, some of them running tools", all_in_flight)
+            try:
+                await until("50 turns in flight, some of them running tools", all_in_flight)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; last seen: {dict(seen[0]) if seen else 'nothing'}") from None
             proc.send_signal(signal.SIGKILL)
         await finish_with_a_successor(fleet, sids)
     finally:

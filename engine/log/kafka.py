@@ -545,12 +545,15 @@ class KafkaEventLog(EventLog):
 
     # -- reads ----------------------------------------------------------------------------------
 
-    async def _catch_up(self, part: PartitionIndex) -> None:
-        """Read the partition from where the index stopped to its last committed record."""
+    async def _catch_up(self, part: PartitionIndex, until: int | None = None) -> None:
+        """Read the partition from where the index stopped to its last committed record (or
+        nothing, if the index reached ``until`` while this waited for the reader)."""
         reader = self._reader
         assert reader is not None, "call start() first"
         tp = TopicPartition(self.topics.events, part.partition)
         async with self._reader_lock:
+            if until is not None and part.next_offset >= until:
+                return
             try:
                 async with asyncio.timeout(OPERATION_TIMEOUT_S):
                     await self._read_to_end(reader, part, tp)
@@ -580,9 +583,24 @@ class KafkaEventLog(EventLog):
         reader.pause(tp)  # no background long polls between catch-ups
 
     async def _fresh(self, partition: int) -> PartitionIndex:
+        """The partition's index, caught up with everything committed before this call.
+
+        Concurrent readers of one partition share the catch-up: each asks the broker for the
+        partition's end (outside the reader's lock), and only one that finds the index short
+        of it reads; the ones queued behind it find the index already there."""
         part = self._parts[partition]
-        if not part.owned:
-            await self._catch_up(part)
+        if part.owned:
+            return part
+        reader = self._reader
+        assert reader is not None, "call start() first"
+        tp = TopicPartition(self.topics.events, partition)
+        try:
+            async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                end = (await reader.end_offsets([tp]))[tp]
+        except (KafkaError, TimeoutError) as exc:
+            raise LogUnavailableError(f"reading partition {partition} failed: {exc!r}") from exc
+        if part.next_offset < end:
+            await self._catch_up(part, until=end)
         return part
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:

@@ -1,0 +1,542 @@
+#!/usr/bin/env python
+"""The production path end to end: HTTP gateway -> log -> turn worker(s) -> a model with a fixed
+latency -> tools -> projections, with many users at once.
+
+    scripts/kafka.sh start && scripts/postgres.sh start        # for the kafka cases
+    export TURNLOG_KAFKA_BOOTSTRAP=127.0.0.1:9092
+    export TURNLOG_POSTGRES_DSN=postgresql://turnlog:turnlog@127.0.0.1:5432/turnlog_test
+    PYTHONPATH=. .venv/bin/python bench/production.py [--sessions 500] [--turns 3] [--latency 0.2] \
+        [--cases embedded,kafka-1,kafka-2] [--out bench/results/production.json]
+
+Processes, all on this machine:
+
+* a model server: the OpenAI-compatible fake of tests/openai_server.py on loopback, answering
+  every chat completion after ``--latency`` seconds: ``lookup``, then ``notify``, then a text
+  answer (three model calls and two tool steps per turn), through the real ``openai`` SDK;
+* ``embedded``: one ``turnlog serve``-shaped gateway process (SQLite log and projections, the
+  turn worker, projector, analytics and observability consumers in it);
+* ``kafka-N``: a gateway process on Kafka + PostgreSQL that owns no partition (it posts through
+  the inbox, reads the log, and projects into PostgreSQL) and N turn-worker processes in the
+  owners' group.
+
+The driver creates ``--sessions`` sessions over HTTP, then every session posts ``--turns``
+messages, one after the other, each once its previous turn has ended (a user reading the
+answer), all sessions at once. A reader in the driver follows the log and notes when each
+message's turn starts (its first event) and ends; it also samples how many finished turns the
+projections show. Reported: turns/s, POST -> first event and POST -> turn end (p50, p95, max),
+the run's wall time against the floor the model latency alone allows (turns x 3 calls x
+latency), and the projector's lag (for each finished turn, how long after the log had it the
+projections had it: p50, max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+CALLS_PER_TURN = 3
+PARTITIONS = 8
+KEY_USER = "bench"
+
+
+# --- the agent every worker runs --------------------------------------------------------------
+
+
+def bench_agent(model_url: str) -> Any:
+    from engine import Agent, tool
+    from engine.models.openai_compat import OpenAICompatibleModel
+
+    @tool(idempotent=True)
+    async def lookup(order_id: str) -> dict:
+        """Look an order up (read-only)."""
+        return {"order_id": order_id, "status": "delayed"}
+
+    @tool(idempotent=False)
+    async def notify(order_id: str) -> str:
+        """Tell the customer about the order."""
+        return "sent"
+
+    model = OpenAICompatibleModel("bench-model", base_url=model_url, api_key="bench")
+    return Agent("bench", model, [lookup, notify])
+
+
+# --- subcommands: the processes ----------------------------------------------------------------
+
+
+def model_server(port: int, latency: float) -> None:
+    import uvicorn
+
+    from tests.openai_server import FakeOpenAIServer, FakeReply
+
+    def respond(body: dict[str, Any]) -> FakeReply:
+        messages = body["messages"]
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        results = sum(1 for m in messages[last_user + 1 :] if m["role"] == "tool")
+        if results == 0:
+            return FakeReply(tool_calls=[("c1", "lookup", '{"order_id": "A-1"}')], delay_s=latency)
+        if results == 1:
+            return FakeReply(tool_calls=[("c2", "notify", '{"order_id": "A-1"}')], delay_s=latency)
+        return FakeReply(text="The order is delayed; the customer was told.", delay_s=latency)
+
+    fake = FakeOpenAIServer((), respond=respond)
+    uvicorn.run(fake.app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def gateway(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from engine import AgentDirectory, KafkaEventLog, SqliteEventLog
+    from gateway import Gateway, GatewayConfig, KeyStore, Limits
+    from projections import PostgresProjectionStore, SqliteProjectionStore
+
+    agents = AgentDirectory([bench_agent(args.model_url)])
+    limits = Limits(requests_per_second=1e6, burst=1_000_000, streams_per_user=10_000)
+    home = Path(args.home)
+    if args.kafka:
+        log: Any = KafkaEventLog(args.kafka, topic=args.topic, partitions=PARTITIONS, owner=False)
+        store: Any = PostgresProjectionStore(args.postgres, schema=args.schema)
+    else:
+        log = SqliteEventLog(home / "log.db", partitions=PARTITIONS)
+        store = SqliteProjectionStore(home / "projections.db")
+    config = GatewayConfig(limits=limits, run_worker=not args.kafka, log_sample_rate=0.0)
+
+    async def serve() -> None:
+        if args.kafka:
+            await log.start()  # on the loop that serves: aiokafka's clients are bound to it
+        app = Gateway(log, store, agents, KeyStore.from_file(home / "keys.toml"), config).app()
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+        )
+        await server.serve()
+
+    asyncio.run(serve())
+
+
+async def worker(args: argparse.Namespace) -> None:
+    from consumers import TurnWorker
+    from engine import AgentDirectory, KafkaEventLog
+
+    log = KafkaEventLog(args.kafka, topic=args.topic, partitions=PARTITIONS, client_id=args.id)
+    await log.start()
+    turn_worker = TurnWorker(log, AgentDirectory([bench_agent(args.model_url)]), worker_id=args.id)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, turn_worker.stop)
+    await turn_worker.run()
+    await log.close()
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def process(*args: str, name: str) -> Iterator[subprocess.Popen[bytes]]:
+    out = open(Path(tempfile.gettempdir()) / f"turnlog-bench-{name}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__)), *args],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
+
+
+async def wait_accepting(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    for _ in range(600):
+        if proc.poll() is not None:
+            logs = f"{tempfile.gettempdir()}/turnlog-bench-*.log"
+            raise SystemExit(f"{what} exited with {proc.returncode}; see {logs}")
+        with contextlib.suppress(OSError):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        await asyncio.sleep(0.1)
+    raise SystemExit(f"{what} did not accept connections on port {port}")
+
+
+@dataclass
+class Turn:
+    posted: float = 0.0
+    started: float = 0.0
+    ended: asyncio.Future[float] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class LogWatcher:
+    """Follows the log from its end at start-up and notes, per message id, when its turn starts
+    and ends. Embedded: it reads the SQLite log every ``poll_s``; Kafka: a read_committed
+    consumer tails every partition (what any reader of the topic sees, and when)."""
+
+    def __init__(self, case: Case, poll_s: float = 0.01) -> None:
+        self.case = case
+        self.poll_s = poll_s
+        self.turns: dict[str, Turn] = {}
+        self.finished_at: list[float] = []
+
+    def expect(self, message_id: str) -> Turn:
+        turn = self.turns[message_id] = Turn()
+        return turn
+
+    def seen(self, event: Any, now: float) -> None:
+        from engine import events as ev
+
+        if isinstance(event, ev.TurnStarted) and event.message_id in self.turns:
+            self.turns[event.message_id].started = now
+        elif isinstance(event, ev.TurnFinished) and event.message_id in self.turns:
+            self.finished_at.append(now)
+            turn = self.turns[event.message_id]
+            if not turn.ended.done():
+                turn.ended.set_result(now)
+
+    async def run(self) -> None:
+        if self.case.kafka:
+            await self._tail_kafka()
+        else:
+            await self._poll_sqlite()
+
+    async def _poll_sqlite(self) -> None:
+        from engine import SqliteEventLog
+
+        log = SqliteEventLog(self.case.home / "log.db", partitions=PARTITIONS)
+        offsets = {p: await log.end_offset(p) for p in range(PARTITIONS)}
+        try:
+            while True:
+                for p in range(PARTITIONS):
+                    while records := await log.read_partition(p, offsets[p], 2000):
+                        now = time.perf_counter()
+                        offsets[p] = records[-1].offset + 1
+                        for record in records:
+                            self.seen(record.event, now)
+                await asyncio.sleep(self.poll_s)
+        finally:
+            await log.close()
+
+    async def _tail_kafka(self) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        from engine import codec
+
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.case.kafka, isolation_level="read_committed", fetch_max_wait_ms=10
+        )
+        await consumer.start()
+        try:
+            tps = [TopicPartition(self.case.topic, p) for p in range(PARTITIONS)]
+            consumer.assign(tps)
+            await consumer.seek_to_end(*tps)
+            while True:
+                batches = await consumer.getmany(timeout_ms=100, max_records=2000)
+                now = time.perf_counter()
+                for messages in batches.values():
+                    for message in messages:
+                        with contextlib.suppress(Exception):  # poison is not ours to judge here
+                            self.seen(codec.decode(message.value), now)
+        finally:
+            await consumer.stop()
+
+
+class ProjectionSampler:
+    """How many finished turns the projections show, sampled every ``every_s``."""
+
+    QUERY = "SELECT count(*) FROM turns WHERE outcome IS NOT NULL"
+
+    def __init__(self, case: Case, every_s: float = 0.05) -> None:
+        self.case = case
+        self.every_s = every_s
+        self.samples: list[tuple[float, int]] = []
+        self._conn: Any = None
+
+    def count(self) -> int:
+        if self.case.kafka:
+            import psycopg
+
+            if self._conn is None:
+                options = f"-c search_path={self.case.schema}"
+                self._conn = psycopg.connect(str(self.case.postgres), options=options, autocommit=True)
+            row = self._conn.execute(self.QUERY).fetchone()
+        else:
+            with contextlib.closing(sqlite3.connect(self.case.home / "projections.db", timeout=30)) as db:
+                try:
+                    row = db.execute(self.QUERY).fetchone()
+                except sqlite3.OperationalError:  # not created yet
+                    row = (0,)
+        return int(row[0]) if row else 0
+
+    async def run(self) -> None:
+        try:
+            while True:
+                count = await asyncio.to_thread(self.count)
+                self.samples.append((time.perf_counter(), count))
+                await asyncio.sleep(self.every_s)
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    def lag(self, base: int, finished_at: list[float]) -> list[float]:
+        """For the k-th finished turn: when the projections showed k (beyond ``base``) minus
+        when the log had it."""
+        lags, i = [], 0
+        for k, seen in enumerate(sorted(finished_at), start=1):
+            while i < len(self.samples) and self.samples[i][1] - base < k:
+                i += 1
+            if i == len(self.samples):
+                break
+            lags.append(max(0.0, self.samples[i][0] - seen))
+        return lags
+
+
+@dataclass
+class Case:
+    name: str
+    home: Path
+    kafka: str | None = None
+    postgres: str | None = None
+    topic: str = ""
+    schema: str = ""
+    workers: int = 0
+
+
+async def create_sessions(client: httpx.AsyncClient, count: int) -> list[str]:
+    async def one(i: int) -> str:
+        response = await client.post("/v1/sessions", json={"agent": "bench"})
+        response.raise_for_status()
+        return str(response.json()["session_id"])
+
+    sessions: list[str] = []
+    for start in range(0, count, 50):
+        sessions += await asyncio.gather(*(one(i) for i in range(start, min(count, start + 50))))
+    return sessions
+
+
+async def post(client: httpx.AsyncClient, sid: str, message_id: str) -> None:
+    for _ in range(200):  # on Kafka a just-created session is sequenced by its owner first
+        response = await client.post(
+            f"/v1/sessions/{sid}/messages", json={"text": "Where is order A-1?", "message_id": message_id}
+        )
+        if response.status_code != 404:
+            response.raise_for_status()
+            return
+        await asyncio.sleep(0.05)
+    raise SystemExit(f"session {sid} never appeared on the log")
+
+
+async def converse(client: httpx.AsyncClient, watcher: LogWatcher, sid: str, turns: int) -> None:
+    for t in range(turns):
+        message_id = f"{sid}-t{t}"
+        turn = watcher.expect(message_id)
+        turn.posted = time.perf_counter()
+        await post(client, sid, message_id)
+        await turn.ended
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {
+        "p50": round(statistics.median(ordered) * 1000, 1),
+        "p95": round(ordered[max(0, int(len(ordered) * 0.95) - 1)] * 1000, 1),
+        "max": round(ordered[-1] * 1000, 1),
+    }
+
+
+async def drive(case: Case, port: int, sessions: int, turns: int, latency: float) -> dict[str, Any]:
+    watcher, sampler = LogWatcher(case), ProjectionSampler(case)
+    key = (case.home / "key.txt").read_text().strip()
+    headers = {"Authorization": f"Bearer {key}"}
+    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=120, limits=limits
+    ) as client:
+        following = [asyncio.create_task(watcher.run()), asyncio.create_task(sampler.run())]
+        try:
+            (warm,) = await create_sessions(client, 1)  # the whole path once, before the clock
+            await converse(client, watcher, warm, 1)
+            sids = [s for s in await create_sessions(client, sessions + 1) if s != warm][:sessions]
+            base = await asyncio.to_thread(sampler.count)
+            started = time.perf_counter()
+            await asyncio.gather(*(converse(client, watcher, sid, turns) for sid in sids))
+            wall = time.perf_counter() - started
+            for _ in range(600):  # let the projections catch up, then measure their lag
+                if sampler.samples and sampler.samples[-1][1] - base >= sessions * turns:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            for task in following:
+                task.cancel()
+            await asyncio.gather(*following, return_exceptions=True)
+    measured = [t for mid, t in watcher.turns.items() if not mid.startswith(warm)]
+    floor = turns * CALLS_PER_TURN * latency
+    return {
+        "sessions": sessions,
+        "turns": len(measured),
+        "wall_s": round(wall, 2),
+        "floor_s": round(floor, 2),
+        "wall_over_floor": round(wall / floor, 2),
+        "turns_per_s": round(len(measured) / wall, 1),
+        "floor_turns_per_s": round(len(measured) / floor, 1),
+        "post_to_first_event_ms": percentiles([t.started - t.posted for t in measured]),
+        "post_to_turn_end_ms": percentiles([t.ended.result() - t.posted for t in measured]),
+        "turn_floor_ms": round(CALLS_PER_TURN * latency * 1000, 1),
+        "projector_lag_ms": percentiles(sampler.lag(base, watcher.finished_at[1:])),
+    }
+
+
+def make_key(home: Path) -> None:
+    from turnlog.serve import add_key
+
+    (home / "key.txt").write_text(add_key(home / "keys.toml", KEY_USER, "user"))
+
+
+async def run_case(case: Case, model_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    case.home.mkdir(parents=True, exist_ok=True)
+    make_key(case.home)
+    port = free_port()
+    common = ["--model-url", model_url]
+    gw_args = ["gateway", "--home", str(case.home), "--port", str(port), *common]
+    if case.kafka:
+        gw_args += ["--kafka", case.kafka, "--topic", case.topic, "--postgres", str(case.postgres)]
+        gw_args += ["--schema", case.schema]
+    with contextlib.ExitStack() as stack:
+        gw = stack.enter_context(process(*gw_args, name=f"{case.name}-gateway"))
+        await wait_accepting(port, gw, "the gateway")
+        for i in range(case.workers):
+            worker_args = ["worker", "--kafka", str(case.kafka), "--topic", case.topic, "--id", f"w{i}"]
+            stack.enter_context(process(*worker_args, *common, name=f"{case.name}-worker-{i}"))
+        print(f"{case.name}: {args.sessions} sessions x {args.turns} turns", file=sys.stderr, flush=True)
+        result = await drive(case, port, args.sessions, args.turns, args.latency)
+    if case.kafka:
+        from tests.services import delete_topics
+
+        await delete_topics(case.kafka, case.topic)
+    return result
+
+
+def cases(names: list[str], root: Path) -> list[Case]:
+    out = []
+    for name in names:
+        if name == "embedded":
+            out.append(Case(name, root / name))
+            continue
+        workers = int(name.split("-")[1])
+        out.append(
+            Case(
+                name,
+                root / name,
+                kafka=os.environ["TURNLOG_KAFKA_BOOTSTRAP"],
+                postgres=os.environ["TURNLOG_POSTGRES_DSN"],
+                topic=f"bench.prod.{uuid.uuid4().hex[:8]}",
+                schema=f"bench_{uuid.uuid4().hex[:8]}",
+                workers=workers,
+            )
+        )
+    return out
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    rows = [
+        ("turns", lambda r: r["turns"]),
+        ("wall time (s) / floor (s)", lambda r: f"{r['wall_s']} / {r['floor_s']} ({r['wall_over_floor']}x)"),
+        ("turns/s (floor)", lambda r: f"{r['turns_per_s']} ({r['floor_turns_per_s']})"),
+        ("POST -> first event p50 / p95 / max (ms)", lambda r: _ms(r["post_to_first_event_ms"])),
+        ("POST -> turn end p50 / p95 / max (ms)", lambda r: _ms(r["post_to_turn_end_ms"])),
+        ("turn floor (ms)", lambda r: r["turn_floor_ms"]),
+        ("projector lag p50 / p95 / max (ms)", lambda r: _ms(r["projector_lag_ms"])),
+    ]
+    names = list(results)
+    out = ["| measure | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for label, cell in rows:
+        out.append(f"| {label} | " + " | ".join(str(cell(results[n])) for n in names) + " |")
+    return "\n".join(out)
+
+
+def _ms(p: dict[str, float]) -> str:
+    return f"{p.get('p50', '-')} / {p.get('p95', '-')} / {p.get('max', '-')}"
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    port = free_port()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="turnlog-bench-") as tmp, process(
+        "model-server", "--port", str(port), "--latency", str(args.latency), name="model"
+    ) as model:
+        await wait_accepting(port, model, "the model server")
+        for case in cases(args.cases.split(","), Path(tmp)):
+            results[case.name] = await run_case(case, f"http://127.0.0.1:{port}/v1", args)
+            print(json.dumps(results[case.name]), file=sys.stderr, flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command")
+    ms = sub.add_parser("model-server")
+    ms.add_argument("--port", type=int, required=True)
+    ms.add_argument("--latency", type=float, required=True)
+    gw = sub.add_parser("gateway")
+    for p in (gw, wk := sub.add_parser("worker")):
+        p.add_argument("--model-url", required=True)
+        p.add_argument("--kafka")
+        p.add_argument("--topic", default="")
+    gw.add_argument("--home", required=True)
+    gw.add_argument("--port", type=int, required=True)
+    gw.add_argument("--postgres")
+    gw.add_argument("--schema", default="")
+    wk.add_argument("--id", required=True)
+    parser.add_argument("--sessions", type=int, default=500)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--cases", default="embedded,kafka-1,kafka-2")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "production.json")
+    args = parser.parse_args()
+    if args.command == "model-server":
+        model_server(args.port, args.latency)
+    elif args.command == "gateway":
+        gateway(args)
+    elif args.command == "worker":
+        asyncio.run(worker(args))
+    else:
+        results = asyncio.run(run(args))
+        load = os.getloadavg()
+        settings = {"sessions": args.sessions, "turns": args.turns, "latency_s": args.latency}
+        args.out.write_text(json.dumps({"settings": settings, "results": results, "loadavg": load}, indent=1))
+        print(table(results))
+        print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
