@@ -197,14 +197,20 @@ class OpenAICompatibleModel(Model):
         yield self._response(state, request)
 
     async def _open(self, request: ModelRequest) -> Any:
+        # The history and the tools are plain JSON already: they go in ``extra_body`` (the SDK's
+        # documented way to send JSON as is), because the SDK's typed transform walks every
+        # message of every request (a few ms a call, growing with the history); ``messages``
+        # then only satisfies the signature and ``extra_body`` overrides it.
+        body: dict[str, Any] = {"messages": to_openai_messages(request.messages)}
+        if request.tools:
+            body["tools"] = to_openai_tools(request.tools)
         kwargs: dict[str, Any] = {
             "model": self.provider_model,
-            "messages": to_openai_messages(request.messages),
+            "messages": [],
             "stream": True,
             "stream_options": {"include_usage": True},
+            "extra_body": body,
         }
-        if request.tools:
-            kwargs["tools"] = to_openai_tools(request.tools)
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
         if self.max_tokens is not None:
