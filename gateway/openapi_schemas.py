@@ -9,10 +9,14 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+NO_NUL = "^[^\\u0000]*$"
+"""Text fields are stored as text, which cannot hold a NUL character."""
+
 NOTE = {
     "type": "string",
     "minLength": 1,
     "maxLength": 2000,
+    "pattern": NO_NUL,
     "description": "why; a rejection's note reaches the model",
 }
 
@@ -33,7 +37,7 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["agent"],
         "properties": {
-            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
+            "agent": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL},
             "role": {"type": "string", "enum": ["user", "admin"], "default": "user"},
             "metadata": {"type": "object"},
         },
@@ -58,9 +62,9 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "text": {
                 "type": "string",
-                "pattern": "\\S",
-                "maxLength": 8192,
-                "description": "not blank; at most the agent's max_message_bytes in UTF-8 (64 KiB default)",
+                "pattern": "^[^\\u0000]*\\S[^\\u0000]*$",
+                "description": "not blank, no NUL; at most the agent's max_message_bytes in UTF-8 "
+                "(64 KiB by default; 413 above it)",
             }
         },
     },
@@ -76,11 +80,11 @@ SCHEMAS: dict[str, Any] = {
     },
     "Finish": {
         "type": "object",
-        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500, "pattern": NO_NUL}},
     },
     "Cancel": {
         "type": "object",
-        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500, "pattern": NO_NUL}},
     },
     "Decision": {
         "description": "approve or reject as asked, or edit: run the call with new `arguments`",
@@ -103,13 +107,28 @@ SCHEMAS: dict[str, Any] = {
         ],
     },
     "BudgetDecision": {
-        "type": "object",
-        "required": ["decision"],
-        "properties": {
-            "decision": {"type": "string", "enum": ["raise", "stop"]},
-            "extra_micros": {"type": "integer", "minimum": 0, "description": "micro-dollars more (raise)"},
-            "note": NOTE,
-        },
+        "description": "raise the paused turn's allowance by `extra_micros`, or stop the turn",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["decision", "extra_micros"],
+                "properties": {
+                    "decision": {"type": "string", "const": "raise"},
+                    "extra_micros": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": 10**15,
+                        "description": "micro-dollars more",
+                    },
+                    "note": NOTE,
+                },
+            },
+            {
+                "type": "object",
+                "required": ["decision"],
+                "properties": {"decision": {"type": "string", "const": "stop"}, "note": NOTE},
+            },
+        ],
     },
     "AppendedEvent": {
         "type": "object",
@@ -141,7 +160,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["version"],
         "properties": {
             "version": {"type": "integer", "minimum": 1, "description": "a snapshot's version"},
-            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
+            "agent": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL},
         },
     },
     "Forked": {

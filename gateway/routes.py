@@ -16,14 +16,19 @@ from projections import queries
 from .access import appended, owned_state, projected, session_json, session_view
 from .admin_routes import AdminRoutes
 from .agui import AguiRoute
+from .auth import ROLES
+from .bodies import json_body
 from .control import ControlRoutes
-from .http import HttpError, int_param, json_body, principal_of, string_field
+from .http import HttpError, int_param, principal_of, string_field, whole_number
 from .model_request import sent_messages
 from .stream import SessionStream
 from .timeline import session_timeline
 
 if TYPE_CHECKING:
     from .service import Gateway
+
+MAX_STEP = 10**6
+"""Largest model call step a path may name (a turn makes at most a few dozen)."""
 
 
 class Routes:
@@ -84,12 +89,14 @@ class Routes:
 
     async def create_session(self, request: Request) -> Response:
         principal = principal_of(request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
+        body = await json_body(request, self.gw.limits)
         agent_id = string_field(body, "agent")
         role = string_field(body, "role", default="user", max_chars=20)
         if agent_id not in self.gw.api.agents:
             known = ", ".join(sorted(a.agent_id for a in self.gw.api.agents)) or "none"
             raise HttpError(422, "unknown_agent", f"no agent {agent_id!r}; known agents: {known}")
+        if role not in ROLES:
+            raise HttpError(422, "invalid_input", f"'role' must be one of {', '.join(ROLES)}, not {role!r}")
         if not principal.may_open(role):
             raise HttpError(
                 403,
@@ -143,9 +150,11 @@ class Routes:
     async def get_model_request(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
         turn_id, raw_step = request.path_params["turn_id"], request.path_params["step"]
-        if not raw_step.isdigit():
-            raise HttpError(422, "invalid_input", f"step must be a number (0, 1, ...), not {raw_step!r}")
-        step = int(raw_step)
+        step = whole_number(raw_step, 0, MAX_STEP)
+        if step is None:
+            raise HttpError(
+                422, "invalid_input", f"step must be a whole number in 0..{MAX_STEP}, not {raw_step[:40]!r}"
+            )
         sent = await sent_messages(self.gw.log, self.gw.api.agents, state.session_id, turn_id, step)
         if sent is None:
             raise HttpError(
@@ -155,7 +164,7 @@ class Routes:
 
     async def post_message(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
+        body = await json_body(request, self.gw.limits)
         text = body.get("text")
         if not isinstance(text, str):
             raise HttpError(422, "invalid_input", "'text' must be a string")
@@ -223,9 +232,11 @@ def _last_event_id(request: Request) -> int:
     raw = request.headers.get("last-event-id") or request.query_params.get("after")
     if raw is None or raw == "":
         return -1
-    try:
-        return int(raw)
-    except ValueError:
+    position = whole_number(raw, -1, 2**62)
+    if position is None:
         raise HttpError(
-            400, "bad_last_event_id", f"Last-Event-ID must be a log position (an integer), not {raw!r}"
-        ) from None
+            400,
+            "bad_last_event_id",
+            f"Last-Event-ID must be a log position (a whole number >= -1), not {raw[:40]!r}",
+        )
+    return position

@@ -2,7 +2,7 @@
 with what the projections do not hold.
 
 The projection rows (turns, model calls, tool calls, state changes, messages) get the log version
-they start at, so a reader can put them in order; model calls get their retries. Every event of
+they start at and come in log order (the order they happened); model calls get their retries. Every event of
 a kind the projections do not cover (approvals, guard stops, fallbacks, snapshots, cancels,
 forks, context and memory events, and any kind added later) is listed in ``events`` with its
 fields, so nothing on the log is missing from the timeline.
@@ -51,5 +51,15 @@ async def session_timeline(log: EventLog, store: ProjectionStore, session_id: st
         c["version"] = requested.get((c["turn_id"], c["call_id"]))
     for t in rows["turns"]:
         t["version"] = turn_started.get(t["turn_id"])
+    for name in ("turns", "model_calls", "tool_calls"):  # the tables order them by their random ids
+        rows[name].sort(key=_log_order)
     rows["events"] = [event_json(e) for e in events if type(e) not in PROJECTED]
     return rows
+
+
+def _log_order(row: dict[str, Any]) -> tuple[int, int]:
+    """Rows by the log version they start at; rows with none (direct tool invocations have no
+    request event) after them, by time."""
+    version = row.get("version")
+    at = int(row.get("started_at_ms") or row.get("created_at_ms") or 0)
+    return (0, version) if version is not None else (1, at)

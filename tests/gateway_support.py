@@ -24,7 +24,7 @@ from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, T
 from engine.models.fallback import FallbackModel
 from engine.models.pricing import Price, PriceTable
 from engine.models.scripted import FunctionModel, call, reply
-from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal
+from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal, server_config
 from projections import SqliteProjectionStore
 
 KEYS = {
@@ -192,7 +192,7 @@ def serve_gateway(home: Path, limits: Limits | None = None, **config: Any) -> It
     sock.bind(("127.0.0.1", 0))
     port = int(sock.getsockname()[1])
     server = uvicorn.Server(
-        uvicorn.Config(gw.app(), log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+        server_config(gw.app(), gw.limits, log_level="warning", access_log=False, timeout_graceful_shutdown=3)
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gateway", daemon=True)
     thread.start()
