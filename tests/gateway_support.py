@@ -47,6 +47,11 @@ PRICES = PriceTable(
 """Dollars per million tokens for the support agent's model, so its calls have a cost."""
 
 
+POLLING_LIMITS = Limits(requests_per_second=1000, burst=1000)
+"""The tests' default: they poll sessions to their next state, which is not a test of the request
+rate (tests/test_gateway_http.py tests the rate limit with its own Limits)."""
+
+
 def auth(user: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[user]}"}
 
@@ -168,7 +173,7 @@ def build_gateway(
         SqliteProjectionStore(home / "projections.db"),
         agents,
         keys,
-        GatewayConfig(limits=limits or Limits(), poll_s=0.2, ping_s=5, **config),
+        GatewayConfig(limits=limits or POLLING_LIMITS, poll_s=0.2, ping_s=5, **config),
     )
     return gw, model, refunds
 
