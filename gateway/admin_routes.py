@@ -40,7 +40,7 @@ class AdminRoutes:
             agent_id=params.get("agent"),
             limit=limit,
         )
-        return JSONResponse({"sessions": [session_json(r) for r in rows]})
+        return JSONResponse({"sessions": [session_json(r, self.gw.api.agents) for r in rows]})
 
     async def force_finish(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)

@@ -248,6 +248,12 @@ SCHEMAS: dict[str, Any] = {
             "turns": {"type": "integer"},
             "input_tokens": {"type": "integer"},
             "output_tokens": {"type": "integer"},
+            "cost_micros": {"type": "integer", "description": "micro-dollars spent (0 when unpriced)"},
+            "priced": {
+                "type": "boolean",
+                "description": "whether the agent's price table prices the session's model; when it does "
+                "not, a cost of 0 means unknown",
+            },
             "closed": {"type": "boolean"},
             "close_reason": {"type": "string"},
             "start_time_ms": {"type": "integer"},
@@ -278,12 +284,26 @@ SCHEMAS: dict[str, Any] = {
     },
     "Timeline": {
         "type": "object",
-        "required": ["session", "messages", "turns", "model_calls", "tool_calls", "state_changes", "events"],
+        "required": [
+            "session",
+            "messages",
+            "turns",
+            "model_calls",
+            "tool_calls",
+            "state_changes",
+            "events",
+            "position",
+        ],
         "properties": {
             "session": ref("Session"),
             **{
                 name: {"type": "array", "items": {"type": "object"}}
                 for name in ("messages", "turns", "model_calls", "tool_calls", "state_changes")
+            },
+            "position": {
+                "type": "integer",
+                "description": "log position of the session's last event: follow the event stream from it "
+                "with ?after=",
             },
             "events": {
                 "type": "array",

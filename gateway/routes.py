@@ -3,12 +3,11 @@ or read the projections, answer JSON (or an event stream)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from projections import queries
@@ -23,6 +22,7 @@ from .http import HttpError, int_param, principal_of, string_field, whole_number
 from .model_request import sent_messages
 from .stream import SessionStream
 from .timeline import session_timeline
+from .viewer import viewer_page
 
 if TYPE_CHECKING:
     from .service import Gateway
@@ -128,7 +128,7 @@ class Routes:
         limit = int_param(request, "limit", 50, 1, 500)
         await self.gw.projector.catch_up()
         rows = queries.list_sessions(self.gw.store, user_id=principal.user, limit=limit)
-        return JSONResponse({"sessions": [session_json(r) for r in rows]})
+        return JSONResponse({"sessions": [session_json(r, self.gw.api.agents) for r in rows]})
 
     async def get_session(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
@@ -144,7 +144,9 @@ class Routes:
     async def get_timeline(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
         session = await session_view(self.gw, state)
-        rows = await session_timeline(self.gw.log, self.gw.store, state.session_id)
+        rows = await session_timeline(
+            self.gw.log, self.gw.store, self.gw.api.agents, state.session_id, state.agent_id
+        )
         return JSONResponse({"session": session, **rows})
 
     async def get_model_request(self, request: Request) -> Response:
@@ -204,17 +206,6 @@ class Routes:
         from .openapi import document
 
         return JSONResponse(document([a.agent_id for a in self.gw.api.agents]))
-
-
-VIEWER_HTML = (Path(__file__).parent / "viewer.html").read_text()
-
-
-async def viewer_page(request: Request) -> Response:
-    """The trace viewer: static code that holds no data (the one route without a key); every
-    request it makes carries the key typed into it, and sees what that key may see."""
-    return HTMLResponse(
-        VIEWER_HTML, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
-    )
 
 
 def _by_method(handlers: dict[str, Any]) -> Any:

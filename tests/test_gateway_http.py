@@ -178,7 +178,7 @@ async def test_bad_input_gets_a_specific_4xx_and_writes_nothing(running: Running
             assert (response.status_code, response.json()["error"]) == (status, code), kwargs
         unknown = await client.post("/v1/sessions", json={"agent": "nope"}, headers=auth("alice"))
         assert unknown.status_code == 422
-        assert "known agents: metered, refunds, support" in unknown.json()["detail"]
+        assert "known agents: logistics-assistant, metered, refunds, support" in unknown.json()["detail"]
         bad_id = await client.get(
             f"/v1/sessions/{sid}/events", headers={**auth("alice"), "Last-Event-ID": "x"}
         )
