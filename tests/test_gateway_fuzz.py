@@ -20,6 +20,7 @@ the log, no connection outlives its read timeout, and the server answers normall
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, Iterator
@@ -260,13 +261,24 @@ async def exchange(port: int, sent: bytes, trickle: bytes = b"") -> tuple[bytes,
     await writer.drain()
     dripping = asyncio.create_task(drip())
     try:
-        answer = await asyncio.wait_for(reader.read(), 30)  # until the server closes it
+        answer = await asyncio.wait_for(read_until_closed(reader), 30)
     except TimeoutError:
         raise AssertionError(f"the server kept a slow connection open for 30 s: sent {sent[:80]!r}") from None
     finally:
         dripping.cancel()
         writer.close()
     return answer, trickled
+
+
+async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
+    """What the server sent before it closed the connection. A close with our bytes still unread
+    (a body cut off mid-upload) is a reset: what arrived before it is kept (StreamReader.read()
+    would drop it with the exception)."""
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := await reader.read(65536):
+            answer += chunk
+    return answer
 
 
 def status_and_body(answer: bytes) -> tuple[int, dict[str, Any]]:
