@@ -49,7 +49,12 @@ def write_boolean(out: bytearray, v: Any) -> None:
 def write_string(out: bytearray, s: Any) -> None:
     if not isinstance(s, str):
         raise TypeError(f"must be a string, got {s!r}")
-    data = s.encode("utf-8")
+    try:
+        data = s.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 for it, so no Avro string
+        raise ValueError(
+            f"is not valid Unicode text: a lone surrogate U+{ord(s[exc.start]):04X} at position {exc.start}"
+        ) from None
     if len(data) < 64:
         out.append(len(data) << 1)
     else:
@@ -97,7 +102,7 @@ def _record(schema: dict[str, Any], named: dict[str, Any], inline: frozenset[str
             values = values_of(obj)
             for writer, value in zip(writers, values, strict=True):
                 writer(out, value)
-        except (TypeError, OverflowError, AttributeError):
+        except (TypeError, ValueError, OverflowError, AttributeError):
             _explain(schema, fields, obj)  # raises naming the field
             raise
 
@@ -127,7 +132,7 @@ def _explain(schema: dict[str, Any], fields: list[tuple[str, Writer]], obj: Any)
             raise TypeError(f"field {name}: {obj!r} is not a {schema['name']}")
         try:
             writer(bytearray(), getattr(obj, name))
-        except (TypeError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise type(exc)(f"field {name}: {exc}") from None
 
 

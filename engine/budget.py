@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from . import events as ev
-from .errors import ApprovalError, ConfigurationError
+from .errors import ConfigurationError, InputError, NotAwaitingBudgetError
 from .fold import SessionState
 from .models.pricing import format_micros
 from .states import Cause, SessionStatus
@@ -113,15 +113,18 @@ def add_budget_decision(
     w: SessionWriter, decision: BudgetDecision, *, extra_micros: int = 0, note: str = "", actor: str = "user"
 ) -> None:
     """Raise the paused turn's allowance by ``extra_micros`` and go on, or stop the turn. Raises
-    ApprovalError when no turn waits on a budget."""
+    NotAwaitingBudgetError when no turn waits on a budget, InputError for a decision that is not
+    one."""
     state = w.state
     turn = state.turn
-    if turn is None or not turn.budget_pause or state.status is not SessionStatus.PAUSED_FOR_USER:
-        raise ApprovalError(f"session {state.session_id}: no turn is waiting for a budget decision")
     if decision not in ("raise", "stop"):
-        raise ApprovalError(f"a budget decision is 'raise' or 'stop', not {decision!r}")
+        raise InputError(f"a budget decision is 'raise' or 'stop', not {decision!r}")
     if decision == "raise" and extra_micros <= 0:
-        raise ApprovalError("raising a budget needs extra_micros > 0 (micro-dollars the turn may spend more)")
+        raise InputError("raising a budget needs extra_micros > 0 (micro-dollars the turn may spend more)")
+    if turn is None or not turn.budget_pause or state.status is not SessionStatus.PAUSED_FOR_USER:
+        raise NotAwaitingBudgetError(
+            f"session {state.session_id} ({state.status}): no turn is waiting for a budget decision"
+        )
     tid = turn.turn_id
     level = turn.budget_pause
     w.add(

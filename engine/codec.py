@@ -142,7 +142,7 @@ def encode(event: Event) -> bytes:
     out += codec.fingerprint
     try:
         codec.writer(out, event)
-    except (TypeError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise EventEncodeError(f"{event.type} v{event.version} does not fit its schema: {exc}") from exc
     return bytes(out)
 

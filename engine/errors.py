@@ -17,6 +17,7 @@
     │   ├── SessionClosedError
     │   ├── IllegalTransitionError
     │   ├── ApprovalError         no such tool call waits for the user's decision
+    │   ├── NotAwaitingBudgetError no turn waits for a budget decision
     │   ├── SnapshotNotFoundError no snapshot at the version an admin named
     │   └── NoTurnRunningError    a cancel with no running turn to stop
     ├── InputError                a caller's input is unusable (too large, empty)
@@ -139,6 +140,10 @@ class IllegalTransitionError(SessionError):
 
 class ApprovalError(SessionError):
     """A decision names a tool call that is not waiting for one."""
+
+
+class NotAwaitingBudgetError(SessionError):
+    """A budget decision for a session with no turn paused on its budget."""
 
 
 class SnapshotNotFoundError(SessionError):

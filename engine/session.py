@@ -30,6 +30,7 @@ from .log.base import EventLog
 from .messages import ChatMessage
 from .states import SessionStatus
 from .stream import StreamItem
+from .text import text_problem
 from .tools import ToolOutcome, approvals, invoke
 from .tools.permissions import tools_for_role
 from .turn import TurnRunner
@@ -121,11 +122,15 @@ class AgentSessions:
         return submitted
 
     def check_message(self, state: SessionState, text: str) -> None:
-        """Raise what posting ``text`` to the session would raise: closed, empty, too large."""
+        """Raise what posting ``text`` to the session would raise: closed, empty, not valid
+        Unicode text (a lone surrogate, a NUL), too large."""
         if state.closed:
             raise SessionClosedError(state.session_id, state.close_reason)
         if not text.strip():
             raise InputError("the message is empty; send some text")
+        problem = text_problem(text)
+        if problem is not None:
+            raise InputError(f"the message holds {problem}; send UTF-8 text without NUL characters")
         size = len(text.encode("utf-8"))
         limit = self.agents.get(state.agent_id).max_message_bytes
         if size > limit:

@@ -4,6 +4,7 @@ limits, and the logs, metrics and traces derived from the event stream."""
 from .auth import KeyStore, Principal, hash_key, new_key
 from .hub import LiveHub
 from .limits import Limits
+from .server import server_config
 from .service import Gateway, GatewayConfig
 from .stream import SessionStream, StreamMessage
 
@@ -18,4 +19,5 @@ __all__ = [
     "StreamMessage",
     "hash_key",
     "new_key",
+    "server_config",
 ]

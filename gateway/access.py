@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from starlette.requests import Request
 
 from engine import events as ev
+from engine.agent import AgentDirectory
 from engine.errors import SessionNotFoundError
 from engine.fold import SessionState
 
@@ -43,7 +44,7 @@ async def projected(gw: Gateway, state: SessionState) -> dict[str, Any]:
         row = gw.store.session(state.session_id)
     if row is None:
         raise not_found(state.session_id)
-    return session_json(row)
+    return session_json(row, gw.api.agents)
 
 
 async def session_view(gw: Gateway, state: SessionState) -> dict[str, Any]:
@@ -53,10 +54,21 @@ async def session_view(gw: Gateway, state: SessionState) -> dict[str, Any]:
     return {**row, "turn_running": state.turn is not None, "pending_approvals": pending_approvals(state)}
 
 
-def session_json(row: dict[str, Any]) -> dict[str, Any]:
+def session_json(row: dict[str, Any], agents: AgentDirectory) -> dict[str, Any]:
+    """A sessions row as JSON, with ``priced``: whether its cost is known (see ``priced``)."""
     out = dict(row)
     out["closed"] = bool(out.get("closed"))
+    out["priced"] = priced(agents, str(out["agent_id"]), str(out["model_name"]))
     return json.loads(json.dumps(out))
+
+
+def priced(agents: AgentDirectory, agent_id: str, model: str) -> bool:
+    """Whether the agent's price table prices ``model``. A call of an unpriced model records a
+    cost of 0, which means "unknown", not "free"; readers show it so."""
+    if agent_id not in agents:
+        return False
+    prices = agents.get(agent_id).prices
+    return prices is not None and prices.price_for(model) is not None
 
 
 def pending_approvals(state: SessionState) -> list[dict[str, Any]]:

@@ -14,7 +14,8 @@ from engine.fold import SessionState
 from projections import queries
 
 from .access import appended, event_json, owned_state, pending_approvals, projected, session_json
-from .http import HttpError, int_field, int_param, json_body, principal_of, string_field
+from .bodies import json_body
+from .http import HttpError, int_field, int_param, principal_of, string_field
 
 if TYPE_CHECKING:
     from .service import Gateway
@@ -39,11 +40,11 @@ class AdminRoutes:
             agent_id=params.get("agent"),
             limit=limit,
         )
-        return JSONResponse({"sessions": [session_json(r) for r in rows]})
+        return JSONResponse({"sessions": [session_json(r, self.gw.api.agents) for r in rows]})
 
     async def force_finish(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
+        body = await json_body(request, self.gw.limits)
         reason = string_field(body, "reason", default="finished by an admin", max_chars=500)
         await self.gw.api.force_finish(state.session_id, reason, actor=principal_of(request).user)
         for record in await self.gw.log.read_session_records(state.session_id, state.version):
@@ -61,7 +62,7 @@ class AdminRoutes:
         """A new session (the origin's user owns it) from the snapshot at ``version``, optionally
         with another agent; the origin is never touched."""
         state = await owned_state(self.gw, request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
+        body = await json_body(request, self.gw.limits)
         version = int_field(body, "version", low=1)
         agent_id = body.get("agent")
         model = None

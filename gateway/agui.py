@@ -48,7 +48,8 @@ from engine import events as ev
 from engine.errors import SessionNotFoundError
 from engine.stream import ModelDelta
 
-from .http import HttpError, json_body, principal_of
+from .bodies import json_body
+from .http import HttpError, principal_of
 from .stream import SessionStream
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ class AguiRoute:
         if agent_id not in self.gw.api.agents:
             raise HttpError(404, "not_found", f"no agent {agent_id!r}")
         try:
-            run = RunAgentInput.model_validate(await json_body(request, self.gw.limits.max_message_bytes))
+            run = RunAgentInput.model_validate(await json_body(request, self.gw.limits))
         except ValidationError as exc:
             raise HttpError(422, "invalid_input", f"not a RunAgentInput: {exc.errors()[0]['msg']}") from None
         text = _user_text(run)

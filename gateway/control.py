@@ -17,13 +17,16 @@ from engine.fold import SessionState
 from engine.tools.approvals import Decision
 
 from .access import appended, owned_state
-from .http import HttpError, json_body, optional_string, principal_of
+from .bodies import json_body
+from .http import HttpError, int_field, optional_string, principal_of
 
 if TYPE_CHECKING:
     from .service import Gateway
 
 DECISIONS: tuple[str, ...] = get_args(Decision)
 BUDGET_DECISIONS: tuple[str, ...] = get_args(BudgetDecision)
+MAX_EXTRA_MICROS = 10**15
+"""The most a budget may be raised by at once: a billion dollars, in micro-dollars."""
 
 
 class ControlRoutes:
@@ -33,7 +36,7 @@ class ControlRoutes:
     async def cancel(self, request: Request) -> Response:
         """Stop the running turn at its next step boundary (CANCELLED, what ran is kept)."""
         state = await owned_state(self.gw, request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
+        body = await json_body(request, self.gw.limits)
         reason = optional_string(body, "reason")
         actor, reason = self._actor(request, state, reason)
         event = await self.gw.api.cancel(state.session_id, reason, actor=actor)
@@ -46,7 +49,7 @@ class ControlRoutes:
         The cancel goes first so it can only ever stop the turn that was running: a message
         appended first could start its own turn before the cancel lands."""
         state = await owned_state(self.gw, request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
+        body = await json_body(request, self.gw.limits)
         text = body.get("text")
         if not isinstance(text, str):
             raise HttpError(422, "invalid_input", "'text' must be a string")
@@ -66,7 +69,7 @@ class ControlRoutes:
         """Approve, edit (new arguments, validated against the tool) or reject a paused call."""
         state = await owned_state(self.gw, request)
         call_id = request.path_params["call_id"]
-        body = await json_body(request, self.gw.limits.max_message_bytes)
+        body = await json_body(request, self.gw.limits)
         decision = body.get("decision")
         if decision not in DECISIONS:
             raise HttpError(422, "invalid_input", f"'decision' must be one of {', '.join(DECISIONS)}")
@@ -92,17 +95,13 @@ class ControlRoutes:
     async def decide_budget(self, request: Request) -> Response:
         """Raise the allowance of a turn paused on its budget (``extra_micros`` more) or stop it."""
         state = await owned_state(self.gw, request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
+        body = await json_body(request, self.gw.limits)
         decision = body.get("decision")
         if decision not in BUDGET_DECISIONS:
             raise HttpError(422, "invalid_input", f"'decision' must be one of {', '.join(BUDGET_DECISIONS)}")
-        extra = body.get("extra_micros", 0)
-        if isinstance(extra, float) and extra.is_integer():  # JSON Schema's integer allows 17.0
-            extra = int(extra)
-        if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
-            raise HttpError(
-                422, "invalid_input", "'extra_micros' must be a whole number of micro-dollars >= 0"
-            )
+        extra = int_field({"extra_micros": 0, **body}, "extra_micros", high=MAX_EXTRA_MICROS)
+        if decision == "raise" and extra == 0:
+            raise HttpError(422, "invalid_input", "raising a budget needs 'extra_micros' > 0 (micro-dollars)")
         if state.closed:
             raise SessionClosedError(state.session_id, state.close_reason)
         events = await self.gw.api.post_budget_decision(

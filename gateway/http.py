@@ -1,12 +1,16 @@
-"""HTTP plumbing shared by the routes: error answers, authentication, limits, JSON bodies."""
+"""HTTP plumbing shared by the routes: error answers (the routes' own, the router's and the last
+resort's, all ``{"error", "detail"}``), authentication, limits, security headers."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Awaitable, Callable
 
+import structlog
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.errors import (
     ApprovalError,
@@ -15,6 +19,7 @@ from engine.errors import (
     InvalidArgumentsError,
     LogUnavailableError,
     MessageTooLargeError,
+    NotAwaitingBudgetError,
     NoTurnRunningError,
     SessionClosedError,
     SessionNotFoundError,
@@ -22,11 +27,20 @@ from engine.errors import (
     SnapshotNotFoundError,
     TurnlogError,
 )
+from engine.text import text_problem
 
 from .auth import KeyStore, Principal
 from .limits import Limits, RateLimiter
 
 Handler = Callable[[Request], Awaitable[Response]]
+log = structlog.get_logger("turnlog.gateway")
+
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+)
+"""Sent with every answer; the viewer page adds its Content-Security-Policy."""
 
 
 class HttpError(Exception):
@@ -40,8 +54,56 @@ class HttpError(Exception):
         self.headers = headers or {}
 
 
-def error_response(exc: HttpError) -> JSONResponse:
-    return JSONResponse({"error": exc.code, "detail": exc.detail}, exc.status, headers=exc.headers)
+def error_response(exc: HttpError) -> Response:
+    """The one shape of every refusal. ASCII-escaped JSON, so no detail can fail to encode."""
+    body = json.dumps({"error": exc.code, "detail": exc.detail})
+    return Response(body, exc.status, headers=exc.headers, media_type="application/json")
+
+
+async def router_error(request: Request, exc: Exception) -> Response:
+    """The router's own refusals (no such path, a method the path does not take) in our shape."""
+    assert isinstance(exc, HTTPException)
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        error = HttpError(404, "not_found", f"no route {where}; /openapi.json lists the routes")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        detail = f"{request.url.path} does not take {request.method}; it takes {allowed}"
+        error = HttpError(405, "method_not_allowed", detail)
+    else:
+        error = HttpError(exc.status_code, "bad_request", str(exc.detail))
+    error.headers.update(exc.headers or {})
+    return error_response(error)
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """The last resort: a bug. Logged with its traceback; the client gets our shape, no internals."""
+    log.error("gateway.internal_error", method=request.method, path=request.url.path, exc_info=exc)
+    return error_response(
+        HttpError(500, "internal", "the gateway failed on this request; the error is in its log")
+    )
+
+
+class SecurityHeaders:
+    """ASGI middleware: ``SECURITY_HEADERS`` on every answer that does not set them itself."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [h for h in SECURITY_HEADERS if h[0] not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def not_found(session_id: str) -> HttpError:
@@ -56,6 +118,7 @@ ENGINE_ERRORS: tuple[tuple[type[TurnlogError], int, str], ...] = (
     (SessionClosedError, 409, "session_closed"),
     (NoTurnRunningError, 409, "no_turn_running"),
     (ApprovalError, 409, "not_awaiting_approval"),
+    (NotAwaitingBudgetError, 409, "not_awaiting_budget"),
     (SnapshotNotFoundError, 404, "snapshot_not_found"),
     (SnapshotFormatError, 409, "snapshot_unreadable"),
     (LogUnavailableError, 503, "log_unavailable"),
@@ -72,6 +135,7 @@ def from_engine(exc: TurnlogError, session_id: str = "") -> HttpError:
         if isinstance(exc, kind):
             headers = {"Retry-After": "1"} if status == 503 else None
             return HttpError(status, code, str(exc), headers)
+    log.error("gateway.unmapped_engine_error", error=f"{type(exc).__name__}: {exc}")
     return HttpError(500, "internal", f"{type(exc).__name__}: {exc}")
 
 
@@ -104,14 +168,7 @@ class Guard:
         async def guarded(request: Request) -> Response:
             try:
                 principal = self.authenticate(request)
-                unknown = sorted(set(request.query_params) - set(query))
-                if unknown:
-                    takes = ", ".join(query) or "none"
-                    raise HttpError(
-                        422,
-                        "invalid_input",
-                        f"unknown query parameter {unknown[0]!r}; this route takes: {takes}",
-                    )
+                _check_query(request, query)
                 if admin and not principal.is_admin:
                     raise HttpError(403, "forbidden", "this route needs an API key with the admin role")
                 wait = self.rate.take(principal.user)
@@ -137,32 +194,16 @@ def principal_of(request: Request) -> Principal:
     return principal
 
 
-async def json_body(request: Request, max_bytes: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise _too_large(int(declared), max_bytes)
-    raw = await request.body()
-    if len(raw) > max_bytes:
-        raise _too_large(len(raw), max_bytes)
-    try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HttpError(400, "bad_json", f"the body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise HttpError(422, "invalid_input", "the body must be a JSON object")
-    return body
-
-
-def _too_large(size: int, limit: int) -> HttpError:
-    return HttpError(413, "body_too_large", f"the request body is {size} bytes; the limit is {limit}")
-
-
 def string_field(body: dict[str, Any], name: str, *, default: str | None = None, max_chars: int = 200) -> str:
+    """A string the log keeps as text: non-empty, bounded, no NUL (nor a lone surrogate)."""
     value = body.get(name, default)
     if not isinstance(value, str) or not value:
         raise HttpError(422, "invalid_input", f"'{name}' must be a non-empty string")
     if len(value) > max_chars:
         raise HttpError(422, "invalid_input", f"'{name}' is longer than {max_chars} characters")
+    problem = text_problem(value)
+    if problem is not None:
+        raise HttpError(422, "invalid_input", f"'{name}' holds {problem}; send plain text")
     return value
 
 
@@ -188,10 +229,33 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise HttpError(422, "invalid_input", f"query parameter '{name}' must be an integer") from None
-    if not low <= value <= high:
-        raise HttpError(422, "invalid_input", f"query parameter '{name}' must be in {low}..{high}")
+    value = whole_number(raw, low, high)
+    if value is None:
+        raise HttpError(
+            422, "invalid_input", f"query parameter '{name}' must be a whole number in {low}..{high}"
+        )
     return value
+
+
+def whole_number(raw: str, low: int, high: int) -> int | None:
+    """``raw`` as an integer in ``low..high``, or None. ASCII digits only (``int`` also takes
+    "١٢", " 12 " and "1_2"), and never more of them than the bounds have, so nothing huge is parsed."""
+    digits = raw[1:] if raw.startswith("-") and low < 0 else raw
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > len(str(max(-low, high))):
+        return None
+    value = int(raw)
+    return value if low <= value <= high else None
+
+
+def _check_query(request: Request, takes: tuple[str, ...]) -> None:
+    """Only the route's own query parameters, and no NUL in them (PostgreSQL text cannot hold one)."""
+    unknown = sorted(set(request.query_params) - set(takes))
+    if unknown:
+        raise HttpError(
+            422,
+            "invalid_input",
+            f"unknown query parameter {unknown[0]!r}; this route takes: {', '.join(takes) or 'none'}",
+        )
+    for name, value in request.query_params.multi_items():
+        if "\x00" in value:
+            raise HttpError(422, "invalid_input", f"query parameter {name!r} holds a NUL character")

@@ -1,4 +1,5 @@
-"""Per-user limits: a token-bucket request rate and a cap on open event streams."""
+"""The gateway's limits: request size, parse bounds, read timeouts, a token-bucket request rate per
+user and a cap on open event streams per user."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ class Limits:
     """Requests a user may make at once before the rate applies."""
     streams_per_user: int = 8
     """Event streams one user may hold open at once (429 above it)."""
+    max_json_depth: int = 32
+    """Deepest nesting of arrays and objects in a JSON body (400 above it)."""
+    max_number_chars: int = 40
+    """Longest number literal in a JSON body, in characters (400 above it)."""
+    max_header_bytes: int = 16 * 1024
+    """Largest request line plus headers (431 above it)."""
+    header_timeout_s: float = 10.0
+    """Time a connection has to send a whole request line and headers, from when it opens or its
+    previous answer ends; past it, 408 (or a silent close if nothing was sent)."""
+    body_timeout_s: float = 30.0
+    """Time a request has to send its whole body once its headers are in; past it, 408 and close."""
+    keep_alive_s: int = 5
+    """Idle time after an answer before a keep-alive connection is closed."""
 
 
 class RateLimiter:

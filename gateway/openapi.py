@@ -21,7 +21,8 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     text = {
-        400: "malformed request (bad JSON, bad Last-Event-ID)",
+        400: "malformed request: not JSON, JSON nested over 32 levels or with a number over 40 "
+        "characters, text that is not valid Unicode, a bad Last-Event-ID",
         401: "no or unknown API key",
         403: "the key's role does not allow this",
         404: "no such session, or not yours (the same answer)",
@@ -103,7 +104,12 @@ PATHS: dict[str, dict[str, Any]] = {
             "parameters": [
                 SESSION_ID,
                 {"name": "turn_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                {"name": "step", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}},
+                {
+                    "name": "step",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 0, "maximum": 10**6},
+                },
             ],
             "responses": {
                 "200": _json({"type": "object"}, "model, message_count, exact, messages"),

@@ -9,10 +9,14 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+NO_NUL = "^[^\\u0000]*$"
+"""Text fields are stored as text, which cannot hold a NUL character."""
+
 NOTE = {
     "type": "string",
     "minLength": 1,
     "maxLength": 2000,
+    "pattern": NO_NUL,
     "description": "why; a rejection's note reaches the model",
 }
 
@@ -33,7 +37,7 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["agent"],
         "properties": {
-            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
+            "agent": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL},
             "role": {"type": "string", "enum": ["user", "admin"], "default": "user"},
             "metadata": {"type": "object"},
         },
@@ -58,14 +62,15 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "text": {
                 "type": "string",
-                "pattern": "\\S",
-                "maxLength": 8192,
-                "description": "not blank; at most the agent's max_message_bytes in UTF-8 (64 KiB default)",
+                "pattern": "^[^\\u0000]*\\S[^\\u0000]*$",
+                "description": "not blank, no NUL; at most the agent's max_message_bytes in UTF-8 "
+                "(64 KiB by default; 413 above it)",
             },
             "message_id": {
                 "type": "string",
                 "minLength": 1,
                 "maxLength": 128,
+                "pattern": NO_NUL,
                 "description": (
                     "optional, chosen by the client: a retry with the same id is not taken twice "
                     "(the answer names the message already on the log)"
@@ -85,11 +90,11 @@ SCHEMAS: dict[str, Any] = {
     },
     "Finish": {
         "type": "object",
-        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500, "pattern": NO_NUL}},
     },
     "Cancel": {
         "type": "object",
-        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500}},
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 500, "pattern": NO_NUL}},
     },
     "Decision": {
         "description": "approve or reject as asked, or edit: run the call with new `arguments`",
@@ -112,13 +117,28 @@ SCHEMAS: dict[str, Any] = {
         ],
     },
     "BudgetDecision": {
-        "type": "object",
-        "required": ["decision"],
-        "properties": {
-            "decision": {"type": "string", "enum": ["raise", "stop"]},
-            "extra_micros": {"type": "integer", "minimum": 0, "description": "micro-dollars more (raise)"},
-            "note": NOTE,
-        },
+        "description": "raise the paused turn's allowance by `extra_micros`, or stop the turn",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["decision", "extra_micros"],
+                "properties": {
+                    "decision": {"type": "string", "const": "raise"},
+                    "extra_micros": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": 10**15,
+                        "description": "micro-dollars more",
+                    },
+                    "note": NOTE,
+                },
+            },
+            {
+                "type": "object",
+                "required": ["decision"],
+                "properties": {"decision": {"type": "string", "const": "stop"}, "note": NOTE},
+            },
+        ],
     },
     "AppendedEvent": {
         "type": "object",
@@ -150,7 +170,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["version"],
         "properties": {
             "version": {"type": "integer", "minimum": 1, "description": "a snapshot's version"},
-            "agent": {"type": "string", "minLength": 1, "maxLength": 200},
+            "agent": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL},
         },
     },
     "Forked": {
@@ -238,6 +258,12 @@ SCHEMAS: dict[str, Any] = {
             "turns": {"type": "integer"},
             "input_tokens": {"type": "integer"},
             "output_tokens": {"type": "integer"},
+            "cost_micros": {"type": "integer", "description": "micro-dollars spent (0 when unpriced)"},
+            "priced": {
+                "type": "boolean",
+                "description": "whether the agent's price table prices the session's model; when it does "
+                "not, a cost of 0 means unknown",
+            },
             "closed": {"type": "boolean"},
             "close_reason": {"type": "string"},
             "start_time_ms": {"type": "integer"},
@@ -268,12 +294,26 @@ SCHEMAS: dict[str, Any] = {
     },
     "Timeline": {
         "type": "object",
-        "required": ["session", "messages", "turns", "model_calls", "tool_calls", "state_changes", "events"],
+        "required": [
+            "session",
+            "messages",
+            "turns",
+            "model_calls",
+            "tool_calls",
+            "state_changes",
+            "events",
+            "position",
+        ],
         "properties": {
             "session": ref("Session"),
             **{
                 name: {"type": "array", "items": {"type": "object"}}
                 for name in ("messages", "turns", "model_calls", "tool_calls", "state_changes")
+            },
+            "position": {
+                "type": "integer",
+                "description": "log position of the session's last event: follow the event stream from it "
+                "with ?after=",
             },
             "events": {
                 "type": "array",

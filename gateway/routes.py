@@ -3,27 +3,33 @@ or read the projections, answer JSON (or an event stream)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.session import MAX_MESSAGE_ID_CHARS
 from projections import queries
 
 from .access import appended, owned_state, projected, session_json, session_view
 from .admin_routes import AdminRoutes
 from .agui import AguiRoute
+from .auth import ROLES
+from .bodies import json_body
 from .control import ControlRoutes
-from .http import HttpError, int_param, json_body, principal_of, string_field
+from .http import HttpError, int_param, principal_of, string_field, whole_number
 from .model_request import sent_messages
 from .stream import SessionStream
 from .timeline import session_timeline
+from .viewer import viewer_page
 
 if TYPE_CHECKING:
     from .service import Gateway
+
+MAX_STEP = 10**6
+"""Largest model call step a path may name (a turn makes at most a few dozen)."""
 
 
 class Routes:
@@ -84,12 +90,14 @@ class Routes:
 
     async def create_session(self, request: Request) -> Response:
         principal = principal_of(request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
+        body = await json_body(request, self.gw.limits)
         agent_id = string_field(body, "agent")
         role = string_field(body, "role", default="user", max_chars=20)
         if agent_id not in self.gw.api.agents:
             known = ", ".join(sorted(a.agent_id for a in self.gw.api.agents)) or "none"
             raise HttpError(422, "unknown_agent", f"no agent {agent_id!r}; known agents: {known}")
+        if role not in ROLES:
+            raise HttpError(422, "invalid_input", f"'role' must be one of {', '.join(ROLES)}, not {role!r}")
         if not principal.may_open(role):
             raise HttpError(
                 403,
@@ -123,7 +131,7 @@ class Routes:
         limit = int_param(request, "limit", 50, 1, 500)
         await self.gw.projector.catch_up()
         rows = queries.list_sessions(self.gw.store, user_id=principal.user, limit=limit)
-        return JSONResponse({"sessions": [session_json(r) for r in rows]})
+        return JSONResponse({"sessions": [session_json(r, self.gw.api.agents) for r in rows]})
 
     async def get_session(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
@@ -139,15 +147,19 @@ class Routes:
     async def get_timeline(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
         session = await session_view(self.gw, state)
-        rows = await session_timeline(self.gw.log, self.gw.store, state.session_id)
+        rows = await session_timeline(
+            self.gw.log, self.gw.store, self.gw.api.agents, state.session_id, state.agent_id
+        )
         return JSONResponse({"session": session, **rows})
 
     async def get_model_request(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
         turn_id, raw_step = request.path_params["turn_id"], request.path_params["step"]
-        if not raw_step.isdigit():
-            raise HttpError(422, "invalid_input", f"step must be a number (0, 1, ...), not {raw_step!r}")
-        step = int(raw_step)
+        step = whole_number(raw_step, 0, MAX_STEP)
+        if step is None:
+            raise HttpError(
+                422, "invalid_input", f"step must be a whole number in 0..{MAX_STEP}, not {raw_step[:40]!r}"
+            )
         sent = await sent_messages(self.gw.log, self.gw.api.agents, state.session_id, turn_id, step)
         if sent is None:
             raise HttpError(
@@ -157,12 +169,13 @@ class Routes:
 
     async def post_message(self, request: Request) -> Response:
         state = await owned_state(self.gw, request)
-        body = await json_body(request, self.gw.limits.max_message_bytes)
-        text, message_id = body.get("text"), body.get("message_id")
+        body = await json_body(request, self.gw.limits)
+        text = body.get("text")
         if not isinstance(text, str):
             raise HttpError(422, "invalid_input", "'text' must be a string")
-        if message_id is not None and not isinstance(message_id, str):
-            raise HttpError(422, "invalid_input", "'message_id' must be a string (1 to 128 characters)")
+        message_id = None
+        if body.get("message_id") is not None:  # the client's own id: a retry is taken once
+            message_id = string_field(body, "message_id", max_chars=MAX_MESSAGE_ID_CHARS)
         event = await self.gw.api.post_user_message(state.session_id, text, message_id=message_id)
         (written,) = await appended(self.gw, [event])
         return JSONResponse(
@@ -201,17 +214,6 @@ class Routes:
         return JSONResponse(document([a.agent_id for a in self.gw.api.agents]))
 
 
-VIEWER_HTML = (Path(__file__).parent / "viewer.html").read_text()
-
-
-async def viewer_page(request: Request) -> Response:
-    """The trace viewer: static code that holds no data (the one route without a key); every
-    request it makes carries the key typed into it, and sees what that key may see."""
-    return HTMLResponse(
-        VIEWER_HTML, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
-    )
-
-
 def _by_method(handlers: dict[str, Any]) -> Any:
     """One route per path, so a wrong method gets a 405 whose Allow lists every method of the path."""
 
@@ -227,9 +229,11 @@ def _last_event_id(request: Request) -> int:
     raw = request.headers.get("last-event-id") or request.query_params.get("after")
     if raw is None or raw == "":
         return -1
-    try:
-        return int(raw)
-    except ValueError:
+    position = whole_number(raw, -1, 2**62)
+    if position is None:
         raise HttpError(
-            400, "bad_last_event_id", f"Last-Event-ID must be a log position (an integer), not {raw!r}"
-        ) from None
+            400,
+            "bad_last_event_id",
+            f"Last-Event-ID must be a log position (a whole number >= -1), not {raw[:40]!r}",
+        )
+    return position

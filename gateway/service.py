@@ -16,6 +16,8 @@ from typing import AsyncIterator, Awaitable, Callable
 import structlog
 from opentelemetry.trace import TracerProvider
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 
 from consumers.analytics import GROUP as ANALYTICS_GROUP
 from consumers.analytics import AnalyticsConsumer
@@ -29,7 +31,7 @@ from projections import queries
 from projections.store import ProjectionStore
 
 from .auth import KeyStore
-from .http import Guard
+from .http import Guard, SecurityHeaders, internal_error, router_error
 from .hub import LiveHub
 from .limits import Limits, StreamCounter
 from .observe import GROUP as OBSERVE_GROUP
@@ -148,4 +150,11 @@ class Gateway:
             finally:
                 await self.stop()
 
-        return Starlette(routes=Routes(self).table(), lifespan=lifespan)
+        app = Starlette(
+            routes=Routes(self).table(),
+            middleware=[Middleware(SecurityHeaders)],
+            exception_handlers={HTTPException: router_error, Exception: internal_error},
+            lifespan=lifespan,
+        )
+        app.router.redirect_slashes = False  # "/v1/sessions/" is a 404, not a redirect before auth
+        return app

@@ -15,7 +15,6 @@ the AssistantMessage. A poll every ``poll_s`` catches up with writers in other p
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -24,6 +23,7 @@ from engine import events as ev
 from engine.log.base import EventLog, LogRecord
 from engine.stream import ModelDelta, StreamItem
 
+from .access import event_json
 from .hub import LiveHub
 
 PHASES: dict[str, str] = {
@@ -47,9 +47,10 @@ class StreamMessage:
 
 
 def event_payload(record: LogRecord) -> dict[str, Any]:
+    """The event's fields (a snapshot's or fork's state body as its size, ``state_json_chars``:
+    clients need the version, not the state), its log position and its phase."""
     event = record.event
-    body = dataclasses.asdict(event)
-    body["type"] = event.type
+    body = event_json(event)
     body["position"] = record.offset
     body["partition"] = record.partition
     phase = PHASES.get(event.type)

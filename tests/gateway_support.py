@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import socket
 import threading
@@ -24,7 +25,8 @@ from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, T
 from engine.models.fallback import FallbackModel
 from engine.models.pricing import Price, PriceTable
 from engine.models.scripted import FunctionModel, call, reply
-from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal
+from examples.logistics import SCRIPTED_TOOLS, LogisticsBackend, build_agent, demo_model
+from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal, server_config
 from projections import SqliteProjectionStore
 
 KEYS = {
@@ -34,10 +36,12 @@ KEYS = {
 }
 PRINCIPALS = {"alice": "user", "bob": "user", "root": "admin"}
 PARTITIONS = 4
-AGENTS = ["metered", "refunds", "support", "troubled"]
+AGENTS = ["logistics-assistant", "metered", "refunds", "support", "troubled"]
 """support: looks an order up (GatedModel); refunds: a refund that waits for the user's approval;
 troubled: its model fails and its backup repeats one tool call until the loop guard stops it;
-metered: a lookup, then its per-turn budget pauses the turn before the answer."""
+metered: a lookup, then its per-turn budget pauses the turn before the answer;
+logistics-assistant: the example agent as `turnlog serve` runs it (scripted model, no prices,
+a refund tool that waits for approval)."""
 PRICES = PriceTable(
     {
         "gated": Price(Decimal("3"), Decimal("0.3"), Decimal("15")),
@@ -45,6 +49,11 @@ PRICES = PriceTable(
     }
 )
 """Dollars per million tokens for the support agent's model, so its calls have a cost."""
+
+
+POLLING_LIMITS = Limits(requests_per_second=1000, burst=1000)
+"""The tests' default: they poll sessions to their next state, which is not a test of the request
+rate (tests/test_gateway_http.py tests the rate limit with its own Limits)."""
 
 
 def auth(user: str) -> dict[str, str]:
@@ -146,20 +155,24 @@ class RunningGateway:
     server: uvicorn.Server
     refunds: list[dict[str, Any]]
     """What the refunds agent's tool ran with, in order."""
+    shop: LogisticsBackend
+    """The logistics example's business system (its refunds, its outbox)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 def build_gateway(
     home: Path, limits: Limits | None = None, **config: Any
-) -> tuple[Gateway, GatedModel, list[dict[str, Any]]]:
+) -> tuple[Gateway, GatedModel, list[dict[str, Any]], LogisticsBackend]:
     model = GatedModel()
     refunds: list[dict[str, Any]] = []
+    shop = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
     agents = AgentDirectory(
         [
             Agent.build("support", model, [lookup], system_prompt="You help with orders.", prices=PRICES),
             refunds_agent(refunds),
             troubled_agent(),
             metered_agent(),
+            build_agent(demo_model(), shop, SCRIPTED_TOOLS),
         ]
     )
     keys = KeyStore.from_plain({KEYS[u]: Principal(u, role) for u, role in PRINCIPALS.items()})
@@ -168,9 +181,9 @@ def build_gateway(
         SqliteProjectionStore(home / "projections.db"),
         agents,
         keys,
-        GatewayConfig(limits=limits or Limits(), poll_s=0.2, ping_s=5, **config),
+        GatewayConfig(limits=limits or POLLING_LIMITS, poll_s=0.2, ping_s=5, **config),
     )
-    return gw, model, refunds
+    return gw, model, refunds, shop
 
 
 def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float = 20.0) -> None:
@@ -186,19 +199,20 @@ def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float 
 
 @contextlib.contextmanager
 def serve_gateway(home: Path, limits: Limits | None = None, **config: Any) -> Iterator[RunningGateway]:
-    gw, model, refunds = build_gateway(home, limits, **config)
+    gw, model, refunds, shop = build_gateway(home, limits, **config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = int(sock.getsockname()[1])
     server = uvicorn.Server(
-        uvicorn.Config(gw.app(), log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+        server_config(gw.app(), gw.limits, log_level="warning", access_log=False, timeout_graceful_shutdown=3)
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gateway", daemon=True)
     thread.start()
     try:
         _wait_until_accepting(port, thread)
-        yield RunningGateway(f"http://127.0.0.1:{port}", gw, model, home / "log.db", thread, server, refunds)
+        url = f"http://127.0.0.1:{port}"
+        yield RunningGateway(url, gw, model, home / "log.db", thread, server, refunds, shop)
     finally:
         model.gate.set()
         server.should_exit = True

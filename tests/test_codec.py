@@ -98,6 +98,13 @@ def test_defaults_round_trip() -> None:
     assert decoded.tool_calls == () and decoded.causation_id is None and decoded.producer == "turnlog"
 
 
+def test_text_that_is_not_valid_unicode_is_an_encode_error_naming_the_field() -> None:
+    event = ev.AssistantMessage(session_id="s", version=3, turn_id="t", message_id="m", text="ok \udc00")
+    expected = r"AssistantMessage v3 .* field text: .* U\+DC00 at position 3"
+    with pytest.raises(EventEncodeError, match=expected):
+        codec.encode(event)
+
+
 def test_largest_avro_long_round_trips() -> None:
     event = ev.SessionClosed(session_id="s", version=2**63 - 1, time_ms=-(2**63), reason="r")
     assert codec.decode(codec.encode(event)) == event

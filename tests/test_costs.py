@@ -286,16 +286,16 @@ async def test_a_pausing_budget_waits_for_the_user_to_raise_it_then_the_turn_goe
 
 
 async def test_a_pausing_budget_stopped_by_the_user_ends_the_turn_with_a_message(tmp_path: Path) -> None:
-    from engine.errors import ApprovalError
+    from engine.errors import InputError, NotAwaitingBudgetError
 
     budget = Budget(per_turn_micros=11_000, on_exceed="pause")
     agent = Agent.build("a", _tool_loop_model(Usage(100, 100)), [lookup], prices=PRICES, budget=budget)
     log, api = _api(tmp_path, agent)
     sid = (await api.create_session("a", "u")).session_id
-    with pytest.raises(ApprovalError, match="no turn is waiting for a budget decision"):
+    with pytest.raises(NotAwaitingBudgetError, match=r"\(IDLE\): no turn is waiting for a budget decision"):
         await api.post_budget_decision(sid, "raise", extra_micros=1)
     [e async for e in api.send_user_message(sid, "go")]
-    with pytest.raises(ApprovalError, match="extra_micros > 0"):
+    with pytest.raises(InputError, match="extra_micros > 0"):
         await api.post_budget_decision(sid, "raise")
     events = [e async for e in api.decide_budget(sid, "stop") if isinstance(e, ev.Event)]
     stop = next(e for e in events if isinstance(e, ev.StateChanged))

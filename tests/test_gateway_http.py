@@ -88,6 +88,8 @@ async def test_post_stream_disconnect_mid_turn_and_resume_with_last_event_id(run
     answer = next(r.event for r in records if isinstance(r.event, ev.AssistantMessage) and r.event.text)
     assert answer.text == running.model.first_half + running.model.second_half
 
+    snapshots = [m.json for m in streamed if m.event == "SnapshotTaken"]  # the version, not the state
+    assert snapshots and all("state_json" not in m and m["state_json_chars"] > 100 for m in snapshots)
     phases = [m.json.get("phase") for m in streamed if m.json.get("phase")]
     assert phases == [
         "turn.start", "model.start", "model.end", "tool.start", "tool.end",
@@ -178,7 +180,7 @@ async def test_bad_input_gets_a_specific_4xx_and_writes_nothing(running: Running
             assert (response.status_code, response.json()["error"]) == (status, code), kwargs
         unknown = await client.post("/v1/sessions", json={"agent": "nope"}, headers=auth("alice"))
         assert unknown.status_code == 422
-        assert "known agents: metered, refunds, support" in unknown.json()["detail"]
+        assert "known agents: logistics-assistant, metered, refunds, support" in unknown.json()["detail"]
         bad_id = await client.get(
             f"/v1/sessions/{sid}/events", headers={**auth("alice"), "Last-Event-ID": "x"}
         )
@@ -211,6 +213,69 @@ async def test_a_post_retried_with_its_message_id_is_taken_once(running: Running
         await log.close()
     assert [e.message_id for e in events if isinstance(e, ev.UserMessageReceived)] == ["c-1"]
     assert [e.message_id for e in events if isinstance(e, ev.TurnStarted)] == ["c-1"]
+
+
+async def test_every_refusal_has_the_documented_shape_and_security_headers(running: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+        sid = (await create(client))["session_id"]
+        answers = {
+            "no route": await client.get("/v1/nope", headers=auth("alice")),
+            "trailing slash": await client.get("/v1/sessions/"),  # a 404 before auth, not a redirect
+            "method": await client.delete("/v1/sessions", headers=auth("alice")),
+            "role": await client.post(
+                "/v1/sessions", json={"agent": "support", "role": "boss"}, headers=auth("alice")
+            ),
+            "budget": await client.post(
+                f"/v1/sessions/{sid}/budget", json={"decision": "stop"}, headers=auth("alice")
+            ),
+            "raise 0": await client.post(
+                f"/v1/sessions/{sid}/budget", json={"decision": "raise"}, headers=auth("alice")
+            ),
+        }
+        expected = {
+            "no route": (404, "not_found", "no route GET /v1/nope"),
+            "trailing slash": (404, "not_found", "no route GET /v1/sessions/"),
+            "method": (405, "method_not_allowed", "/v1/sessions does not take DELETE"),
+            "role": (422, "invalid_input", "'role' must be one of user, admin, not 'boss'"),
+            "budget": (409, "not_awaiting_budget", "no turn is waiting for a budget decision"),
+            "raise 0": (422, "invalid_input", "raising a budget needs 'extra_micros' > 0"),
+        }
+        for name, response in answers.items():
+            status, code, detail = expected[name]
+            assert response.headers["content-type"] == "application/json", name
+            body = response.json()
+            assert (response.status_code, set(body), body["error"]) == (status, {"error", "detail"}, code), (
+                name
+            )
+            assert detail in body["detail"], (name, body)
+            assert response.headers["x-content-type-options"] == "nosniff"
+            assert response.headers["x-frame-options"] == "DENY"
+        assert set(answers["method"].headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
+        assert "location" not in answers["trailing slash"].headers
+
+
+async def test_the_timeline_lists_turns_and_calls_in_the_order_they_happened(running: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+        sid = (await create(client))["session_id"]
+        async with client.stream("GET", f"/v1/sessions/{sid}/events", headers=auth("alice")) as response:
+            stream, seen = sse_messages(response), []
+            for turn in range(5):  # turn ids are random: five in time order by chance is 1 in 120
+                url = f"/v1/sessions/{sid}/messages"
+                await client.post(url, json={"text": f"A-17, take {turn}"}, headers=auth("alice"))
+                await read_until(stream, lambda m: m.event == "TurnFinished", seen)
+                seen.clear()
+        timeline = (await client.get(f"/v1/sessions/{sid}/timeline", headers=auth("alice"))).json()
+    log = open_log(running.log_path)
+    try:
+        events = await log.read_session(sid)
+    finally:
+        await log.close()
+    started = [e.turn_id for e in events if isinstance(e, ev.TurnStarted)]
+    assert len(started) == 5 and [t["turn_id"] for t in timeline["turns"]] == started
+    calls = [(e.turn_id, e.step) for e in events if isinstance(e, ev.ModelCallStarted)]
+    assert [(m["turn_id"], m["step"]) for m in timeline["model_calls"]] == calls
+    requested = [(e.turn_id, e.call_id) for e in events if isinstance(e, ev.ToolCallRequested)]
+    assert [(c["turn_id"], c["call_id"]) for c in timeline["tool_calls"]] == requested
 
 
 async def test_a_session_role_never_exceeds_the_key_role(running: RunningGateway) -> None:

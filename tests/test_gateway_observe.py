@@ -89,10 +89,10 @@ async def test_logs_carry_sizes_and_statuses_never_values_and_redact_secrets(tmp
     assert tools["send"]["argument_bytes"] == len(requested["send"].arguments_json.encode())
     assert tools["send"]["argument_keys"] == ["api_key", "to"]
     assert tools["send"]["status"] == "success" and tools["flaky"]["status"] == "failed"
-    assert tools["send"]["summary"] == "sent to pat@customer.example using [REDACTED]"
+    assert tools["send"]["summary"] == "sent to [EMAIL] using [REDACTED]"  # personal data too
     assert "turn.context" not in by_kind  # sample rate 0
     everything = repr(lines)
-    assert SECRET not in everything and '"to": "pat' not in everything
+    assert SECRET not in everything and EMAIL not in everything
 
 
 async def test_one_in_n_turns_logs_its_full_context_marked_sampled(tmp_path: Path) -> None:
@@ -102,9 +102,9 @@ async def test_one_in_n_turns_logs_its_full_context_marked_sampled(tmp_path: Pat
     (context,) = [line for line in lines if line["event"] == "turn.context"]
     assert context["sampled"] is True and context["session_id"] == sid
     contents = [m["content"] for m in context["messages"]]  # type: ignore[attr-defined]
-    assert contents[0] == f"Notify {EMAIL}; my key is [REDACTED]"
+    assert contents[0] == "Notify [EMAIL]; my key is [REDACTED]"
     assert contents[-1] == "Sent one notice; the other failed."
-    assert SECRET not in repr(context)
+    assert SECRET not in repr(context) and EMAIL not in repr(context)  # arguments included
     turn_ids = [ev.new_id() for _ in range(2000)]
     share = sum(sampled(t, 0.1) for t in turn_ids) / len(turn_ids)
     assert 0.05 < share < 0.15 and all(sampled(t, 0.1) == sampled(t, 0.1) for t in turn_ids[:50])

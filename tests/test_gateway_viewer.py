@@ -1,13 +1,14 @@
-"""The trace viewer page in headless Chromium (Debian's, driven by Playwright): the session list
-with filters and cost sort, one session's timeline (model calls with cost, retries and fallbacks,
-tool calls, guard stops, approvals, snapshots, events the page has no special view for, state
-transitions), the usage and metrics charts, the admin's fork and the owner's approve / reject /
-cancel buttons, and what a user's key sees. Screenshots go to test-artifacts/ (kept by CI as
-artifacts, ignored by git)."""
+"""The trace viewer page in headless Chromium (Debian's, driven by Playwright), under its real
+Content-Security-Policy: the session list with filters and cost sort, one session's timeline
+(model calls with cost, retries and fallbacks, tool calls, guard stops, approvals, snapshots,
+events the page has no special view for, state transitions), the usage and metrics charts with
+their values, the admin's fork, what a user's key sees, a session followed live as its turn
+runs, and the owner approving, editing, rejecting and cancelling refunds of the logistics
+example. The page is checked to fit at 1280 px (no column of the list cut off); screenshots at
+1280 and 1920 px go to test-artifacts/ (kept by CI as artifacts, ignored by git)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator
@@ -22,27 +23,58 @@ from tests.gateway_support import KEYS, RunningGateway, auth, open_log, serve_ga
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+NARROW, WIDE = 1280, 1920
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="needs Debian's chromium (scripts/test.sh installs it when it can)"
 )
 
 
 @contextlib.asynccontextmanager
-async def viewer(running: RunningGateway) -> AsyncIterator[tuple[Any, list[str]]]:
-    """The viewer page open in headless Chromium, and the page errors it raises (a test asserts
-    there are none once it is done)."""
+async def viewer(running: RunningGateway, width: int = NARROW) -> AsyncIterator[tuple[Any, list[str]]]:
+    """The viewer page open in headless Chromium, and the page errors and Content-Security-Policy
+    violations it raises; a test asserts there are none once it is done."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = await browser.new_page(viewport={"width": width, "height": 900})
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(f"{running.url}/viewer")
+            csp = "Content Security Policy"
+            page.on("console", lambda m: errors.append(m.text) if csp in m.text else None)
+            response = await page.goto(f"{running.url}/viewer")
+            assert response is not None
+            headers = await response.all_headers()
+            assert "script-src 'sha256-" in headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in headers["content-security-policy"]
+            assert (headers["x-frame-options"], headers["x-content-type-options"]) == ("DENY", "nosniff")
             yield page, errors
         finally:
             await browser.close()
+
+
+async def shoot(page: Any, name: str) -> None:
+    """Screenshots at the narrow and the wide width (the page is left at the narrow one)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    for width in (WIDE, NARROW):
+        await page.set_viewport_size({"width": width, "height": 900})
+        await page.screenshot(path=str(ARTIFACTS / f"{name}-{width}.png"), full_page=True)
+
+
+async def assert_the_list_fits(page: Any) -> None:
+    """Every column of the session list is inside its pane and no number in it is cut off."""
+    fits = await page.evaluate(
+        """() => {
+          const pane = document.getElementById("list-pane").getBoundingClientRect();
+          const cells = [...document.querySelectorAll("#sessions th, #sessions td")];
+          const outside = cells.filter((c) => c.getBoundingClientRect().right > pane.right + 0.5).length;
+          const cut = [...document.querySelectorAll("#sessions td.num, #sessions td:last-child")]
+            .filter((c) => c.scrollWidth > c.clientWidth).map((c) => c.textContent);
+          return { outside, cut, page: document.documentElement.scrollWidth - window.innerWidth };
+        }"""
+    )
+    assert fits == {"outside": 0, "cut": [], "page": 0}, fits
 
 
 async def one_turn(running: RunningGateway, user: str, text: str, agent: str = "support") -> str:
@@ -56,18 +88,6 @@ async def one_turn(running: RunningGateway, user: str, text: str, agent: str = "
                     break
         await client.get("/v1/admin/analytics/daily", headers=auth("root"))  # the consumer catches up
         return sid
-
-
-async def pause_for_approval(running: RunningGateway, sid: str, text: str) -> None:
-    """Post to a refunds session and wait until its refund waits for a decision."""
-    async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
-        await client.post(f"/v1/sessions/{sid}/messages", json={"text": text}, headers=auth("alice"))
-        for _ in range(600):
-            session = (await client.get(f"/v1/sessions/{sid}", headers=auth("alice"))).json()
-            if session["pending_approvals"]:
-                return
-            await asyncio.sleep(0.05)
-    raise AssertionError("the refund never waited for approval")
 
 
 async def add_events_the_viewer_does_not_know(running: RunningGateway, sid: str) -> None:
@@ -101,17 +121,20 @@ async def add_events_the_viewer_does_not_know(running: RunningGateway, sid: str)
 
 
 async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
+    from playwright.async_api import expect
+
     with serve_gateway(tmp_path) as running:
         alice = await one_turn(running, "alice", "Where is order A-17?")
         await one_turn(running, "bob", "Where is <b>order</b> B-2?")
         troubled = await one_turn(running, "alice", "Where is A-17, again?", agent="troubled")
         await add_events_the_viewer_does_not_know(running, alice)
+        async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
+            daily = (await client.get("/v1/admin/analytics/daily?days=1", headers=auth("root"))).json()
         async with viewer(running) as (page, errors):
-            # an admin sees every user's sessions, filters them, and gets the charts
+            # an admin sees every user's sessions, filters them, and gets the charts with their values
             await page.fill("#key", KEYS["root"])
             await page.click("#load")
-            await page.wait_for_function("document.querySelectorAll('tr.session').length === 3")
+            await expect(page.locator("tr.session")).to_have_count(3)
             for chart in (
                 "tokens",
                 "turns",
@@ -122,21 +145,30 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
                 "active",
                 "ttft",
             ):
-                await page.wait_for_selector(f"#chart-{chart}")  # loaded asynchronously
-            assert "alice" in await page.locator("#chart-cost-user").inner_text()
+                await expect(page.locator(f"#chart-{chart}")).to_be_visible()  # loaded asynchronously
+                assert await page.locator(f"#chart-{chart} .axis").count() == 1
+            today = daily["days"][0]
+            tokens = await page.locator("#chart-tokens").inner_text()
+            assert today["day"] in tokens and f"{today['input_tokens'] + today['output_tokens']:,}" in tokens
+            per_user = await page.locator("#chart-cost-user").inner_text()
+            assert "alice" in per_user and "$0.000345" in per_user  # bob's identical turn: also $0.000345
+            assert "lookup" in await page.locator("#chart-tool-success").inner_text()
+            assert "FINISHED" in await page.locator("#chart-active").inner_text()
+            await assert_the_list_fits(page)
+            await shoot(page, "viewer-admin-list")
             await page.fill("#f-user", "alice")
             await page.click("#apply")
-            await page.wait_for_function("document.querySelectorAll('tr.session').length === 2")
+            await expect(page.locator("tr.session")).to_have_count(2)
             await page.select_option("#sort", "cost")
             row = page.locator("tr.session").first  # the support session is the only one that cost anything
             assert await row.get_attribute("data-session") == alice
             assert await row.locator("td.cost").inner_text() == "$0.000345"
             await page.fill("#f-min-cost", "0.001")
             await page.click("#apply")
-            await page.wait_for_function("document.querySelectorAll('tr.session').length === 0")
+            await expect(page.locator("tr.session")).to_have_count(0)
             await page.fill("#f-min-cost", "")
             await page.click("#apply")
-            await page.wait_for_function("document.querySelectorAll('tr.session').length === 2")
+            await expect(page.locator("tr.session")).to_have_count(2)
 
             # one session's timeline: the turn, its model calls, the tool call, the transitions
             await page.locator(f'tr.session[data-session="{alice}"]').click()
@@ -160,6 +192,8 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             ]  # fmt: skip  user, model 0, tool, snapshot, model 1, snapshot, then the events added
             assert "$0.000135" in await page.locator(".step.model").first.inner_text()  # 20 in, 5 out
             assert "cost $0.000345" in await page.locator("#session-meta").inner_text()
+            head = await page.locator(".turn .turn-head").inner_text()
+            assert "answered · 2 model calls · 1 tool step · 63 tokens · $0.000345" in head
             assert running.model.second_half in await page.locator(".step.model").nth(1).inner_text()
             await page.locator(".step.model").nth(1).locator("button.sent").click()
             await page.wait_for_selector(".step.model >> nth=1 >> .sent-message")
@@ -175,7 +209,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             assert "900 → 120 tokens" in summary and "Asked about A-17." in summary
             memory = await page.locator('[data-type="MemoryNoted"]').inner_text()
             assert "text: prefers email" in memory and "tag: preference" in memory
-            await page.screenshot(path=str(ARTIFACTS / "viewer-admin-timeline.png"), full_page=True)
+            await shoot(page, "viewer-admin-timeline")
 
             # fallbacks, retries and the guard stop of a troubled turn
             await page.locator(f'tr.session[data-session="{troubled}"]').click()
@@ -187,7 +221,8 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             assert await page.locator('[data-type="ToolResultSuperseded"] pre.fields').count() == 1
             assert "PROCESSING → FINISHED" in await page.locator("#transitions").inner_text()
             assert "guard" in await page.locator("#transitions td.cause").all_inner_texts()
-            await page.screenshot(path=str(ARTIFACTS / "viewer-guard-and-fallbacks.png"), full_page=True)
+            assert "cost unknown" in await page.locator("#session-meta").inner_text()  # no price table
+            await shoot(page, "viewer-guard-and-fallbacks")
 
             # the admin forks the support session from its last snapshot; the fork opens
             await page.locator(f'tr.session[data-session="{alice}"]').click()
@@ -196,17 +231,14 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             await page.wait_for_selector("p.forked")
             assert f"forked from {alice}" in await page.locator("p.forked").inner_text()
             assert await page.locator('#session-events [data-type="SessionForked"]').count() == 1
-            await page.wait_for_function("document.querySelectorAll('tr.session').length === 3")
-            await page.screenshot(path=str(ARTIFACTS / "viewer-fork.png"), full_page=True)
+            await expect(page.locator("tr.session")).to_have_count(3)
 
             # a user's key sees only their own sessions and no charts; model text is never HTML
             await page.fill("#key", KEYS["bob"])
             await page.fill("#f-user", "")
             await page.click("#load")
-            await page.wait_for_function(
-                "document.querySelector('#who').textContent === 'your sessions' && "
-                "document.querySelectorAll('tr.session').length === 1"
-            )
+            await expect(page.locator("#who")).to_have_text("your sessions")
+            await expect(page.locator("tr.session")).to_have_count(1)
             assert await page.locator("figure.chart").count() == 0  # the admin's charts are gone
             assert await page.locator(".turn").count() == 0  # and so is the admin's timeline
             await page.locator("tr.session").click()
@@ -214,60 +246,139 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             assert "Where is <b>order</b> B-2?" in await page.locator(".turn .step").first.inner_text()
             assert await page.locator(".turn b").count() == 0
             assert await page.locator("button.fork").count() == 0  # forking is the admin's
-            await page.screenshot(path=str(ARTIFACTS / "viewer-user.png"), full_page=True)
+            await shoot(page, "viewer-user")
     assert errors == []
 
 
-async def test_the_owner_approves_rejects_and_cancels_from_the_viewer(tmp_path: Path) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
+async def test_the_viewer_follows_a_running_turn_live(tmp_path: Path) -> None:
+    """The page shows a turn that starts after it was opened, its streamed text as it comes, and
+    its end, without a click or a reload: it follows the session's event stream."""
+    from playwright.async_api import expect
+
     with serve_gateway(tmp_path) as running:
         async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
-            created = await client.post("/v1/sessions", json={"agent": "refunds"}, headers=auth("alice"))
+            created = await client.post("/v1/sessions", json={"agent": "support"}, headers=auth("alice"))
             sid = created.json()["session_id"]
-        await pause_for_approval(running, sid, "Refund A-17")
+            async with viewer(running) as (page, errors):
+                await page.fill("#key", KEYS["alice"])
+                await page.click("#load")
+                await page.locator("tr.session").click()
+                await expect(page.locator("#live")).to_have_text("● live")
+                assert await page.locator(".turn").count() == 0
+
+                running.model.gate.clear()  # the answer stops half-way until the gate opens
+                url = f"/v1/sessions/{sid}/messages"
+                await client.post(url, json={"text": "Where is A-17?"}, headers=auth("alice"))
+                live = page.locator("pre.live")
+                await expect(live).to_have_text(running.model.first_half)  # streamed tokens, live
+                head = page.locator(".turn .turn-head")
+                await expect(head).to_contain_text("running · 2 model calls so far · 1 tool step")
+                assert "tool lookup" in await page.locator(".turn .step.tool").inner_text()
+                await expect(page.locator(f'tr.session[data-session="{sid}"] td.state')).to_contain_text(
+                    "PROCESSING"
+                )
+                await shoot(page, "viewer-live-turn")
+
+                running.model.gate.set()
+                await expect(head).to_contain_text("answered · 2 model calls · 1 tool step")
+                await expect(page.locator("pre.live")).to_have_count(0)
+                answer = running.model.first_half + running.model.second_half
+                await expect(page.locator(".step.model").nth(1)).to_contain_text(answer)
+                await expect(page.locator(f'tr.session[data-session="{sid}"] td.state')).to_contain_text(
+                    "FINISHED"
+                )
+    assert errors == []
+
+
+async def ask(running: RunningGateway, sid: str, text: str) -> None:
+    """Post to the logistics session as alice (the page has no message box: that is the app's)."""
+    async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
+        posted = await client.post(f"/v1/sessions/{sid}/messages", json={"text": text}, headers=auth("alice"))
+        assert posted.status_code == 202, posted.text
+
+
+async def test_the_owner_approves_edits_rejects_and_cancels_refunds_of_the_example_agent(
+    tmp_path: Path,
+) -> None:
+    """The logistics example's refund waits for a person: the viewer's buttons decide it, the
+    example's business system shows what ran; its model has no price, so its cost is unknown."""
+    from playwright.async_api import expect
+
+    with serve_gateway(tmp_path) as running:
+        async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
+            created = await client.post(
+                "/v1/sessions", json={"agent": "logistics-assistant"}, headers=auth("alice")
+            )
+            sid = created.json()["session_id"]
+        shop = running.shop
         async with viewer(running) as (page, errors):
             await page.fill("#key", KEYS["alice"])
             await page.click("#load")
             await page.locator("tr.session").click()
+            await expect(page.locator("#live")).to_have_text("● live")
+            waiting = page.locator('[data-type="ApprovalRequested"]:has(button.approve)')
 
-            # approve: the refund runs, the turn finishes, the buttons are gone
-            asked = page.locator('[data-type="ApprovalRequested"]')
-            await asked.locator("button.approve").wait_for()
-            assert "refund" in await asked.inner_text() and "high" in await asked.inner_text()
-            await page.screenshot(path=str(ARTIFACTS / "viewer-approval-pending.png"), full_page=True)
-            await asked.locator("button.approve").click()
-            await page.wait_for_selector(".step.tool .approval-state.approved")
-            await page.wait_for_function("document.querySelector('.turn .answered') !== null")
-            assert running.refunds == [{"order_id": "A-17", "amount": 40}]
-            assert await page.locator("button.approve").count() == 0
+            # approve: the refund is made, the turn finishes, the buttons are gone
+            await ask(running, sid, "Please refund 40 on order O-1003, it was lost.")
+            await expect(waiting).to_have_count(1)
+            asked = await waiting.inner_text()
+            assert "refund" in asked and '"order_id": "O-1003"' in asked and "high" in asked
+            assert await page.locator(".step.model .call-cost").first.inner_text() == "cost unknown"
+            assert await page.locator("tr.session td.cost").inner_text() == "unknown"
+            await shoot(page, "viewer-approval-pending")
+            await waiting.locator("button.approve").click()
+            await expect(page.locator(".turn").nth(0).locator(".answered")).to_have_count(1)
+            assert shop.refunds == [
+                {"order_id": "O-1003", "amount": 40.0, "reason": shop.refunds[0]["reason"]}
+            ]
+            await expect(page.locator(".turn").nth(0)).to_contain_text("Done: Refunded 40.00 on order O-1003")
             assert "approved by alice" in await page.locator('[data-type="ApprovalDecided"]').inner_text()
+            assert await page.locator("button.approve").count() == 0
 
-            # reject: the refund never runs
-            await pause_for_approval(running, sid, "Another refund")
-            await page.locator(f'tr.session[data-session="{sid}"]').click()
-            await page.locator('[data-type="ApprovalRequested"] button.reject').last.wait_for()
-            await page.locator('[data-type="ApprovalRequested"] button.reject').last.click()
-            await page.wait_for_selector(".step.tool .approval-state.rejected")
-            await page.wait_for_function("document.querySelectorAll('.turn .answered').length === 2")
-            assert running.refunds == [{"order_id": "A-17", "amount": 40}]
+            # edit: the arguments typed into the page are the ones the refund runs with
+            await ask(running, sid, "Refund 25 on O-1001 please.")
+            await expect(waiting).to_have_count(1)
+            edited = (await waiting.locator("textarea.edit-arguments").input_value()).replace("25.0", "20.5")
+            await waiting.locator("textarea.edit-arguments").fill(edited)
+            await waiting.locator("button.edit").click()
+            await expect(page.locator(".turn").nth(1).locator(".answered")).to_have_count(1)
+            assert [(r["order_id"], r["amount"]) for r in shop.refunds] == [
+                ("O-1003", 40.0),
+                ("O-1001", 20.5),
+            ]
+            assert (
+                "edited by alice"
+                in await page.locator(".turn").nth(1).locator('[data-type="ApprovalDecided"]').inner_text()
+            )
+            tool = await page.locator(".turn").nth(1).locator(".step.tool").inner_text()
+            assert "approval: edited" in tool and '"amount": 20.5' in tool
+
+            # reject: the refund is never made, and the answer says so
+            await ask(running, sid, "Refund 30 on O-1003 as well.")
+            await expect(waiting).to_have_count(1)
+            await waiting.locator("button.reject").click()
+            third = page.locator(".turn").nth(2)
+            await expect(third.locator(".answered")).to_have_count(1)
+            await expect(third.locator(".step.tool .approval-state.rejected")).to_have_count(1)
+            await expect(third).to_contain_text("The refund was not made: [DECLINED BY USER]")
+            assert len(shop.refunds) == 2
 
             # cancel: a turn paused for approval is a running turn, and stops as CANCELLED
-            await pause_for_approval(running, sid, "A third refund")
-            await page.locator(f'tr.session[data-session="{sid}"]').click()
-            await page.locator("button.cancel-turn").wait_for()
+            await ask(running, sid, "And refund 5 on O-1003.")
+            await expect(waiting).to_have_count(1)
             await page.locator("button.cancel-turn").click()
-            await page.wait_for_function(
-                "[...document.querySelectorAll('.turn')].pop().querySelector('.cancelled')"
-            )
-            last_turn = page.locator(".turn").last
+            fourth = page.locator(".turn").nth(3)
+            await expect(fourth.locator(".turn-head .cancelled")).to_have_count(1)
             assert (
                 "cancel requested by alice"
-                in await last_turn.locator('[data-type="CancelRequested"]').inner_text()
+                in await fourth.locator('[data-type="CancelRequested"]').inner_text()
             )
-            await page.wait_for_function(  # the list is refreshed after an action too
-                f"document.querySelector('tr.session[data-session=\"{sid}\"]').textContent.includes('CANCELLED')"
+            await expect(page.locator(f'tr.session[data-session="{sid}"] td.state')).to_contain_text(
+                "CANCELLED"
             )
             assert "PAUSED_FOR_USER → CANCELLED" in await page.locator("#transitions").inner_text()
-            assert running.refunds == [{"order_id": "A-17", "amount": 40}]
-            await page.screenshot(path=str(ARTIFACTS / "viewer-owner-actions.png"), full_page=True)
+            assert len(shop.refunds) == 2
+            assert "cost unknown" in await page.locator("#session-meta").inner_text()
+            await assert_the_list_fits(page)
+            await shoot(page, "viewer-owner-actions")
     assert errors == []

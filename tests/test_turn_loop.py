@@ -788,6 +788,24 @@ async def test_empty_message_is_refused(log: SqliteEventLog, text: str) -> None:
     assert await log.session_version(h.sid) == 1
 
 
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("hi \ud800 there", r"a lone surrogate U\+D800 at position 3, which is not valid Unicode"),
+        ("a\x00b", "a NUL character at position 1"),
+    ],
+)
+async def test_text_the_log_cannot_hold_is_refused_for_every_api_caller(
+    log: SqliteEventLog, text: str, problem: str
+) -> None:
+    h = await harness(log, ScriptedModel([]))
+    with pytest.raises(InputError, match=problem):
+        await h.api.post_user_message(h.sid, text)
+    with pytest.raises(InputError, match=problem):
+        await h.send(text)
+    assert await log.session_version(h.sid) == 1
+
+
 async def test_unknown_session_raises_not_found(log: SqliteEventLog) -> None:
     h = await harness(log, ScriptedModel([]))
     with pytest.raises(SessionNotFoundError, match="no session 'nope'"):

@@ -46,13 +46,14 @@ def add_key(keys_file: Path, user: str, role: str) -> str:
 
 
 def _demo_app(home: Path, settings: ModelSettings) -> Any:
-    from examples.logistics import LogisticsBackend, build_agent, demo_model
+    from examples.logistics import SCRIPTED_TOOLS, TASK_TOOLS, LogisticsBackend, build_agent, demo_model
 
     from .app import EmbeddedApp
 
     model: Model = settings.build() if settings.configured else demo_model()
+    tools = TASK_TOOLS if settings.configured else SCRIPTED_TOOLS  # the scripted model can refund
     backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
-    return EmbeddedApp(home, [build_agent(model, backend)])
+    return EmbeddedApp(home, [build_agent(model, backend, tools)])
 
 
 async def run_worker(home: Path, settings: ModelSettings, worker_id: str, max_turns: int) -> int:
@@ -86,7 +87,7 @@ def serve(
     _require_gateway()
     import uvicorn
 
-    from gateway import Gateway, GatewayConfig, KeyStore
+    from gateway import Gateway, GatewayConfig, KeyStore, server_config
     from gateway.observe import configure_json_logs
     from gateway.observe.otlp import otlp_tracer_provider
 
@@ -105,7 +106,10 @@ def serve(
         tracer_provider=tracing,
     )
     try:
-        uvicorn.run(gateway.app(), host=host, port=port, log_level="warning")
+        # header and body read timeouts, size limits and JSON refusals below the app: gateway/server.py
+        uvicorn.Server(
+            server_config(gateway.app(), gateway.limits, host=host, port=port, log_level="warning")
+        ).run()
     finally:
         if tracing is not None:
             tracing.shutdown()  # flushes the spans still batched

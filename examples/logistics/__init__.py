@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Sequence
 
-from engine import Agent, Model
+from engine import Agent, ConfigurationError, Model
 
 from .backend import LogisticsBackend, last_week
 from .scripted import demo_model
@@ -28,8 +29,31 @@ def system_prompt(today: dt.date) -> str:
     )
 
 
-def build_agent(model: Model, backend: LogisticsBackend) -> Agent:
-    return Agent.build(AGENT_ID, model, build_tools(backend), system_prompt=system_prompt(backend.today))
+TASK_TOOLS = ("query_orders", "send_notification", "save_report")
+"""The tools offered by default: what the demo's task needs. The local model gets these (a
+refund waits for a person, which a small model's demo run should not)."""
+SCRIPTED_TOOLS = (*TASK_TOOLS, "refund")
+"""The scripted model's tools under ``turnlog serve``: ask it to "refund 40 on O-1003" and the
+refund waits for approval (approve, edit or reject it in the viewer or over HTTP)."""
 
 
-__all__ = ["AGENT_ID", "TASK", "LogisticsBackend", "build_agent", "demo_model", "system_prompt"]
+def build_agent(model: Model, backend: LogisticsBackend, tools: Sequence[str] = TASK_TOOLS) -> Agent:
+    """The logistics agent with the named tools (of ``build_tools``) offered to ``model``."""
+    available = {t.name: t for t in build_tools(backend)}
+    unknown = sorted(set(tools) - set(available))
+    if unknown:
+        raise ConfigurationError(f"no logistics tool {unknown[0]!r}; the tools are {', '.join(available)}")
+    offered = [available[name] for name in tools]
+    return Agent.build(AGENT_ID, model, offered, system_prompt=system_prompt(backend.today))
+
+
+__all__ = [
+    "AGENT_ID",
+    "TASK_TOOLS",
+    "SCRIPTED_TOOLS",
+    "TASK",
+    "LogisticsBackend",
+    "build_agent",
+    "demo_model",
+    "system_prompt",
+]

@@ -27,6 +27,7 @@ class LogisticsBackend:
     today: dt.date = field(default_factory=dt.date.today)
     reports_dir: Path = Path(".turnlog/reports")
     outbox: list[dict[str, Any]] = field(default_factory=list)
+    refunds: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         data = json.loads(DATA_FILE.read_text(encoding="utf-8"))
@@ -47,6 +48,12 @@ class LogisticsBackend:
 
     def customer(self, customer_id: str) -> dict[str, Any] | None:
         return self.customers.get(customer_id)
+
+    def order(self, order_id: str) -> dict[str, Any] | None:
+        return next((o for o in self.orders if o["order_id"] == order_id), None)
+
+    def refunded(self, order_id: str) -> float:
+        return sum(r["amount"] for r in self.refunds if r["order_id"] == order_id)
 
     def save_report(self, title: str, body: str) -> Path:
         self.reports_dir.mkdir(parents=True, exist_ok=True)

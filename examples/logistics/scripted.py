@@ -4,6 +4,9 @@ It reads the conversation it is sent, as a real model would, and plays the seed'
 last week's anomalous orders (first with a malformed date, to show the engine's argument
 correction), notify each affected customer in one parallel step, save a report, then answer,
 reporting the failed notification honestly because the tool result says [FAILED].
+
+Asked for a refund ("refund 40 on order O-1003"), it calls ``refund``, which waits for a
+person's approval, and then reports what the approval led to.
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ from engine.messages import ChatMessage, turn_tool_results
 from .backend import last_week
 
 ORDER_LINE = re.compile(r"- (O-\d+) \(customer (C-\d+), [^)]*\): (\w+)")
+ORDER_ID = re.compile(r"\bO-\d+\b")
+AMOUNT = re.compile(r"(?<![\w.\-])\d+(?:\.\d{1,2})?(?![\w.\-])")
 
 
 def _decide(today: dt.date, request: ModelRequest) -> ModelResponse:
     monday, sunday = last_week(today)
     results = turn_tool_results(request.messages)
+    asked = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+    if re.search(r"\brefund\b", asked, re.IGNORECASE):
+        return _refund(asked, results)
     if not results:
         return reply(
             "",
@@ -74,6 +82,24 @@ def _decide(today: dt.date, request: ModelRequest) -> ModelResponse:
             ),
         )
     return reply(_answer(results))
+
+
+def _refund(asked: str, results: list[ChatMessage]) -> ModelResponse:
+    """One refund per request: ask for what is missing, call the tool, report its outcome."""
+    if results:
+        outcome = results[-1].content
+        if outcome.startswith("["):  # [DECLINED BY USER], [FAILED], [REJECTED]
+            return reply(f"The refund was not made: {outcome}")
+        return reply(f"Done: {outcome}")
+    order = ORDER_ID.search(asked)
+    amount = AMOUNT.search(ORDER_ID.sub("", asked))
+    if order is None or amount is None:
+        return reply("Which order should I refund, and how much? For example: refund 40 on order O-1003.")
+    arguments = {"order_id": order.group(), "amount": float(amount.group()), "reason": asked[:200]}
+    return reply(
+        f"Refunding {amount.group()} on {order.group()}; this needs your approval.",
+        call("refund", arguments, "call_refund"),
+    )
 
 
 def _notifications(results: list[ChatMessage]) -> tuple[list[str], list[str]]:

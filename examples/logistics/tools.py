@@ -1,6 +1,7 @@
 """The demo's tools, bound to a LogisticsBackend. Each shows one part of the tool contract:
 typed arguments with a derived schema, a formatter that turns JSON into readable text (seed
-§4.2), a business error raised as ToolFailure (seed §4.4), idempotent vs not."""
+§4.2), a business error raised as ToolFailure (seed §4.4), idempotent vs not, and a call that
+waits for a person's approval (``refund``: money leaves the shop)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ def format_orders(result: dict[str, Any]) -> str:
         f"Found {len(orders)} orders between {result['start_date']} and {result['end_date']} "
         f"(by carrier: {by_carrier}; earliest {min(o['order_date'] for o in orders)}):\n" + "\n".join(lines)
     )
+
+
+def format_refund(result: dict[str, Any]) -> str:
+    order, customer = result["order_id"], result["customer_id"]
+    return f"Refunded {result['refunded']:.2f} on order {order} (customer {customer})."
 
 
 def build_tools(backend: LogisticsBackend) -> list[Tool]:
@@ -64,4 +70,17 @@ def build_tools(backend: LogisticsBackend) -> list[Tool]:
         path = backend.save_report(title, body)
         return {"path": str(path), "chars": len(body)}
 
-    return [query_orders, send_notification, save_report]
+    @tool(requires_approval=True, sensitivity="high", formatter=format_refund)
+    def refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
+        """Refund a customer part or all of one order's amount. Money leaves the shop, so a person
+        approves (or edits, or rejects) every refund before it is made."""
+        order = backend.order(order_id)
+        if order is None:
+            raise ToolFailure(f"no order {order_id}")
+        left = round(order["amount"] - backend.refunded(order_id), 2)
+        if not 0 < amount <= left:
+            raise ToolFailure(f"order {order_id} can be refunded between 0.01 and {left:.2f}, not {amount}")
+        backend.refunds.append({"order_id": order_id, "amount": amount, "reason": reason})
+        return {"refunded": amount, "order_id": order_id, "customer_id": order["customer_id"]}
+
+    return [query_orders, send_notification, save_report, refund]

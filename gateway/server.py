@@ -1,0 +1,196 @@
+"""The gateway's HTTP server: uvicorn with read timeouts and JSON answers below the application.
+
+uvicorn (0.54, h11) bounds the idle time between requests on a connection (``timeout_keep_alive``,
+armed only once an answer has ended) and the size of a request head
+(``h11_max_incomplete_event_size``), but nothing bounds how long a client may take to send a
+request: half a header or a body shorter than its Content-Length holds a connection open for
+ever. ``GuardedH11Protocol`` adds two deadlines per request, set from ``Limits``:
+
+* the request line and headers must be in within ``header_timeout_s`` of the connection opening
+  (or of the previous answer ending); past it the connection is closed, with a 408 if part of a
+  request had arrived;
+* the body must be in within ``body_timeout_s`` of the headers; past it, a 408 (unless the answer
+  has started) and the connection is closed, and the application sees a disconnect.
+
+A request h11 cannot parse gets uvicorn's 400 in the gateway's ``{"error", "detail"}`` shape
+(431 for a head over ``max_header_bytes``), like every other refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from http import HTTPStatus
+from typing import Any, Callable, cast
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .limits import Limits
+
+
+class _RecordingConnection(h11.Connection):
+    """h11's connection, refusing a request head over ``max_head_bytes`` (h11 checks its limit only
+    while a head is incomplete, so a large head sent at once passes it) and remembering the last
+    protocol error for the answer that reports it."""
+
+    last_error: h11.RemoteProtocolError | None = None
+
+    def __init__(self, max_head_bytes: int) -> None:
+        super().__init__(h11.SERVER, max_head_bytes)
+        self.max_head_bytes = max_head_bytes
+
+    def next_event(self) -> Any:
+        try:
+            event = super().next_event()
+            if isinstance(event, h11.Request) and _head_size(event) > self.max_head_bytes:
+                raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+            return event
+        except h11.RemoteProtocolError as exc:
+            self.last_error = exc
+            raise
+
+
+def _head_size(request: h11.Request) -> int:
+    """The request line and headers as sent, give or take the spaces h11 trimmed."""
+    line = len(request.method) + len(request.target) + 11
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers.raw_items())
+
+
+def json_error_bytes(status: int, code: str, detail: str) -> bytes:
+    """A whole HTTP/1.1 answer that closes the connection, written below h11 (which cannot send
+    one before a request head has been parsed)."""
+    body = json.dumps({"error": code, "detail": detail}).encode()
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with header and body read deadlines (see the module docstring)."""
+
+    limits: Limits = Limits()
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self._recording = _RecordingConnection(self.limits.max_header_bytes)
+        self.conn = self._recording
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_for: str = ""
+
+    # -- deadlines -------------------------------------------------------------------------------
+
+    def _arm(self, phase: str, seconds: float, expired: Callable[[], None]) -> None:
+        self._disarm()
+        self._waiting_for = phase
+        self._deadline = self.loop.call_later(seconds, expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = None
+        self._waiting_for = ""
+
+    def _follow_state(self) -> None:
+        """Arm the deadline that fits where the request is: its head to come, its body to come,
+        or none (it is in, and the answer takes as long as it takes: event streams never end)."""
+        state = self.conn.their_state
+        phase = "head" if state is h11.IDLE else "body" if state is h11.SEND_BODY else ""
+        if phase == self._waiting_for:
+            return
+        if phase == "head":
+            self._arm(phase, self.limits.header_timeout_s, self._head_expired)
+        elif phase == "body":
+            self._arm(phase, self.limits.body_timeout_s, self._body_expired)
+        else:
+            self._disarm()
+
+    def _head_expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.trailing_data[0]:  # part of a request came, not all of its head
+            detail = f"the request line and headers did not arrive within {self.limits.header_timeout_s:g} s"
+            self.transport.write(json_error_bytes(408, "request_timeout", detail))
+        self.transport.close()
+
+    def _body_expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            detail = f"the request body did not arrive within {self.limits.body_timeout_s:g} s of its headers"
+            self.transport.write(json_error_bytes(408, "request_timeout", detail))
+        if cycle is not None:  # the application reads a disconnect; what it sends goes nowhere
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close()
+
+    # -- uvicorn's hooks -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        _no_delay(transport)
+        super().connection_made(transport)
+        self._follow_state()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if not self.transport.is_closing():
+            self._follow_state()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._follow_state()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        error = self._recording.last_error
+        status = error.error_status_hint if error is not None else 400
+        if status == 431:
+            code = "headers_too_large"
+            detail = f"the request line and headers are over {self.limits.max_header_bytes} bytes"
+        else:
+            status = status if 400 <= status < 500 else 400
+            code, detail = "bad_request", f"malformed HTTP request: {error or msg}"
+        self.transport.write(json_error_bytes(status, code, detail))
+        self.transport.close()
+
+
+def _no_delay(transport: asyncio.Transport) -> None:
+    """Send small writes at once. asyncio sets TCP_NODELAY only on sockets whose protocol number
+    says TCP, which a listening socket handed to uvicorn (``sockets=``, ``--fd``) often does not:
+    then an answer's head and body wait on the client's delayed ACK, about 40 ms per request."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def protocol_for(limits: Limits) -> type[GuardedH11Protocol]:
+    """The protocol class with these limits (uvicorn makes one instance per connection)."""
+    made = type("GatewayH11Protocol", (GuardedH11Protocol,), {"limits": limits})
+    return cast(type[GuardedH11Protocol], made)
+
+
+def server_config(app: Any, limits: Limits, **options: Any) -> uvicorn.Config:
+    """uvicorn's settings for the gateway: the guarded protocol, the header size limit, the
+    keep-alive time; ``options`` are passed on (host, port, log_level, ...)."""
+    return uvicorn.Config(
+        app,
+        http=protocol_for(limits),
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        timeout_keep_alive=limits.keep_alive_s,
+        **options,
+    )
