@@ -92,30 +92,41 @@ class _Fold:
 
     def __init__(self) -> None:
         self.new: defaultdict[tuple[str, str], list[Row]] = defaultdict(list)
+        self.by_key: dict[tuple[str, tuple[Any, ...]], Row] = {}
+        """The new rows by table and primary key."""
         self.sql: dict[tuple[str, str], deque[Statement]] = {}
 
     def insert(self, session_id: str, change: Insert) -> None:
-        self.new[(session_id, change.table)].append(dict(change.row))
+        row = change.row  # a fresh dict from its rule
+        self.new[(session_id, change.table)].append(row)
+        self.by_key[(change.table, tuple(row[c] for c in PRIMARY_KEYS[change.table]))] = row
 
     def update(self, row: SessionRow, change: Update) -> None:
-        key = (row.session_id, change.table)
-        matched = False
-        for new in self.new.get(key, ()):
-            if change.matches(new):
+        key = PRIMARY_KEYS[change.table]
+        if all(c in change.where for c in key):
+            new = self.by_key.get((change.table, tuple(change.where[c] for c in key)))
+            if new is not None and change.matches(new):
                 new.update(change.values)
-                matched = True
-        whole_key = all(c in change.where for c in PRIMARY_KEYS[change.table])
-        if row.created is None and not (matched and whole_key):
-            self.sql.setdefault(key, deque()).append((change.sql(), change.params()))
+                return  # the row is the batch's own: nothing in the database has its key
+            candidates: list[Row] = []
+        else:
+            candidates = [
+                new for new in self.new.get((row.session_id, change.table), ()) if change.matches(new)
+            ]
+        for new in candidates:
+            new.update(change.values)
+        if row.created is None:  # a session that starts in the batch has no rows in the database
+            self.sql.setdefault((row.session_id, change.table), deque()).append(
+                (change.sql(), change.params())
+            )
 
     def new_rows(self, rows: dict[str, SessionRow]) -> list[NewRows]:
         by_shape: defaultdict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]] = defaultdict(list)
         sessions = (r.insert_row() for r in rows.values())
         tables = [("sessions", r) for r in sessions if r is not None]
         tables += [(table, r) for (_, table), made in self.new.items() for r in made]
-        for table, new in tables:
-            columns = tuple(sorted(new))
-            by_shape[(table, columns)].append(tuple(new[c] for c in columns))
+        for table, new in tables:  # rows made by the same rule and updates share their column order
+            by_shape[(table, tuple(new))].append(tuple(new.values()))
         return [NewRows(table, columns, values) for (table, columns), values in sorted(by_shape.items())]
 
 
