@@ -1,8 +1,8 @@
 """Catch up with the log and rebuild: read records in batches, apply each batch in one transaction.
 
 A sink (the projection store, the analytics tables) applies a batch on its writer thread; while
-it does, the next batch is read from the log, so a catch-up costs about the slower of reading
-and writing rather than their sum, and the event loop never waits for the database.
+it does, the next batches are read from the log, so reading overlaps the database's work, and
+the event loop never waits for the database.
 """
 
 from __future__ import annotations
@@ -117,29 +117,10 @@ async def read_batches(
         yield batch
 
 
-class _InFlight:
-    """A batch being applied on the sink's writer thread."""
+READ_AHEAD = 2
+"""Batches read from the log ahead of the one being written."""
 
-    def __init__(self, sink: BatchSink, records: list[LogRecord]) -> None:
-        self.records = records
-        self.task = asyncio.ensure_future(sink.apply_async(records))
-
-    async def result(self, on_batch: OnBatch | None) -> int:
-        applied = await self.task
-        if on_batch is not None:
-            offsets: dict[int, int] = {}
-            for record in self.records:
-                offsets[record.partition] = record.offset + 1
-            on_batch(
-                AppliedBatch(
-                    records=len(self.records),
-                    applied=applied,
-                    offsets=offsets,
-                    oldest_event_ms=min(r.event.time_ms for r in self.records),
-                    committed_ms=int(time.time() * 1000),
-                )
-            )
-        return applied
+_Read = list[LogRecord] | BaseException | None
 
 
 async def catch_up(
@@ -153,37 +134,48 @@ async def catch_up(
     """Apply everything the log has beyond the sink's offsets (or ``offsets``, read from the
     sink by the caller); return what was applied.
 
-    One transaction per batch; the next batch is read while the last one is written. If reading
-    fails, the batch in flight is still applied before the error is raised.
+    One transaction per batch, in log order; a reader task stays up to ``READ_AHEAD`` batches
+    ahead. If reading fails, the batches read before the failure are applied, then it is raised.
     """
-    offsets = dict(await sink.offsets_async() if offsets is None else offsets)
+    start = dict(await sink.offsets_async() if offsets is None else offsets)
+    read: asyncio.Queue[_Read] = asyncio.Queue(maxsize=READ_AHEAD)
+    reader = asyncio.create_task(_read_ahead(log, start, batch, read))
     applied = 0
-    in_flight: _InFlight | None = None
     try:
-        async for records in read_batches(log, offsets, batch):
-            if in_flight is not None:
-                done, in_flight = in_flight, None
-                applied += await done.result(on_batch)
-            in_flight = _InFlight(sink, records)
-        if in_flight is not None:
-            done, in_flight = in_flight, None
-            applied += await done.result(on_batch)
-    except BaseException as exc:
-        if in_flight is not None:
-            await _settle(in_flight.task, wait=isinstance(exc, Exception))
-        raise
+        while (records := await read.get()) is not None:
+            if isinstance(records, BaseException):
+                raise records
+            done = await sink.apply_async(records)
+            applied += done
+            if on_batch is not None:
+                on_batch(_applied_batch(records, done))
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
     return applied
 
 
-async def _settle(task: asyncio.Future[int], *, wait: bool) -> None:
-    """Let a batch in flight end (it commits or not: the next pass starts from the stored
-    offsets either way); its own error, if any, shows again on the next pass."""
-    if not wait:
-        task.cancel()  # we are being cancelled: do not wait (a write already running still ends)
+async def _read_ahead(log: EventLog, offsets: dict[int, int], size: int, into: asyncio.Queue[_Read]) -> None:
+    try:
+        async for records in read_batches(log, offsets, size):
+            await into.put(records)
+    except Exception as exc:
+        await into.put(exc)
         return
-    await asyncio.wait([task])
-    if not task.cancelled():
-        task.exception()
+    await into.put(None)
+
+
+def _applied_batch(records: list[LogRecord], applied: int) -> AppliedBatch:
+    offsets: dict[int, int] = {}
+    for record in records:
+        offsets[record.partition] = record.offset + 1
+    return AppliedBatch(
+        records=len(records),
+        applied=applied,
+        offsets=offsets,
+        oldest_event_ms=min(r.event.time_ms for r in records),
+        committed_ms=int(time.time() * 1000),
+    )
 
 
 async def rebuild(
