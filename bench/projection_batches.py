@@ -192,9 +192,9 @@ class Stores:
         if kind == "sqlite_old":
             return self.baseline.SqliteProjectionStore(self.tmp / f"{name}.db")
         self.schemas.append(name)
-        if kind == "postgres_old":
-            return self.baseline.PostgresProjectionStore(self.dsn, schema=name)
-        store = PostgresProjectionStore(self.dsn, schema=name)
+        if kind == "postgres_old":  # one connection: its backend's CPU is the server's share
+            return self.baseline.PostgresProjectionStore(self.dsn, schema=name, max_size=1)
+        store = PostgresProjectionStore(self.dsn, schema=name, max_size=1)
         store.writer_class = writer
         return store
 
@@ -211,11 +211,29 @@ class Stores:
 # --------------------------------------------------------------------------- measures
 
 
-async def timed(events: int, work: Callable[[], Awaitable[Any]]) -> dict[str, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
+def backend_pid(store: Any) -> int | None:
+    """The PostgreSQL backend of a one-connection store (None for SQLite)."""
+    if not hasattr(store, "schema"):
+        return None
+    return int(store._query("SELECT pg_backend_pid() AS pid")[0]["pid"])
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds a local process has used (the PostgreSQL backend runs on this machine)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def timed(events: int, work: Callable[[], Awaitable[Any]], server: int | None) -> dict[str, float]:
+    wall, cpu, server_cpu = time.perf_counter(), time.process_time(), process_cpu_s(server)
     await work()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"events_per_s": events / wall, "cpu_us": cpu / events * 1e6}
+    result = {"events_per_s": events / wall, "cpu_us": cpu / events * 1e6}
+    if server is not None:
+        result["server_cpu_us"] = (process_cpu_s(server) - server_cpu) / events * 1e6
+    return result
 
 
 async def apply_all(store: Any, batches: list[list[LogRecord]]) -> None:
@@ -251,10 +269,13 @@ def sqlite_floor(tmp: Path, rows: list[list[tuple[Any, ...]]]) -> Callable[[], A
     return work
 
 
-def postgres_floor(dsn: str, rows: list[list[tuple[Any, ...]]], how: str) -> Callable[[], Awaitable[None]]:
+def postgres_floor(
+    dsn: str, rows: list[list[tuple[Any, ...]]], how: str
+) -> tuple[Callable[[], Awaitable[None]], int]:
     import psycopg
 
     conn = psycopg.connect(dsn)
+    pid = conn.info.backend_pid
     schema = f"bench_floor_{uuid.uuid4().hex[:8]}"
     conn.execute(f"CREATE SCHEMA {schema}")
     conn.execute(f"SET search_path = {schema}")
@@ -274,7 +295,7 @@ def postgres_floor(dsn: str, rows: list[list[tuple[Any, ...]]], how: str) -> Cal
         conn.commit()
         conn.close()
 
-    return work
+    return work, pid
 
 
 async def old_rebuild(log: EventLog, store: Any, baseline: Any) -> int:
@@ -303,8 +324,10 @@ class Bench:
         self.reps = reps
         self.runs: dict[str, list[dict[str, float]]] = {}
 
-    async def case(self, name: str, work: Callable[[], Awaitable[Any]], close: Any = None) -> None:
-        result = await timed(self.events, work)
+    async def case(
+        self, name: str, work: Callable[[], Awaitable[Any]], close: Any = None, server: int | None = None
+    ) -> None:
+        result = await timed(self.events, work, server if server is not None else backend_pid(close))
         if close is not None:
             close.close()
         self.runs.setdefault(name, []).append(result)
@@ -327,7 +350,8 @@ class Bench:
             store = self.stores.open(kind, writer)
             await self.case(name, lambda s=store: apply_all(s, self.batches), store)
         for how in ("copy", "many"):
-            await self.case(f"apply postgres floor {how}", postgres_floor(self.stores.dsn, rows, how))
+            work, pid = postgres_floor(self.stores.dsn, rows, how)
+            await self.case(f"apply postgres floor {how}", work, server=pid)
 
     async def rebuild_cases(self, kafka: tuple[str, str] | None) -> None:
         sources: list[tuple[str, Callable[[], Awaitable[EventLog]], tuple[str, ...]]] = [
@@ -357,6 +381,17 @@ class Bench:
         reader = KafkaEventLog(bootstrap, topic=topic, partitions=PARTITIONS, owner=False)
         await reader.start()
         return reader
+
+
+def code_version() -> str:
+    """The commit measured, with "+changes" when projections/ or this file differ from it."""
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "projections", "bench/projection_batches.py"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return head + ("+changes" if dirty else "")
 
 
 def load() -> str:
@@ -391,6 +426,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
                 await delete_topics(*kafka)
     return {
+        "commit": code_version(),
         "events": events,
         "sessions": args.sessions,
         "turns": args.turns,
@@ -405,8 +441,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> str:
     r = report["results"]
-    out = ["| case | events/s | CPU µs/event (this process) |", "|---|---:|---:|"]
-    out += [f"| {name} | {v['events_per_s']:,.0f} | {v['cpu_us']:.1f} |" for name, v in r.items()]
+    out = ["| case | events/s | CPU µs/event: this process | PostgreSQL backend |", "|---|---:|---:|---:|"]
+    for name, v in r.items():
+        server = f"{v['server_cpu_us']:.1f}" if "server_cpu_us" in v else "-"
+        out.append(f"| {name} | {v['events_per_s']:,.0f} | {v['cpu_us']:.1f} | {server} |")
     return "\n".join(out)
 
 
