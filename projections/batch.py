@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Sequence
 
 from engine.errors import OutOfOrderError
@@ -87,6 +88,18 @@ def load_rows(query: Query, session_ids: Iterable[str]) -> dict[str, SessionRow]
     return rows
 
 
+def _key_getter(columns: tuple[str, ...]) -> Callable[[Row], tuple[Any, ...]]:
+    if len(columns) == 1:
+        (column,) = columns
+        return lambda row: (row[column],)
+    return itemgetter(*columns)
+
+
+_KEY_OF = {table: _key_getter(columns) for table, columns in PRIMARY_KEYS.items()}
+"""Each table's primary key of a row (or of an update's ``where``), as a tuple."""
+_KEY_COLUMNS = {table: frozenset(columns) for table, columns in PRIMARY_KEYS.items()}
+
+
 class _Fold:
     """The batch's new rows per (session, table), and the updates that must go to the database."""
 
@@ -99,12 +112,11 @@ class _Fold:
     def insert(self, session_id: str, change: Insert) -> None:
         row = change.row  # a fresh dict from its rule
         self.new[(session_id, change.table)].append(row)
-        self.by_key[(change.table, tuple(row[c] for c in PRIMARY_KEYS[change.table]))] = row
+        self.by_key[(change.table, _KEY_OF[change.table](row))] = row
 
     def update(self, row: SessionRow, change: Update) -> None:
-        key = PRIMARY_KEYS[change.table]
-        if all(c in change.where for c in key):
-            new = self.by_key.get((change.table, tuple(change.where[c] for c in key)))
+        if _KEY_COLUMNS[change.table] <= change.where.keys():
+            new = self.by_key.get((change.table, _KEY_OF[change.table](change.where)))
             if new is not None and change.matches(new):
                 new.update(change.values)
                 return  # the row is the batch's own: nothing in the database has its key

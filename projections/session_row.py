@@ -9,7 +9,6 @@ is still at the version it was read at.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 SESSION_VALUES = ("current_state", "closed", "close_reason")
@@ -46,7 +45,7 @@ class SessionRow:
         """The row's columns as its first event sets them, when the session starts in this batch."""
         self.time_ms = 0
         self.values: dict[str, Any] = {}
-        self.increments: Counter[str] = Counter()
+        self.increments: dict[str, int] = {}
 
     def create(self, columns: dict[str, Any], version: int, *, message_count: int = 0) -> None:
         """The session's first event (at ``version``) makes the row with ``columns``."""
@@ -61,21 +60,21 @@ class SessionRow:
         self.time_ms = time_ms
 
     def set(self, **values: Any) -> None:
-        unknown = set(values) - set(SESSION_VALUES)
-        if unknown:
-            raise ValueError(f"sessions columns {sorted(unknown)} are not settable; see SESSION_VALUES")
-        self.values.update(values)
+        for column, value in values.items():
+            if column not in SESSION_VALUES:
+                raise ValueError(f"sessions.{column} is not settable by an event; see SESSION_VALUES")
+            self.values[column] = value
 
     def add(self, **increments: int) -> None:
-        unknown = set(increments) - set(SESSION_COUNTERS)
-        if unknown:
-            raise ValueError(f"sessions columns {sorted(unknown)} are not counters; see SESSION_COUNTERS")
-        self.increments.update(increments)
+        for column, added in increments.items():
+            if column not in SESSION_COUNTERS:
+                raise ValueError(f"sessions.{column} is not a counter; see SESSION_COUNTERS")
+            self.increments[column] = self.increments.get(column, 0) + added
 
     def next_message_seq(self) -> int:
         """Count one more message and return its ``seq`` (1-based, per session)."""
         self.message_count += 1
-        self.increments["message_count"] += 1
+        self.increments["message_count"] = self.increments.get("message_count", 0) + 1
         return self.message_count
 
     def insert_row(self) -> dict[str, Any] | None:
@@ -96,7 +95,7 @@ class SessionRow:
             self.version,
             self.time_ms,
             *(self.values.get(c) for c in SESSION_VALUES),
-            *(self.increments[c] for c in SESSION_COUNTERS),
+            *(self.increments.get(c, 0) for c in SESSION_COUNTERS),
             self.session_id,
             self.base_version,
         )
