@@ -9,8 +9,8 @@ The workload is real engine output: ``--sessions`` sessions talking at once (so 
 interleave in every partition), ``--turns`` turns each, two tool calls per turn, on an embedded
 log of 8 partitions; with Kafka it is copied record by record to a fresh 8-partition topic.
 
-* **apply**: the records, read into memory first, applied in batches of 2,000 (the grouping
-  ``projections.rebuild`` uses) into a fresh store: the store's cost alone. ``old`` is the code
+* **apply**: the records, read into memory first, applied in batches of ``BATCH`` (5,000: the
+  grouping ``projections.rebuild`` uses) into a fresh store: the store's cost alone. ``old`` is the code
   before the batched apply (``--baseline``, imported from git: one SELECT of the version and one
   round trip per statement, per event); ``new`` the batched apply; on PostgreSQL also two other
   ways to send the same plan: ``executemany`` (new rows as INSERTs in a pipeline instead of
@@ -62,11 +62,10 @@ from projections import PostgresProjectionStore, SqliteProjectionStore, rebuild
 from projections.batch import Group, NewRows
 from projections.changes import insert_sql
 from projections.postgres import PostgresWriter, to_pyformat
-from projections.rebuild import read_batches
+from projections.rebuild import BATCH, read_batches
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 8
-BATCH = 2000
 BASELINE = "2c68758"
 """The last commit before the batched apply: the ``old`` columns."""
 

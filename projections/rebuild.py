@@ -17,7 +17,7 @@ from engine.log.base import EventLog, LogRecord
 
 from .store import ProjectionStore
 
-BATCH = 2000
+BATCH = 5000
 """Records per transaction (from one partition or several)."""
 
 
