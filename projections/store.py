@@ -3,8 +3,8 @@
 A batch of log records is applied in ONE transaction together with the projector's offsets,
 so a crash between the two cannot double-apply or skip. Each event is applied only if it is
 its session's next version (seed §7.3): a replay is a no-op, a gap raises OutOfOrderError
-(``batch.plan_batch``; the batch's statements go to the database grouped, one executemany per
-group).
+(``batch.plan_batch``: the guard runs in memory, the batch's new rows go in bulk, its updates of
+older rows in groups of one ``executemany`` each).
 
 Every write runs on the store's one writer thread (``write`` / ``write_async``), never on the
 caller's: an event loop that awaits ``apply_async`` keeps running while the database works (a
