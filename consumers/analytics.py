@@ -12,6 +12,7 @@ import structlog
 
 from engine.log.base import EventLog
 from projections.analytics import AnalyticsStore
+from projections.rebuild import Follower
 from projections.store import ProjectionStore
 
 GROUP = "analytics"
@@ -26,24 +27,16 @@ class AnalyticsConsumer:
         self.tables = AnalyticsStore(store)
         self.batch = batch
         self.idle_wait_s = idle_wait_s
+        self._follower = Follower(event_log, self.tables, batch=batch)
         self._stop = asyncio.Event()
 
     async def catch_up(self) -> int:
-        """Fold everything beyond the group's offsets into the aggregates; return records read."""
-        total = 0
-        for partition in range(self.log.partitions):
-            while records := await self.log.read_partition(
-                partition, self.tables.next_offset(partition), self.batch
-            ):
-                total += self.tables.apply(records)
-        return total
+        """Fold everything beyond the group's offsets into the aggregates; return records counted."""
+        return await self._follower.catch_up()
 
     async def lag(self) -> dict[int, int]:
         """Records per partition the group has not read yet."""
-        return {
-            p: max(0, await self.log.end_offset(p) - self.tables.next_offset(p))
-            for p in range(self.log.partitions)
-        }
+        return {p: lag.records for p, lag in (await self._follower.lag()).items()}
 
     async def run(self) -> None:
         log.info("analytics.start", group=GROUP)

@@ -1,7 +1,9 @@
 """The projector: folds the log into the SQL read models, exactly once.
 
 It keeps its offsets inside the projection store (same transaction as the rows) instead of in
-the log's consumer-group table, so rows and offsets can never disagree.
+the log's consumer-group table, so rows and offsets can never disagree. Each batch of records
+is one transaction, written on the store's writer thread: a slow database delays the read
+models, never the event loop the projector shares (the gateway runs one in-process).
 """
 
 from __future__ import annotations
@@ -11,21 +13,43 @@ import asyncio
 import structlog
 
 from engine.log.base import EventLog
-from projections.rebuild import catch_up
+from projections.rebuild import BATCH, AppliedBatch, Follower, OnBatch, PartitionLag
 from projections.store import ProjectionStore
 
 log = structlog.get_logger("turnlog.projector")
 
 
 class Projector:
-    def __init__(self, event_log: EventLog, store: ProjectionStore, *, idle_wait_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        event_log: EventLog,
+        store: ProjectionStore,
+        *,
+        idle_wait_s: float = 0.5,
+        batch: int = BATCH,
+        on_batch: OnBatch | None = None,
+    ) -> None:
         self.log = event_log
         self.store = store
         self.idle_wait_s = idle_wait_s
+        self._follower = Follower(event_log, store, batch=batch, on_batch=on_batch)
         self._stop = asyncio.Event()
 
     async def catch_up(self) -> int:
-        return await catch_up(self.log, self.store)
+        """Apply everything appended so far; return events applied (one pass at a time)."""
+        return await self._follower.catch_up()
+
+    async def lag(self) -> dict[int, PartitionLag]:
+        """Per partition: the log's end offset against the next offset to apply, and how long the
+        oldest record not applied yet has waited (``PartitionLag.behind_ms``). No database read
+        once a pass has run; one end offset and at most one record per partition from the log."""
+        return await self._follower.lag()
+
+    @property
+    def last_batch(self) -> AppliedBatch | None:
+        """The newest committed batch: ``committed_ms - oldest_event_ms`` is how long its oldest
+        event waited to be visible in the read models."""
+        return self._follower.last_batch
 
     async def run(self) -> None:
         log.info("projector.start")

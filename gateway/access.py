@@ -49,8 +49,15 @@ async def projected(gw: Gateway, state: SessionState) -> dict[str, Any]:
 
 async def session_view(gw: Gateway, state: SessionState) -> dict[str, Any]:
     """The projection row, plus from the fold: whether a turn runs (it can be cancelled) and the
-    tool calls waiting for a decision."""
+    tool calls waiting for a decision. The projector writes on its own thread, so its row can be
+    ahead of the state folded a moment ago: then the state is folded again, so both describe the
+    same version (a paused row always comes with its waiting calls)."""
     row = await projected(gw, state)
+    for _ in range(3):
+        if int(row["state_version"]) <= state.version:
+            break
+        state = await gw.api.get_state(state.session_id)
+        row = await projected(gw, state)
     return {**row, "turn_running": state.turn is not None, "pending_approvals": pending_approvals(state)}
 
 

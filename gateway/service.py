@@ -98,10 +98,12 @@ class Gateway:
 
     async def consumer_lag(self) -> dict[tuple[str, int], int]:
         lag: dict[tuple[str, int], int] = {}
+        projector = await self.projector.lag()  # offsets kept in memory: no database read on the loop
+        analytics = await self.analytics.lag()
         for p in range(self.log.partitions):
             end = await self.log.end_offset(p)
-            lag[("projector", p)] = max(0, end - self.store.next_offset(p))
-            lag[(ANALYTICS_GROUP, p)] = max(0, end - self.analytics.tables.next_offset(p))
+            lag[("projector", p)] = projector[p].records
+            lag[(ANALYTICS_GROUP, p)] = analytics[p]
             for group in (WORKER_GROUP, OBSERVE_GROUP):
                 lag[(group, p)] = max(0, end - await self.log.committed(group, p))
         return lag

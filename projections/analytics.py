@@ -3,7 +3,9 @@
 Counters per UTC day (of the event's own time, so a replay gives the same rows): sessions, turns,
 model calls and errors, tokens, tool calls, guard stops; and per day and tool: calls, successes,
 latency. A batch of records is folded in memory and written in one transaction with the
-analytics group's offsets, so every event is counted exactly once whatever crashes.
+analytics group's offsets (on the store's writer thread), so every event is counted exactly
+once whatever crashes: records below the stored offsets are dropped inside that transaction, so
+even a batch handed over twice is counted once.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Iterable
 
 from engine import events as ev
 from engine.log.base import LogRecord
 
-from .store import ProjectionStore, Row
+from .batch import Group
+from .store import ProjectionStore, Row, Writer
 
 DAILY_COUNTERS = (
     "sessions",
@@ -56,6 +60,10 @@ _UPSERT_DAY = (
     f"INSERT INTO analytics_daily (day, {', '.join(DAILY_COUNTERS)}) "
     f"VALUES (?, {', '.join('?' for _ in DAILY_COUNTERS)}) ON CONFLICT (day) DO UPDATE SET "
     + ", ".join(f"{c} = analytics_daily.{c} + excluded.{c}" for c in DAILY_COUNTERS)
+)
+_UPSERT_OFFSET = (
+    "INSERT INTO analytics_offsets (log_partition, next_offset) VALUES (?, ?) "
+    "ON CONFLICT (log_partition) DO UPDATE SET next_offset = excluded.next_offset"
 )
 _UPSERT_TOOL = (
     "INSERT INTO analytics_daily_tools (day, tool_name, calls, successes, elapsed_ms_total, elapsed_ms_max) "
@@ -109,9 +117,7 @@ class AnalyticsStore:
 
     def __init__(self, store: ProjectionStore) -> None:
         self.store = store
-        with store._transaction():
-            for ddl in TABLES.values():
-                store._execute(ddl)
+        store.write(_create)
 
     def next_offset(self, partition: int) -> int:
         rows = self.store._query(
@@ -119,27 +125,15 @@ class AnalyticsStore:
         )
         return int(rows[0]["next_offset"]) if rows else 0
 
+    async def offsets_async(self) -> dict[int, int]:
+        return await self.store.write_async(_offsets)
+
     def apply(self, records: Iterable[LogRecord]) -> int:
-        batch, ends, count = Batch(), {}, 0
-        for record in records:
-            batch.add(record.event)
-            ends[record.partition] = record.offset + 1
-            count += 1
-        store = self.store
-        with store._transaction():
-            for day, counts in batch.days.items():
-                store._execute(_UPSERT_DAY, (day, *(counts[c] for c in DAILY_COUNTERS)))
-            for (day, tool_name), t in batch.tools.items():
-                store._execute(
-                    _UPSERT_TOOL, (day, tool_name, t.calls, t.successes, t.elapsed_ms_total, t.elapsed_ms_max)
-                )
-            for partition, offset in ends.items():
-                store._execute(
-                    "INSERT INTO analytics_offsets (log_partition, next_offset) VALUES (?, ?) "
-                    "ON CONFLICT (log_partition) DO UPDATE SET next_offset = excluded.next_offset",
-                    (partition, offset),
-                )
-        return count
+        """Count records beyond the stored offsets and advance them, atomically; return records counted."""
+        return self.store.write(partial(_count, list(records)))
+
+    async def apply_async(self, records: Iterable[LogRecord]) -> int:
+        return await self.store.write_async(partial(_count, list(records)))
 
     def daily(self, since_day: str) -> list[Row]:
         return self.store._query("SELECT * FROM analytics_daily WHERE day >= ? ORDER BY day", (since_day,))
@@ -150,8 +144,40 @@ class AnalyticsStore:
         )
 
     def reset(self) -> None:
-        with self.store._transaction():
-            for table in TABLES:
-                self.store._execute(f"DROP TABLE IF EXISTS {table}")
-            for ddl in TABLES.values():
-                self.store._execute(ddl)
+        self.store.write(_reset)
+
+
+def _create(writer: Writer) -> None:
+    for ddl in TABLES.values():
+        writer.execute(ddl)
+
+
+def _reset(writer: Writer) -> None:
+    for table in TABLES:
+        writer.execute(f"DROP TABLE IF EXISTS {table}")
+    _create(writer)
+
+
+def _offsets(writer: Writer) -> dict[int, int]:
+    rows = writer.query("SELECT log_partition, next_offset FROM analytics_offsets")
+    return {int(r["log_partition"]): int(r["next_offset"]) for r in rows}
+
+
+def _count(records: list[LogRecord], writer: Writer) -> int:
+    stored = _offsets(writer)
+    batch, ends, count = Batch(), dict(stored), 0
+    for record in records:
+        if record.offset < ends.get(record.partition, 0):
+            continue  # counted already (a stale or replayed batch)
+        batch.add(record.event)
+        ends[record.partition] = record.offset + 1
+        count += 1
+    days = [(day, *(counts[c] for c in DAILY_COUNTERS)) for day, counts in batch.days.items()]
+    tools = [
+        (day, name, t.calls, t.successes, t.elapsed_ms_total, t.elapsed_ms_max)
+        for (day, name), t in batch.tools.items()
+    ]
+    moved = [(p, offset) for p, offset in ends.items() if offset != stored.get(p)]
+    groups = [Group(_UPSERT_DAY, days), Group(_UPSERT_TOOL, tools), Group(_UPSERT_OFFSET, moved)]
+    writer.run_groups([g for g in groups if g.rows])
+    return count

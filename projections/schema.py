@@ -7,6 +7,7 @@ so dropping the tables and refolding the log from offset 0 gives identical rows.
 from __future__ import annotations
 
 import hashlib
+import re
 
 TABLES: dict[str, str] = {
     "sessions": """
@@ -171,3 +172,16 @@ ORDER_BY = {
     "snapshots": "session_id, version",
     "forks": "session_id",
 }
+
+
+def _primary_key(ddl: str) -> tuple[str, ...]:
+    composite = re.search(r"PRIMARY KEY \(([^)]*)\)", ddl)
+    if composite:
+        return tuple(c.strip() for c in composite.group(1).split(","))
+    inline = re.search(r"(\w+)\s+\w+\s+PRIMARY KEY", ddl)
+    assert inline is not None, f"no primary key in {ddl[:60]!r}"
+    return (inline.group(1),)
+
+
+PRIMARY_KEYS: dict[str, tuple[str, ...]] = {name: _primary_key(ddl) for name, ddl in TABLES.items()}
+"""Each table's key columns, read from the DDL above (projections/batch.py folds updates by them)."""

@@ -9,94 +9,85 @@ to its origin in ``forks``.
 
 from __future__ import annotations
 
+import json
+
 from engine import events as ev
 from engine.models.base import estimate_tokens
 from engine.snapshots import decode_state
 
-from .apply import Statement, session_update
+from .changes import Change, insert
+from .session_row import SessionRow
 
 
-def snapshot_taken(e: ev.SnapshotTaken) -> list[Statement]:
+def snapshot_taken(e: ev.SnapshotTaken, row: SessionRow) -> list[Change]:
     return [
-        session_update(e),
-        (
-            "INSERT INTO snapshots (session_id, version, status, last_tool, turns, input_tokens, "
-            "output_tokens, message_count, state_format, turn_id, taken_at_ms) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                e.session_id,
-                e.version,
-                e.status,
-                e.last_tool,
-                e.turns,
-                e.input_tokens,
-                e.output_tokens,
-                e.message_count,
-                e.state_format,
-                e.correlation_id,
-                e.time_ms,
-            ),
-        ),
+        insert(
+            "snapshots",
+            session_id=e.session_id,
+            version=e.version,
+            status=e.status,
+            last_tool=e.last_tool,
+            turns=e.turns,
+            input_tokens=e.input_tokens,
+            output_tokens=e.output_tokens,
+            message_count=e.message_count,
+            state_format=e.state_format,
+            turn_id=e.correlation_id,
+            taken_at_ms=e.time_ms,
+        )
     ]
 
 
-def session_forked(e: ev.SessionForked) -> list[Statement]:
+def session_forked(e: ev.SessionForked, row: SessionRow) -> list[Change]:
     where = f"session {e.session_id} v{e.version}"
     state = decode_state(e.state_json, e.state_format, where=where)
-    statements: list[Statement] = [
-        (
-            "INSERT INTO sessions (session_id, user_id, agent_id, role, model_name, current_state, "
-            "state_version, message_count, turns, input_tokens, output_tokens, start_time_ms, "
-            "update_time_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                e.session_id,
-                state.user_id,
-                e.agent_id,
-                state.role,
-                e.model,
-                str(state.status),
-                e.version,
-                len(state.messages),
-                state.turns_finished,
-                state.input_tokens,
-                state.output_tokens,
-                e.time_ms,
-                e.time_ms,
-            ),
-        ),
-        (
-            "INSERT INTO forks (session_id, origin_session_id, origin_version, forked_at_ms) "
-            "VALUES (?, ?, ?, ?)",
-            (e.session_id, e.origin_session_id, e.origin_version, e.time_ms),
-        ),
+    row.create(
+        {
+            "session_id": e.session_id,
+            "user_id": state.user_id,
+            "agent_id": e.agent_id,
+            "role": state.role,
+            "model_name": e.model,
+            "current_state": str(state.status),
+            "turns": state.turns_finished,
+            "input_tokens": state.input_tokens,
+            "output_tokens": state.output_tokens,
+            "start_time_ms": e.time_ms,
+        },
+        e.version,
+        message_count=len(state.messages),
+    )
+    changes: list[Change] = [
+        insert(
+            "forks",
+            session_id=e.session_id,
+            origin_session_id=e.origin_session_id,
+            origin_version=e.origin_version,
+            forked_at_ms=e.time_ms,
+        )
     ]
     for seq, m in enumerate(state.messages, start=1):
-        statements.append(
-            (
-                "INSERT INTO messages (session_id, seq, message_id, role, content, tool_calls_json, "
-                "tool_call_id, tool_name, token_count, turn_id, version, created_at_ms) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
-                (
-                    e.session_id,
-                    seq,
-                    f"{e.event_id}:{seq}",
-                    m.role,
-                    m.content,
-                    _calls_json(m.tool_calls),
-                    m.tool_call_id,
-                    m.name,
-                    estimate_tokens(m.content),
-                    e.version,
-                    e.time_ms,
-                ),
+        changes.append(
+            insert(
+                "messages",
+                session_id=e.session_id,
+                seq=seq,
+                message_id=f"{e.event_id}:{seq}",
+                role=m.role,
+                content=m.content,
+                tool_calls_json=_calls_json(m.tool_calls),
+                tool_call_id=m.tool_call_id,
+                tool_name=m.name,
+                token_count=estimate_tokens(m.content),
+                turn_id=None,
+                version=e.version,
+                created_at_ms=e.time_ms,
             )
         )
-    return statements
+    return changes
 
 
 def _calls_json(calls: tuple[ev.ToolCallSpec, ...]) -> str | None:
-    import json
-
     if not calls:
         return None
     rows = [{"id": c.call_id, "name": c.name, "arguments": c.arguments_json} for c in calls]

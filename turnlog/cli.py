@@ -229,7 +229,7 @@ async def _rebuild(side: ReadSide) -> int:
             TextColumn("rebuilding projections"), BarColumn(), MofNCompleteColumn(), console=console
         ) as bar:
             task = bar.add_task("rebuild", total=None)
-            applied = await rebuild(log, store, progress=lambda n: bar.advance(task, n))
+            applied = await rebuild(log, store, on_batch=lambda b: bar.advance(task, b.records))
             bar.update(task, total=bar.tasks[0].completed)
         sessions_count = len(store.sessions(10**9))
         console.print(f"rebuilt {sessions_count} sessions from {applied} events")
