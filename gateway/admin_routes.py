@@ -72,7 +72,8 @@ class AdminRoutes:
                 known = ", ".join(sorted(a.agent_id for a in self.gw.api.agents)) or "none"
                 raise HttpError(422, "unknown_agent", f"no agent {agent_id!r}; known agents: {known}")
             model = self.gw.api.agents.get(agent_id).model.name
-        forked = await self.admin.fork(state.session_id, version, agent_id=agent_id, model=model)
+        submitted = await self.admin.fork(state.session_id, version, agent_id=agent_id, model=model)
+        forked = await self.gw.api.on_log(submitted, "the fork")  # on Kafka: once its owner sequenced it
         (written,) = await appended(self.gw, [forked])
         fork_state = await self.gw.api.get_state(forked.session_id)
         return JSONResponse(
