@@ -16,6 +16,7 @@ from typing import Sequence
 import structlog
 
 from ..memory.base import Memory, MemoryStore
+from ..models.base import Model
 
 log = structlog.get_logger("turnlog.context")
 
@@ -29,6 +30,9 @@ class MemoryPolicy:
     """Similarity below which a memory is not relevant enough to show (0.3 suits the default
     multilingual embedder: relevant facts score from about 0.31, unrelated ones mostly below 0.25)."""
     limit: int = 5
+    extractor: Model | None = None
+    """The model that lists the facts worth keeping at the end of each answered task (the memory
+    consumer asks it, off the turn's path); None stores only what the ``remember`` tool notes."""
 
 
 async def retrieve(policy: MemoryPolicy, user_id: str, query: str) -> list[Memory]:
