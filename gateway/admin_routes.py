@@ -31,7 +31,7 @@ class AdminRoutes:
 
     async def sessions(self, request: Request) -> Response:
         limit = int_param(request, "limit", 50, 1, 500)
-        await self.gw.projector.catch_up()
+        await self.gw.catch_up_projections()
         params = request.query_params
         rows = queries.list_sessions(
             self.gw.store,
@@ -105,7 +105,7 @@ class AdminRoutes:
 
     async def analytics(self, request: Request) -> Response:
         days = int_param(request, "days", 30, 1, 3660)
-        await self.gw.analytics.catch_up()
+        await self.gw.catch_up_analytics()
         return JSONResponse(self.gw.analytics.report(days))
 
     async def metrics(self, request: Request) -> Response:

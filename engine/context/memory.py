@@ -33,6 +33,9 @@ class MemoryPolicy:
     extractor: Model | None = None
     """The model that lists the facts worth keeping at the end of each answered task (the memory
     consumer asks it, off the turn's path); None stores only what the ``remember`` tool notes."""
+    remember_tool: bool = True
+    """Offer the built-in ``remember`` tool. False for a small model that does better with fewer
+    tools: memories are still retrieved before each turn (and extracted, with an extractor)."""
 
 
 async def retrieve(policy: MemoryPolicy, user_id: str, query: str) -> list[Memory]:
