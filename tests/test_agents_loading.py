@@ -59,7 +59,8 @@ def test_the_option_then_the_environment_then_the_config_file_then_the_example(
     monkeypatch.delenv("TURNLOG_CONFIG", raising=False)
     assert agents_target(None, tmp_path).target == DEFAULT_AGENTS
     (tmp_path / "turnlog.toml").write_text('agents = "from.file:directory"\n')
-    assert agents_target(None, tmp_path) == AgentsTarget("from.file:directory", str(tmp_path / "turnlog.toml"))
+    from_file = AgentsTarget("from.file:directory", str(tmp_path / "turnlog.toml"))
+    assert agents_target(None, tmp_path) == from_file
     monkeypatch.setenv("TURNLOG_AGENTS", "from.env:directory")
     assert agents_target(None, tmp_path) == AgentsTarget("from.env:directory", "TURNLOG_AGENTS")
     assert agents_target("from.option:d", tmp_path) == AgentsTarget("from.option:d", "--agents")
