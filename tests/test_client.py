@@ -22,10 +22,10 @@ AGENTS = "tests.agentpkg.good:directory"
 
 
 @contextlib.asynccontextmanager
-async def worker_and_log(backend: str, tmp_path: Path) -> AsyncIterator[EventLog]:
-    """`turnlog worker` in its own process, and this process's handle on the same log (on Kafka,
-    one that owns no partition)."""
-    common = ["worker", "--agents", AGENTS, "--partitions", str(PARTITIONS), "--id", "client-test-worker"]
+async def worker_and_log(backend: str, tmp_path: Path, agents: str = AGENTS) -> AsyncIterator[EventLog]:
+    """`turnlog worker --agents AGENTS` in its own process, and this process's handle on the same
+    log (on Kafka, one that owns no partition)."""
+    common = ["worker", "--agents", agents, "--partitions", str(PARTITIONS), "--id", "client-test-worker"]
     if backend == "sqlite":
         home = tmp_path / "home"
         log: EventLog = SqliteEventLog(home / "log.db", partitions=PARTITIONS)
