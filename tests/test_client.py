@@ -22,10 +22,21 @@ AGENTS = "tests.agentpkg.good:directory"
 
 
 @contextlib.asynccontextmanager
-async def worker_and_log(backend: str, tmp_path: Path, agents: str = AGENTS) -> AsyncIterator[EventLog]:
+async def worker_and_log(
+    backend: str, tmp_path: Path, agents: str = AGENTS, extra: tuple[str, ...] | list[str] = ()
+) -> AsyncIterator[EventLog]:
     """`turnlog worker --agents AGENTS` in its own process, and this process's handle on the same
     log (on Kafka, one that owns no partition)."""
-    common = ["worker", "--agents", agents, "--partitions", str(PARTITIONS), "--id", "client-test-worker"]
+    common = [
+        "worker",
+        "--agents",
+        agents,
+        "--partitions",
+        str(PARTITIONS),
+        "--id",
+        "client-test-worker",
+        *extra,
+    ]
     if backend == "sqlite":
         home = tmp_path / "home"
         log: EventLog = SqliteEventLog(home / "log.db", partitions=PARTITIONS)
@@ -38,7 +49,8 @@ async def worker_and_log(backend: str, tmp_path: Path, agents: str = AGENTS) -> 
         return
     bootstrap = need_service("TURNLOG_KAFKA_BOOTSTRAP")
     async with kafka_log(bootstrap, partitions=PARTITIONS, owner=False) as kafka:
-        args = [*common, "--kafka", bootstrap, "--topic", kafka.topics.events, "--home", str(tmp_path)]
+        home = tmp_path / "worker-home"
+        args = [*common, "--kafka", bootstrap, "--topic", kafka.topics.events, "--home", str(home)]
         program = Program("worker", args, tmp_path / "worker.log").start()
         try:
             yield kafka

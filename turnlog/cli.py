@@ -396,6 +396,27 @@ def worker_cmd(
 
 
 @app.command()
+def memory(
+    home: HomeOption = None,
+    kafka: Annotated[
+        str | None, typer.Option("--kafka", help="Kafka bootstrap address (default: the embedded log).")
+    ] = None,
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    agents: AgentsOption = None,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+) -> None:
+    """Write your agents' long-term memories (notes, facts extracted from answered tasks) in a
+    process of their own, until SIGTERM; run the workers with --no-memory. One per deployment."""
+    from .distributed import run_memory
+
+    side = ReadSide(home_dir(home), kafka, topic, partitions)
+    _run(run_memory(side, ModelSettings.from_env(base_url, api_key, model), agents=agents))
+
+
+@app.command()
 def analytics(
     kafka: Annotated[str, typer.Option("--kafka", help="Kafka bootstrap address.")],
     postgres: Annotated[str, typer.Option("--postgres", help="PostgreSQL DSN of the analytics tables.")],

@@ -1,7 +1,7 @@
 """Long-running processes of a deployment: a turn worker (on the embedded log, or a member of
-the Kafka owners' group) with its memory consumers, the projector and the analytics consumer
-(Kafka -> PostgreSQL). `turnlog worker`, `turnlog projector` and `turnlog analytics` run them;
-docker-compose.yml starts them."""
+the Kafka owners' group) with its memory consumers, the memory consumers alone, the projector
+and the analytics consumer (Kafka -> PostgreSQL). `turnlog worker`, `turnlog memory`, `turnlog
+projector` and `turnlog analytics` run them; docker-compose.yml starts them."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import structlog
 from consumers import Projector, TurnWorker
 from consumers.analytics import AnalyticsConsumer
 from engine import KafkaEventLog
+from engine.errors import ConfigurationError
 from engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
 
 from .agents import AgentContext, deployed_agents
@@ -107,6 +108,39 @@ async def run_worker(
             await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         await live.close()
+        await event_log.close()
+        await close_agents(directory)
+    return 0
+
+
+async def run_memory(side: ReadSide, settings: ModelSettings, *, agents: str | None) -> int:
+    """The memory consumers of the agents with a MemoryPolicy, on every partition, in a process
+    of their own (workers then run with --no-memory), until SIGTERM. On Kafka this process owns
+    no partition and keeps its groups' offsets on Kafka directly (engine.log.kafka_offsets):
+    run one such process per deployment."""
+    directory = deployed_agents(agents, AgentContext(side.home, settings, "memory"))
+    event_log = await side.open_log(owner=False, client_id="memory")
+    try:
+        consumers = memory_consumers(event_log, directory, owned_only=False)
+        if not consumers:
+            raise ConfigurationError(
+                "none of the agents has a MemoryPolicy, so there is no memory to write; give one "
+                "Agent.build(..., memory=MemoryPolicy(store)) or do not run `turnlog memory`"
+            )
+        if isinstance(event_log, KafkaEventLog):
+            for consumer in consumers:
+                event_log.persist_offsets(consumer.consumer.group)
+        stop = asyncio.Event()
+        stop_on_signals(stop.set)
+        tasks = [asyncio.create_task(c.run()) for c in consumers]
+        log.info("memory.ready", consumers=len(consumers), kafka=side.kafka)
+        try:
+            await stop.wait()
+        finally:
+            for consumer in consumers:
+                consumer.stop()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
         await event_log.close()
         await close_agents(directory)
     return 0
