@@ -13,6 +13,7 @@ Side effects go to TURNLOG_E2E_DSN, schema TURNLOG_E2E_SCHEMA, table ``side_effe
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -58,12 +59,12 @@ def refund(session: str, amount: int, call_id: str) -> str:
 
 
 @tool(idempotent=True, timeout_s=HOLD_LIMIT_S)
-def hold(session: str) -> str:
+async def hold(session: str) -> str:
     """Wait for the carrier (returns when the test releases the session)."""
     released = Path(os.environ["TURNLOG_E2E_RELEASE"]) / session
     deadline = time.monotonic() + HOLD_LIMIT_S
     while not released.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)  # a plain def runs in a thread: polling the file blocks no event loop
+        await asyncio.sleep(0.05)  # async: a long wait holds none of the default executor's few threads
     return "the carrier answered"
 
 
