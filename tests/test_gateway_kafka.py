@@ -189,3 +189,40 @@ def check_deltas(seen: list[SseMessage]) -> None:
         if mark.event == "delta":
             assert [m.event for m in marks[:i] if m.event != "delta"][-1] == "ModelCallStarted"
     assert "".join(m.json["text"] for m in marks if m.event == "delta") == desk.ANSWER
+
+
+async def test_serve_on_kafka_with_its_own_worker(tmp_path: Path) -> None:
+    """`turnlog serve --kafka --postgres` (worker and projector in the process: a member of the
+    owners' group) answers a turn with its deltas, and its projections follow."""
+    bootstrap, dsn = need_service("TURNLOG_KAFKA_BOOTSTRAP"), need_service("TURNLOG_POSTGRES_DSN")
+    write_keys(tmp_path / "keys.toml", KEYS)
+    topic, port = fresh_topic(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    with postgres_store(dsn) as store:
+        args = ["serve", "--home", str(tmp_path / "home"), "--port", str(port), "--keys",
+                str(tmp_path / "keys.toml"), "--kafka", bootstrap, "--topic", topic, "--partitions",
+                str(PARTITIONS), "--postgres", dsn, "--schema", store.schema,
+                "--agents", "tests.agentpkg.desk:directory"]  # fmt: skip
+        gateway = Program("gateway", args, tmp_path / "gateway.log").start()
+        try:
+            await wait_answering(url, KEYS["alice"][0], gateway)
+            async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+                created = await client.post("/v1/sessions", json={"agent": "desk"}, headers=auth("alice"))
+                assert created.status_code == 201, created.text
+                sid = created.json()["session_id"]
+                seen: list[SseMessage] = []
+                async with client.stream(
+                    "GET", f"/v1/sessions/{sid}/events", headers=auth("alice")
+                ) as response:
+                    stream = sse_messages(response)
+                    await read_until(stream, lambda m: m.event == "SessionCreated", seen)
+                    posted = await post(client, sid, "messages", {"text": "Where is A-17?"})
+                    assert posted["position"] is not None  # the owner sequenced it before answering
+                    await read_until(stream, turn_end(seen, 1), seen)
+                check_deltas(seen)
+                session = (await client.get(f"/v1/sessions/{sid}", headers=auth("alice"))).json()
+                assert (session["turns"], session["current_state"]) == (1, "FINISHED")
+        finally:
+            gateway.stop()
+            await delete_topics(bootstrap, topic)
+    assert "gateway-worker" in {m.json.get("producer") for m in seen}
