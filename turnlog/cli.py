@@ -24,6 +24,7 @@ from engine.models.base import Model
 from projections.rebuild import rebuild
 
 from . import admin_cli
+from .agents import DEFAULT_AGENTS, AgentContext, AgentsTarget, agents_target, load_agents
 from .app import EmbeddedApp, ReadSide
 from .config import ModelSettings, home_dir
 from .local_model import MODEL_NAME, assemble_model, local_model_installed, serve_local_model
@@ -89,8 +90,6 @@ class DemoAsk:
 
 
 async def _demo(home: Path, settings: ModelSettings, user: str, scripted: bool, ask: DemoAsk) -> int:
-    from .agents import DEFAULT_AGENTS, AgentContext, agents_target
-
     target = agents_target(ask.agents, home)
     with contextlib.ExitStack() as stack:  # the example gets the demo's model; your agents bring theirs
         model = _demo_model(home, settings, scripted, stack) if target.target == DEFAULT_AGENTS else None
@@ -145,10 +144,9 @@ def _assemble_local_model(home: Path) -> None:
         )
 
 
-async def _run_demo(context: Any, user: str, target: Any, ask: DemoAsk) -> int:
+async def _run_demo(context: AgentContext, user: str, target: AgentsTarget, ask: DemoAsk) -> int:
     from examples.logistics import TASK
 
-    from .agents import load_agents
     from .runtime import memory_consumers
 
     home = context.home

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.agent import AgentDirectory
 from engine.errors import ConfigurationError
@@ -20,6 +20,11 @@ from .app import ReadSide
 from .config import ModelSettings
 from .distributed import LiveLinks
 from .runtime import close_agents, memory_consumers
+
+if TYPE_CHECKING:  # the gateway extra is imported only when serving
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from gateway import GatewayConfig, KeyStore
 
 DEFAULT_KEYS_FILE = "keys.toml"
 
@@ -99,9 +104,9 @@ def serve(
 async def _serve(
     side: ReadSide,
     directory: AgentDirectory,
-    keys: Any,
-    config: Any,
-    tracing: Any,
+    keys: KeyStore,
+    config: GatewayConfig,
+    tracing: TracerProvider | None,
     *,
     host: str,
     port: int,
