@@ -152,9 +152,15 @@ class Gateway:
         log.info("gateway.start", worker=self.worker is not None, projector=self.config.run_projector)
 
     async def _hear(self, subscriber: KafkaLiveSubscriber) -> None:
-        """Feed the hub with what workers in other processes stream (deltas, commit notices)."""
-        async for item in subscriber.items():
-            self.hub.publish(item)
+        """Feed the hub with what workers in other processes stream (deltas, commit notices).
+        A failure here loses live items only (streams read events from the log): log, go on."""
+        while not self._stop.is_set():
+            try:
+                async for item in subscriber.items():
+                    self.hub.publish(item)
+            except Exception:
+                log.exception("gateway.live_feed_failed")
+                await asyncio.sleep(1.0)
 
     async def catch_up_projections(self) -> None:
         """Make the projections as fresh as this process can: fold the log into them, or (when
