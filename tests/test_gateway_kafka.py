@@ -150,6 +150,19 @@ async def after_a_restart(url: str, log: KafkaEventLog, sid: str, resume_at: int
             await read_until(sse_messages(response), lambda m: m.id == expected[-1], seen)
         assert [m.id for m in seen if m.id is not None] == expected  # each once, nothing before
 
+        turn = next(e for e in await log.read_session(sid) if isinstance(e, ev.ModelCallStarted))
+        for user, path in [
+            ("alice", "/v1/sessions"),
+            ("alice", f"/v1/sessions/{sid}/history"),
+            ("alice", f"/v1/sessions/{sid}/timeline"),
+            ("alice", f"/v1/sessions/{sid}/model_calls/{turn.turn_id}/{turn.step}"),
+            ("root", f"/v1/admin/sessions/{sid}/replay"),
+            ("root", "/v1/admin/sessions"),
+            ("root", "/v1/admin/analytics/daily"),
+            ("root", "/metrics"),
+        ]:
+            read = await client.get(path, headers=auth(user))
+            assert read.status_code == 200, (path, read.text)
         snapshots = (await client.get(f"/v1/admin/sessions/{sid}/snapshots", headers=auth("root"))).json()
         version = snapshots["snapshots"][-1]["version"]
         forked = await client.post(
