@@ -122,7 +122,9 @@ def _endpoint_script(today: dt.date) -> list[FakeReply]:
             tool_calls=[("call_r", "save_report", json.dumps({"title": "Anomalies", "body": "two orders"}))]
         ),
         FakeReply(text="Two customers affected; one notice could not be sent. The report is saved."),
-        FakeReply(text=json.dumps([{"fact": "Anomaly reports go to the operations team", "tag": "agreement"}])),  # noqa: E501
+        FakeReply(
+            text=json.dumps([{"fact": "Anomaly reports go to the operations team", "tag": "agreement"}])
+        ),
     ]
 
 
