@@ -1,4 +1,5 @@
-# The image of turnlog's workers and projector (docker-compose.yml).
+# The image of every turnlog program in docker-compose.yml: the gateway, the workers, the
+# projector, the memory and analytics consumers. Your agents are mounted, not built in.
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -6,7 +7,8 @@ COPY schemas schemas
 COPY engine engine
 COPY projections projections
 COPY consumers consumers
+COPY gateway gateway
 COPY turnlog turnlog
 COPY examples examples
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[gateway,memory]"
 ENTRYPOINT []

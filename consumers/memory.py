@@ -2,8 +2,14 @@
 
 Two moments write a memory. A ``MemoryNoted`` (the model's ``remember`` tool: the user said
 "remember this") is stored at once. At the end of a task (``TurnFinished`` with reason
-"answered") the turn's user and assistant messages are read back from the log and an
-extraction model lists the facts worth keeping, each tagged preference, conclusion or agreement.
+"answered") the turn's user and assistant messages are read back from the log, from the user
+message on (the consumer notes where each message is as it reads the partition; only after a
+restart in the middle of a turn does it read the whole session), and an extraction model lists
+the facts worth keeping, each tagged preference, conclusion or agreement.
+
+``agent_ids`` limits it to the sessions of some agents (the ones whose ``MemoryPolicy`` names
+its store); ``owned_only`` to the partitions its log owns (a Kafka turn worker: its offsets then
+ride the owner's transactions).
 
 It is a consumer group on the log (``GROUP``), committing after each record, so a restart
 resumes where it stopped. A record handled twice (a crash before its commit, or a re-run from
@@ -15,8 +21,9 @@ that is down leaves the record uncommitted, to be retried.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import json_repair
 import structlog
@@ -28,9 +35,11 @@ from engine.events import (
     Event,
     MemoryNoted,
     SessionCreated,
+    SessionForked,
     TurnFinished,
     UserMessageReceived,
 )
+from engine.fold import fold
 from engine.log.base import EventLog, LogRecord
 from engine.memory.base import MemoryStore, MemoryTag
 from engine.messages import ChatMessage
@@ -40,6 +49,8 @@ GROUP = "memory"
 EXTRACTION_TIMEOUT_S = 120.0
 MAX_FACTS = 10
 """At most this many facts are kept from one task (seed: more memories are not better)."""
+REMEMBERED_POSITIONS = 10_000
+"""Where recent user messages and sessions' agents are, kept per consumer (oldest dropped first)."""
 
 EXTRACTION_PROMPT = """You keep an assistant's long-term memory about one user.
 Read the conversation below and list only the facts worth remembering in later sessions:
@@ -108,6 +119,8 @@ class MemoryConsumer:
         *,
         group: str = GROUP,
         partitions: Sequence[int] | None = None,
+        owned_only: bool = False,
+        agent_ids: Collection[str] | None = None,
         batch: int = 200,
         idle_wait_s: float = 0.5,
         extraction_timeout_s: float = EXTRACTION_TIMEOUT_S,
@@ -116,10 +129,15 @@ class MemoryConsumer:
         self.store = store
         self.extractor = extractor
         self.extraction_timeout_s = extraction_timeout_s
-        # every partition by default, like analytics: on Kafka a memory consumer owns none
-        everything = range(event_log.partitions) if partitions is None else partitions
+        self.agent_ids = frozenset(agent_ids) if agent_ids is not None else None
+        self._messages: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
+        """(session, message id) -> (version, user id) of user messages read, until their turn ends."""
+        self._agents: OrderedDict[str, str] = OrderedDict()
+        # every partition by default, like analytics (a Kafka process that owns none reads them
+        # all); owned_only: the partitions the log owns at each poll (GroupConsumer's default)
+        chosen = None if owned_only else range(event_log.partitions) if partitions is None else partitions
         self.consumer = GroupConsumer(
-            event_log, group, self.handle, partitions=everything, batch=batch, idle_wait_s=idle_wait_s
+            event_log, group, self.handle, partitions=chosen, batch=batch, idle_wait_s=idle_wait_s
         )
 
     async def catch_up(self) -> int:
@@ -134,13 +152,32 @@ class MemoryConsumer:
 
     async def handle(self, record: LogRecord) -> None:
         event = record.event
+        if isinstance(event, (SessionCreated, SessionForked)):
+            _remember(self._agents, event.session_id, event.agent_id)
+        elif isinstance(event, UserMessageReceived):
+            _remember(self._messages, (event.session_id, event.message_id), (event.version, event.user_id))
+        if not isinstance(event, (MemoryNoted, TurnFinished)) or not await self._serves(event.session_id):
+            return
         try:
             if isinstance(event, MemoryNoted):
                 await self._note(event)
-            elif isinstance(event, TurnFinished) and event.reason == "answered" and self.extractor:
+            elif event.reason == "answered" and self.extractor:
                 await self._extract(event)
         except MemoryStoreError as exc:
             raise LogUnavailableError(f"memory store unavailable, record retried later: {exc}") from exc
+        finally:
+            if isinstance(event, TurnFinished):
+                self._messages.pop((event.session_id, event.message_id), None)
+
+    async def _serves(self, session_id: str) -> bool:
+        """Whether the session's agent writes to this consumer's store."""
+        if self.agent_ids is None:
+            return True
+        agent = self._agents.get(session_id)
+        if agent is None:  # created before the offset this consumer started from
+            agent = fold(session_id, (await self.log.read_session(session_id))[:1]).agent_id
+            _remember(self._agents, session_id, agent)
+        return agent in self.agent_ids
 
     async def _note(self, event: MemoryNoted) -> None:
         try:
@@ -153,8 +190,12 @@ class MemoryConsumer:
             )
 
     async def _extract(self, turn: TurnFinished) -> None:
-        events = await self.log.read_session(turn.session_id)
-        user_id = next((e.user_id for e in events if isinstance(e, SessionCreated)), "")
+        """Read the turn from its user message on (the whole session if this consumer did not
+        see the message), and store the facts the extraction model lists."""
+        version, user_id = self._messages.get((turn.session_id, turn.message_id), (0, ""))
+        events = await self.log.read_session(turn.session_id, max(version - 1, 0))
+        if not user_id:
+            user_id = await self._user_of(turn.session_id, events)
         text = transcript(events, turn)
         if not user_id or not text:
             return
@@ -168,6 +209,13 @@ class MemoryConsumer:
             await self.store.remember(
                 user_id, fact.text, fact.tag, source=turn.session_id, time_ms=turn.time_ms
             )
+
+    async def _user_of(self, session_id: str, events: Sequence[Event]) -> str:
+        """The session's user: on its first event (a message written without one: old logs)."""
+        first = (
+            events[:1] if events and events[0].version == 1 else (await self.log.read_session(session_id))[:1]
+        )
+        return fold(session_id, first).user_id
 
     async def _ask(self, turn: TurnFinished, text: str) -> str | None:
         """The extraction model's answer text, or None (logged) when the call fails."""
@@ -184,6 +232,13 @@ class MemoryConsumer:
                 "memory.extraction_failed", session_id=turn.session_id, error=str(exc) or type(exc).__name__
             )
             return None
+
+
+def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    if len(cache) > REMEMBERED_POSITIONS:
+        cache.popitem(last=False)
 
 
 async def _answer(model: Model, request: ModelRequest) -> str:

@@ -3,6 +3,7 @@ models and the log. Imports nothing from projections, consumers or the app layer
 
 from .admin import SessionAdmin
 from .agent import Agent, AgentDirectory
+from .client import SessionClient, TurnResult
 from .context import ContextPolicy, MemoryPolicy
 from .errors import (
     ConcurrencyError,
@@ -28,6 +29,7 @@ from .errors import (
     SnapshotNotFoundError,
     ToolFailure,
     TurnlogError,
+    TurnWaitTimeoutError,
     UnknownSchemaError,
 )
 from .fold import SessionState, fold
@@ -76,6 +78,7 @@ __all__ = [
     "PartitionNotOwnedError",
     "ScriptedModel",
     "SessionAdmin",
+    "SessionClient",
     "SessionClosedError",
     "SessionError",
     "SessionInfo",
@@ -92,7 +95,9 @@ __all__ = [
     "ToolOutcome",
     "ToolRegistry",
     "ToolStatus",
+    "TurnResult",
     "TurnRunner",
+    "TurnWaitTimeoutError",
     "TurnlogError",
     "UnknownSchemaError",
     "Usage",

@@ -89,8 +89,10 @@ class SessionAdmin:
             state_format=snapshots.FORMAT,
             state_json=snapshots.encode_state(origin),  # self-contained: every message
         )
-        await self.log.append([forked], expected_version=0)
-        return forked
+        # through the inbox where another process owns the fork's partition (then version 0)
+        submitted = await self.log.submit(forked)
+        assert isinstance(submitted, ev.SessionForked)
+        return submitted
 
     async def replay(
         self, session_id: str, *, from_version: int = 0, to_version: int | None = None

@@ -67,13 +67,25 @@ class Agent:
 
 
 class AgentDirectory:
-    """Agents by id; a session names its agent when it is created."""
+    """Agents by id; a session names its agent when it is created. Two agents with one id are a
+    configuration error (sessions name their agent by id: which one would run them?)."""
 
     def __init__(self, agents: Iterable[Agent] | Mapping[str, Agent] = ()) -> None:
         items = agents.values() if isinstance(agents, Mapping) else agents
-        self._agents = {a.agent_id: a for a in items}
+        self._agents: dict[str, Agent] = {}
+        for agent in items:
+            self.add(agent)
 
     def add(self, agent: Agent) -> None:
+        if not isinstance(agent, Agent):
+            raise ConfigurationError(
+                f"an AgentDirectory holds Agent objects, not {type(agent).__name__} ({agent!r:.80}); "
+                "build them with Agent.build(agent_id, model, tools)"
+            )
+        if agent.agent_id in self._agents:
+            raise ConfigurationError(
+                f"two agents have the id {agent.agent_id!r}; give each agent of a directory its own id"
+            )
         self._agents[agent.agent_id] = agent
 
     def get(self, agent_id: str) -> Agent:

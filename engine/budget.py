@@ -110,11 +110,17 @@ def pause_for_budget(w: SessionWriter, stop: BudgetStop) -> None:
 
 
 def add_budget_decision(
-    w: SessionWriter, decision: BudgetDecision, *, extra_micros: int = 0, note: str = "", actor: str = "user"
+    w: SessionWriter,
+    decision: BudgetDecision,
+    *,
+    extra_micros: int = 0,
+    note: str = "",
+    actor: str = "user",
+    event_id: str | None = None,
 ) -> None:
     """Raise the paused turn's allowance by ``extra_micros`` and go on, or stop the turn. Raises
     NotAwaitingBudgetError when no turn waits on a budget, InputError for a decision that is not
-    one."""
+    one. ``event_id``: the id of a decision submitted through the inbox, which the owner writes."""
     state = w.state
     turn = state.turn
     if decision not in ("raise", "stop"):
@@ -135,6 +141,7 @@ def add_budget_decision(
         actor=actor,
         note=note,
         correlation_id=tid,
+        **({"event_id": event_id} if event_id else {}),
     )
     if decision == "raise":
         detail = f"{level} budget raised by {format_micros(extra_micros)}"

@@ -19,7 +19,8 @@
     │   ├── ApprovalError         no such tool call waits for the user's decision
     │   ├── NotAwaitingBudgetError no turn waits for a budget decision
     │   ├── SnapshotNotFoundError no snapshot at the version an admin named
-    │   └── NoTurnRunningError    a cancel with no running turn to stop
+    │   ├── NoTurnRunningError    a cancel with no running turn to stop
+    │   └── TurnWaitTimeoutError  a producer's wait for a message's turn ran out (engine.client)
     ├── InputError                a caller's input is unusable (too large, empty)
     │   ├── MessageTooLargeError
     │   └── InvalidArgumentsError edited tool arguments fail the tool's schema
@@ -164,6 +165,10 @@ class NoTurnRunningError(SessionError):
             "send a message to start one, or force-finish the session to close it"
         )
         self.session_id = session_id
+
+
+class TurnWaitTimeoutError(SessionError):
+    """A producer waited for a message's turn longer than it allowed (``SessionClient``)."""
 
 
 class InputError(TurnlogError):

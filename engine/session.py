@@ -9,6 +9,7 @@ TurnRunner in-process, streaming events as they are committed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence, cast
@@ -91,8 +92,21 @@ class AgentSessions:
             metadata_json=json.dumps(metadata or {}),
             producer=self.producer,
         )
-        await self.log.submit(created)
+        await self.on_log(await self.log.submit(created), "the new session")
         return SessionInfo(sid, agent_id, user_id, role, str(SessionStatus.IDLE), 1)
+
+    async def on_log(self, submitted: ev.Event, what: str) -> ev.Event:
+        """A submitted event once it is on the log. On Kafka, from a process that does not own
+        the session's partition, that is when the owner sequenced it (a session must exist before
+        the next request can name it); elsewhere it is already."""
+        found = await self.log.sequenced(submitted, REQUEST_WAIT_S)
+        if found is None:
+            raise LogUnavailableError(
+                f"session {submitted.session_id}: {what} is on the log's inbox, but the owner of partition "
+                f"{self.log.partition_of(submitted.session_id)} has not sequenced it within "
+                f"{REQUEST_WAIT_S:g} s; it will once a worker owns the partition: check that workers run."
+            )
+        return found
 
     async def post_user_message(
         self, session_id: str, text: str, *, message_id: str | None = None
@@ -221,15 +235,22 @@ class AgentSessions:
         note: str = "",
         actor: str = "user",
     ) -> Sequence[ev.Event]:
-        """Append the decision only (a TurnWorker continues the turn); returns what was written."""
+        """Append the decision only (a TurnWorker continues the turn); returns what was written.
+
+        Where another process owns the session's partition (Kafka) the decision is checked here
+        (the call waits, an edit passes the tool's schema) and submitted through the inbox; the
+        owner writes it, and the event comes back with version 0."""
         state = await self.runner.load(session_id)
         registry = tools_for_role(self.agents.get(state.agent_id).tools, state.role)
-        return await self._append(
-            session_id,
-            lambda w: approvals.add_decision(
+
+        def build(w: SessionWriter) -> None:
+            approvals.add_decision(
                 w, registry, call_id, decision, arguments=arguments, note=note, actor=actor
-            ),
-        )
+            )
+
+        if not self._owns(session_id):
+            return [await self._submit_decision(session_id, build)]
+        return await self._append(session_id, build)
 
     async def decide_budget(
         self,
@@ -258,14 +279,29 @@ class AgentSessions:
         note: str = "",
         actor: str = "user",
     ) -> Sequence[ev.Event]:
-        """Append the budget decision only (a TurnWorker continues the turn)."""
+        """Append the budget decision only (a TurnWorker continues the turn); on Kafka, from a
+        process that does not own the partition, checked here and submitted through the inbox."""
 
         def build(w: SessionWriter) -> None:
             add_budget_decision(w, decision, extra_micros=extra_micros, note=note, actor=actor)
             if decision == "stop":
                 add_turn_finished(w, "budget", self.runner.snapshots)
 
+        if not self._owns(session_id):
+            return [await self._submit_decision(session_id, build)]
         return await self._append(session_id, build)
+
+    async def _submit_decision(self, session_id: str, build: Callable[[SessionWriter], None]) -> ev.Event:
+        """Check a decision on the session's freshest fold (``build`` raises what the owner would)
+        and submit its first event, the decision itself, for the owner to apply."""
+        state = await self.runner.reload(session_id)
+        w = SessionWriter(self.log, state, self.producer)  # never committed: the owner writes
+        try:
+            build(w)
+        finally:
+            self.runner.forget(session_id)  # the writer folded the decision into the cached state
+        decided = w.take_pending()[0]
+        return await self.log.submit(dataclasses.replace(decided, version=0))
 
     async def _append(self, session_id: str, build: Callable[[SessionWriter], None]) -> Sequence[ev.Event]:
         """Add events with ``build`` on the current state and commit; rebuild on a conflict."""

@@ -38,10 +38,7 @@ async def owned_state(gw: Gateway, request: Request) -> SessionState:
 
 async def projected(gw: Gateway, state: SessionState) -> dict[str, Any]:
     """The session's projection row, caught up at least to the state we just folded."""
-    row = gw.store.session(state.session_id)
-    if row is None or int(row["state_version"]) < state.version:
-        await gw.projector.catch_up()
-        row = gw.store.session(state.session_id)
+    row = await gw.projection(state.session_id, state.version)
     if row is None:
         raise not_found(state.session_id)
     return session_json(row, gw.api.agents)

@@ -31,7 +31,7 @@ class AdminRoutes:
 
     async def sessions(self, request: Request) -> Response:
         limit = int_param(request, "limit", 50, 1, 500)
-        await self.gw.projector.catch_up()
+        await self.gw.catch_up_projections()
         params = request.query_params
         rows = queries.list_sessions(
             self.gw.store,
@@ -72,7 +72,8 @@ class AdminRoutes:
                 known = ", ".join(sorted(a.agent_id for a in self.gw.api.agents)) or "none"
                 raise HttpError(422, "unknown_agent", f"no agent {agent_id!r}; known agents: {known}")
             model = self.gw.api.agents.get(agent_id).model.name
-        forked = await self.admin.fork(state.session_id, version, agent_id=agent_id, model=model)
+        submitted = await self.admin.fork(state.session_id, version, agent_id=agent_id, model=model)
+        forked = await self.gw.api.on_log(submitted, "the fork")  # on Kafka: once its owner sequenced it
         (written,) = await appended(self.gw, [forked])
         fork_state = await self.gw.api.get_state(forked.session_id)
         return JSONResponse(
@@ -104,7 +105,7 @@ class AdminRoutes:
 
     async def analytics(self, request: Request) -> Response:
         days = int_param(request, "days", 30, 1, 3660)
-        await self.gw.analytics.catch_up()
+        await self.gw.catch_up_analytics()
         return JSONResponse(self.gw.analytics.report(days))
 
     async def metrics(self, request: Request) -> Response:

@@ -129,7 +129,7 @@ class Routes:
     async def list_sessions(self, request: Request) -> Response:
         principal = principal_of(request)
         limit = int_param(request, "limit", 50, 1, 500)
-        await self.gw.projector.catch_up()
+        await self.gw.catch_up_projections()
         rows = queries.list_sessions(self.gw.store, user_id=principal.user, limit=limit)
         return JSONResponse({"sessions": [session_json(r, self.gw.api.agents) for r in rows]})
 

@@ -1,9 +1,12 @@
 """The gateway process: the HTTP app plus what runs beside it.
 
-One ``Gateway`` holds the engine API (producer side), the live hub, the projector, the
-analytics and observability consumers and, unless turns run in a separate worker process, a
-TurnWorker whose stream feeds the hub. ``app()`` is the Starlette application; its lifespan
-starts and stops the background consumers.
+One ``Gateway`` holds the engine API (producer side), the live hub, the projector and the
+analytics consumer (unless ``turnlog projector`` and ``turnlog analytics`` run them elsewhere:
+``run_projector=False``), the observability consumer and, unless turns run in a separate worker
+process, a TurnWorker whose stream feeds the hub, with its companions (the memory consumers). On
+Kafka the hub also hears what workers in other processes stream (``live_subscriber``), and a
+worker in this process publishes there for other gateways (``live_publisher``). ``app()`` is
+the Starlette application; its lifespan starts and stops the background tasks.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Protocol, Sequence
 
 import structlog
 from opentelemetry.trace import TracerProvider
@@ -25,8 +28,11 @@ from consumers.projector import Projector
 from consumers.turn_worker import GROUP as WORKER_GROUP
 from consumers.turn_worker import TurnWorker
 from engine.agent import AgentDirectory
+from engine.errors import LogUnavailableError
 from engine.log.base import EventLog
+from engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
 from engine.session import AgentSessions
+from engine.stream import StreamItem
 from projections import queries
 from projections.store import ProjectionStore
 
@@ -39,6 +45,14 @@ from .observe import EventLogger, GatewayMetrics, ObservabilityConsumer, SpanBui
 from .routes import Routes
 
 log = structlog.get_logger("turnlog.gateway")
+
+
+class Companion(Protocol):
+    """A consumer that runs beside the turn worker (a memory consumer): ``run`` until ``stop``."""
+
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,11 @@ class GatewayConfig:
     """How long the read-side consumers let appends gather before a pass."""
     idle_wait_s: float = 1.0
     """Longest wait between read-side passes (writers in other processes do not wake them)."""
+    run_projector: bool = True
+    """Fold the projections and the analytics tables in this process. False when `turnlog
+    projector` and `turnlog analytics` do (two projectors of one store would collide): reads then
+    wait up to ``projection_wait_s`` for the projections to reach what the log shows."""
+    projection_wait_s: float = 10.0
 
 
 class Gateway:
@@ -68,6 +87,9 @@ class Gateway:
         config: GatewayConfig | None = None,
         *,
         tracer_provider: TracerProvider | None = None,
+        companions: Sequence[Companion] = (),
+        live_publisher: KafkaLivePublisher | None = None,
+        live_subscriber: KafkaLiveSubscriber | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
         self.limits = self.config.limits
@@ -87,11 +109,14 @@ class Gateway:
         self.observer = ObservabilityConsumer(
             event_log, logger=EventLogger(self.config.log_sample_rate), metrics=self.metrics, spans=spans
         )
+        self.live_publisher = live_publisher
+        self.live_subscriber = live_subscriber
         self.worker = (
-            TurnWorker(event_log, agents, worker_id="gateway-worker", on_item=self.hub.publish)
+            TurnWorker(event_log, agents, worker_id="gateway-worker", on_item=self._on_item)
             if self.config.run_worker
             else None
         )
+        self.companions = list(companions) if self.worker is not None else []
         self._tasks: list[asyncio.Task[None]] = []
         self._worker_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -108,16 +133,68 @@ class Gateway:
                 lag[(group, p)] = max(0, end - await self.log.committed(group, p))
         return lag
 
+    def _on_item(self, item: StreamItem) -> None:
+        """What this process's worker streams: to the hub, and to other gateways on Kafka."""
+        self.hub.publish(item)
+        if self.live_publisher is not None:
+            self.live_publisher.publish(item)
+
     async def start(self) -> None:
         self._stop.clear()
-        runners = [
-            self._follow(c)
-            for c in (self.projector.catch_up, self.analytics.catch_up, self.observer.poll_once)
-        ]
+        followed = [self.observer.poll_once]
+        if self.config.run_projector:
+            followed += [self.projector.catch_up, self.analytics.catch_up]
+        runners = [self._follow(c) for c in followed]
+        runners += [companion.run() for companion in self.companions]
+        if self.live_subscriber is not None:
+            runners.append(self._hear(self.live_subscriber))
         self._tasks = [asyncio.create_task(r) for r in runners]
         if self.worker is not None:
             self._worker_task = asyncio.create_task(self.worker.run())
-        log.info("gateway.start", worker=self.worker is not None)
+        log.info("gateway.start", worker=self.worker is not None, projector=self.config.run_projector)
+
+    async def _hear(self, subscriber: KafkaLiveSubscriber) -> None:
+        """Feed the hub with what workers in other processes stream (deltas, commit notices).
+        A failure here loses live items only (streams read events from the log): log, go on."""
+        while not self._stop.is_set():
+            try:
+                async for item in subscriber.items():
+                    self.hub.publish(item)
+            except Exception:
+                log.exception("gateway.live_feed_failed")
+                await asyncio.sleep(1.0)
+
+    async def catch_up_projections(self) -> None:
+        """Make the projections as fresh as this process can: fold the log into them, or (when
+        ``turnlog projector`` folds them) nothing; see ``projection``."""
+        if self.config.run_projector:
+            await self.projector.catch_up()
+
+    async def catch_up_analytics(self) -> None:
+        if self.config.run_projector:
+            await self.analytics.catch_up()
+
+    async def projection(self, session_id: str, version: int) -> dict[str, object] | None:
+        """The session's projection row, at ``version`` or later if the projector gets there in
+        time (the freshest row otherwise). Raises LogUnavailableError when the projections do not
+        have the session at all after waiting: they are behind the log."""
+        row = self.store.session(session_id)
+        if row is not None and int(row["state_version"]) >= version:
+            return row
+        if self.config.run_projector:
+            await self.projector.catch_up()
+            return self.store.session(session_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.projection_wait_s
+        while loop.time() < deadline and (row is None or int(row["state_version"]) < version):
+            await asyncio.sleep(0.05)  # another process's projector: no wake-up reaches us
+            row = self.store.session(session_id)
+        if row is None:
+            raise LogUnavailableError(
+                f"session {session_id} is on the log but not yet in the projections after "
+                f"{self.config.projection_wait_s:g} s; check that `turnlog projector` runs"
+            )
+        return row
 
     async def _follow(self, catch_up: Callable[[], Awaitable[int]]) -> None:
         """Run a read-side consumer: catch up, then wait for appends and let them gather for
@@ -137,6 +214,8 @@ class Gateway:
             self.worker.stop()  # the turns in flight end at a step boundary (bounded by its drain timeout)
             await asyncio.gather(self._worker_task, return_exceptions=True)
             self._worker_task = None
+        for companion in self.companions:
+            companion.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

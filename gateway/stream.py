@@ -9,7 +9,9 @@ The hub wakes the stream when this process's worker commits or streams something
 order with the deltas in between, and the stream reads the log up to each event it is told of, so
 deltas land between the ModelCallStarted and ModelCallFinished they belong to. A delta whose model
 call is already finished on the stream (the stream read ahead) is dropped: the complete text is in
-the AssistantMessage. A poll every ``poll_s`` catches up with writers in other processes.
+the AssistantMessage. Items of a worker in another process reach the hub through Kafka's live
+topic (a ``Committed`` notice stands in for a heavy event); a poll every ``poll_s`` catches up
+with writers whose items do not reach the hub at all.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any, AsyncIterator
 
 from engine import events as ev
 from engine.log.base import EventLog, LogRecord
-from engine.stream import ModelDelta, StreamItem
+from engine.log.kafka_live import LiveItem
+from engine.stream import ModelDelta
 
 from .access import event_json
 from .hub import LiveHub
@@ -94,7 +97,7 @@ class SessionStream:
                 yield out
             while True:
                 try:
-                    item: StreamItem | None = await asyncio.wait_for(queue.get(), self.poll_s)
+                    item: LiveItem | None = await asyncio.wait_for(queue.get(), self.poll_s)
                 except TimeoutError:
                     item = None
                 for out in await self._on(item):
@@ -105,7 +108,7 @@ class SessionStream:
         finally:
             self.hub.unsubscribe(self.session_id, queue)
 
-    async def _on(self, item: StreamItem | None) -> list[LogRecord | ModelDelta]:
+    async def _on(self, item: LiveItem | None) -> list[LogRecord | ModelDelta]:
         if isinstance(item, ModelDelta):
             step = (item.turn_id, item.step)
             if step not in self._open_steps:  # its ModelCallStarted is committed: read it first

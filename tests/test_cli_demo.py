@@ -4,6 +4,7 @@ OpenAI-compatible HTTP server on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import os
@@ -39,6 +40,20 @@ def tables(home: Path) -> dict[str, list[dict]]:
         return {name: store.table(name) for name in READ_MODELS}
     finally:
         store.close()
+
+
+def remembered(home: Path, user: str, query: str) -> list[str]:
+    """What the demo's memory store (Qdrant local mode under the home) holds for ``user``."""
+    from engine.memory.qdrant import QdrantMemoryStore
+
+    async def search() -> list[str]:
+        store = QdrantMemoryStore(path=str(home / "memory"))
+        try:
+            return [m.text for m in await store.search(user, query, limit=5)]
+        finally:
+            await store.close()
+
+    return asyncio.run(search())
 
 
 def test_offline_demo_then_sessions_show_rebuild(tmp_path: Path) -> None:
@@ -107,6 +122,9 @@ def _endpoint_script(today: dt.date) -> list[FakeReply]:
             tool_calls=[("call_r", "save_report", json.dumps({"title": "Anomalies", "body": "two orders"}))]
         ),
         FakeReply(text="Two customers affected; one notice could not be sent. The report is saved."),
+        FakeReply(
+            text=json.dumps([{"fact": "Anomaly reports go to the operations team", "tag": "agreement"}])
+        ),
     ]
 
 
@@ -119,7 +137,7 @@ def test_demo_against_an_openai_compatible_endpoint(tmp_path: Path) -> None:
     assert "Two customers affected; one notice could not be sent." in run.stdout
     assert "finished: answered · 3 tool iterations · 4 model calls" in run.stdout
 
-    first, *_, last = server.requests
+    first, *_, last, extraction = server.requests
     assert first["model"] == "fake-model" and first["stream"] is True
     assert first["messages"][0]["role"] == "system" and "Today is" in first["messages"][0]["content"]
     assert first["messages"][1] == {"role": "user", "content": first["messages"][1]["content"]}
@@ -127,7 +145,13 @@ def test_demo_against_an_openai_compatible_endpoint(tmp_path: Path) -> None:
         "query_orders",
         "send_notification",
         "save_report",
+        "remember",  # the example agent has long-term memory (Qdrant local mode in HOME/memory)
     }
+    assert "long-term memory" in extraction["messages"][0]["content"]  # the task's facts, after the turn
+    assert "User: Find last week's orders" in extraction["messages"][1]["content"]
+    assert remembered(home, "demo-user", "who gets the anomaly reports?") == [
+        "Anomaly reports go to the operations team"
+    ]
     tool_msgs = [m for m in last["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_msgs] == ["call_q", "call_n0", "call_n1", "call_r"]
     assert tool_msgs[2]["content"].startswith("[FAILED] send_notification customer C-105")

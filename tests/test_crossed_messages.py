@@ -74,7 +74,7 @@ def produce(
 
 async def test_many_producers_many_sessions_no_crossing_no_interleaving(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
-    model = FunctionModel(echo)
+    model = FunctionModel(echo, keep_requests=10_000)  # the test reads every request
     agents = AgentDirectory([Agent("echo", model, [stamp])])
     log = SqliteEventLog(path, partitions=PARTITIONS)
     api = AgentSessions(log, agents, producer="setup")

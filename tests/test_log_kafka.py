@@ -78,7 +78,9 @@ async def _read_topic_once(bootstrap: str, topic: str, partition: int) -> list:
         await consumer.stop()
 
 
-async def test_topics_are_created_with_infinite_retention(owner: KafkaEventLog, bootstrap: str) -> None:
+async def test_topics_are_created_with_infinite_retention_but_the_live_one(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -92,6 +94,9 @@ async def test_topics_are_created_with_infinite_retention(owner: KafkaEventLog, 
         configs = {name: value for name, value, *_ in described.resources[0][4]}
         assert configs["retention.ms"] == "-1" and configs["retention.bytes"] == "-1"
         assert configs["cleanup.policy"] == "delete"
+        (live,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, owner.topics.live)])
+        live_configs = {name: value for name, value, *_ in live.resources[0][4]}
+        assert live_configs["retention.ms"] == "60000"  # token deltas matter for seconds, not forever
     finally:
         await admin.close()
 

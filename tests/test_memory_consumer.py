@@ -62,6 +62,7 @@ async def write_task(
             version=2,
             message_id="m1",
             text="Order 1042 never came. Ship with DHL from now on.",
+            user_id=user_id,
         ),
         ev.TurnStarted(session_id=session_id, version=3, turn_id=turn, message_id="m1"),
     ]
@@ -214,3 +215,58 @@ async def test_extraction_through_the_openai_sdk(
             await model.aclose()
         assert server.requests[0]["messages"][0]["role"] == "system"
     assert await memories.count("u1") == 2
+
+
+class ReadsRecorded(SqliteEventLog):
+    """The real log, noting from which version each session read started."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.reads: list[tuple[str, int]] = []
+
+    async def read_session(self, session_id: str, after_version: int = 0) -> list[ev.Event]:
+        self.reads.append((session_id, after_version))
+        return await super().read_session(session_id, after_version)
+
+
+async def test_a_task_is_read_from_its_user_message_not_from_the_start(
+    tmp_path: Path, memories: QdrantMemoryStore
+) -> None:
+    log = ReadsRecorded(tmp_path / "events.db", partitions=4)
+    try:
+        await write_task(log, "s1")
+        second = [
+            ev.UserMessageReceived(
+                session_id="s1", version=6, message_id="m2", text="Use SF Express now.", user_id="u1"
+            ),
+            ev.TurnStarted(session_id="s1", version=7, turn_id="t2", message_id="m2"),
+            ev.AssistantMessage(session_id="s1", version=8, turn_id="t2", message_id="a2", text="SF it is."),
+            ev.TurnFinished(
+                session_id="s1", version=9, turn_id="t2", message_id="m2", reason="answered",
+                iterations=0, model_calls=1, input_tokens=1, output_tokens=1,
+            ),
+        ]  # fmt: skip
+        await log.append(second, expected_version=5)
+        extractor = ScriptedModel([FACTS, FACTS])
+        assert await MemoryConsumer(log, memories, extractor).catch_up() == 9
+        assert log.reads == [("s1", 1), ("s1", 5)]  # from each turn's user message (versions 2 and 6)
+        assert extractor.requests[1].messages[1].content == "User: Use SF Express now.\nAssistant: SF it is."
+    finally:
+        await log.close()
+
+
+async def test_only_the_sessions_of_its_agents(
+    event_log: SqliteEventLog, memories: QdrantMemoryStore
+) -> None:
+    await write_task(event_log, "s1", note="Refund orders that are more than 5 days late")
+    other = [ev.SessionCreated(session_id="s2", version=1, agent_id="other", user_id="u1")]
+    await event_log.append(other, expected_version=0)
+    noted = ev.MemoryNoted(
+        session_id="s2", version=2, turn_id="t", call_id="c", user_id="u1", text="Likes tea", tag="preference"
+    )
+    await event_log.append([noted], expected_version=1)
+    consumer = MemoryConsumer(event_log, memories, agent_ids={"support"})
+    assert await consumer.catch_up() == 8
+    assert {m.text for m in await memories.search("u1", "orders tea", limit=10)} == {
+        "Refund orders that are more than 5 days late"
+    }

@@ -1,10 +1,14 @@
-"""The embedded deployment in one object: a SQLite log, SQLite projections, the API, the
-projector, and the demo agent. Everything runs in one process with no services."""
+"""The embedded deployment in one object (a SQLite log, SQLite projections, the API, the
+projector and the agents, in one process with no services), and ``ReadSide``: where a program
+finds the log and the projections, embedded or on Kafka + PostgreSQL."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psycopg
 
 from consumers.projector import Projector
 from engine import AgentDirectory, AgentSessions, EventLog, SqliteEventLog
@@ -25,8 +29,9 @@ class EmbeddedApp:
         self.projector = Projector(self.log, self.store)
 
     async def close(self) -> None:
-        for agent in self.agents:
-            await agent.model.aclose()
+        from .runtime import close_agents
+
+        await close_agents(self.agents)
         self.store.close()
         await self.log.close()
 
@@ -43,21 +48,53 @@ class ReadSide:
     postgres: str | None = None
     schema: str = "public"
 
-    async def open(self) -> tuple[EventLog, ProjectionStore]:
-        if self.kafka is None:
-            self.home.mkdir(parents=True, exist_ok=True)
-            log: EventLog = SqliteEventLog(self.home / "log.db", partitions=self.partitions)
-        else:
-            kafka = KafkaEventLog(self.kafka, topic=self.topic, partitions=self.partitions, owner=False)
-            await kafka.start()
-            log = kafka
+    async def open(self, *, owner: bool = False) -> tuple[EventLog, ProjectionStore]:
+        """The log and the projections; on Kafka the log is a member of the owners' group if
+        ``owner`` (it runs turns), else a producer and reader that owns no partition."""
+        log = await self.open_log(owner=owner)
         try:
             store: ProjectionStore = (
                 SqliteProjectionStore(self.home / "projections.db")
                 if self.postgres is None
-                else PostgresProjectionStore(self.postgres, schema=self.schema)
+                else postgres_store(self.postgres, self.schema)
             )
         except BaseException:
             await log.close()
             raise
         return log, store
+
+    async def open_log(self, *, owner: bool = False, client_id: str = "turnlog") -> EventLog:
+        if self.kafka is None:
+            self.home.mkdir(parents=True, exist_ok=True)
+            return SqliteEventLog(self.home / "log.db", partitions=self.partitions)
+        kafka = KafkaEventLog(
+            self.kafka, topic=self.topic, partitions=self.partitions, owner=owner, client_id=client_id
+        )
+        try:
+            await kafka.start()
+        except BaseException:
+            await kafka.close()
+            raise
+        return kafka
+
+
+def postgres_store(dsn: str, schema: str, attempts: int = 5) -> PostgresProjectionStore:
+    """The projections in PostgreSQL. Processes that start together (a gateway, the projector,
+    the analytics consumer) create the schema's tables at once; PostgreSQL's IF NOT EXISTS is
+    not safe against that race (one of them gets a duplicate-name error), so it is retried."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return PostgresProjectionStore(dsn, schema=schema)
+        except CREATE_RACES:
+            if attempt == attempts:
+                raise
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
+CREATE_RACES = (
+    psycopg.errors.UniqueViolation,
+    psycopg.errors.DuplicateObject,
+    psycopg.errors.DuplicateTable,
+    psycopg.errors.DuplicateSchema,
+)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Coroutine
 
@@ -18,11 +18,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from consumers.turn_worker import MAX_CONCURRENT_TURNS
 from engine import events as ev
-from engine.errors import TurnlogError
+from engine.agent import AgentDirectory
+from engine.errors import ConfigurationError, TurnlogError
 from engine.models.base import Model
 from projections.rebuild import rebuild
 
 from . import admin_cli
+from .agents import DEFAULT_AGENTS, AgentContext, AgentsTarget, agents_target, load_agents
 from .app import EmbeddedApp, ReadSide
 from .config import ModelSettings, home_dir
 from .local_model import MODEL_NAME, assemble_model, local_model_installed, serve_local_model
@@ -62,23 +64,36 @@ def demo(
         bool, typer.Option("--scripted", help="Use the deterministic scripted model, not the local one.")
     ] = False,
     user: Annotated[str, typer.Option(help="User id the session belongs to.")] = "demo-user",
+    agents: AgentsOption = None,
+    agent: Annotated[str | None, typer.Option(help="Which of --agents to ask (default: the first).")] = None,
+    message: Annotated[str | None, typer.Option(help="What to ask (default: the example task).")] = None,
 ) -> None:
     """Run the seed's example task as a live session and stream what happens.
 
     The model is, in order: the OpenAI-compatible endpoint given by --base-url / TURNLOG_BASE_URL;
     else the local model (Qwen2.5-Coder-1.5B on llama.cpp, the `local` extra) unless --scripted;
-    else the scripted model.
+    else the scripted model. With --agents (or TURNLOG_AGENTS, or HOME/turnlog.toml), your agents
+    run instead, with their own models: --agent picks one, --message says what to ask.
     """
     settings = ModelSettings.from_env(base_url, api_key, model)
-    _run(
-        _demo(home_dir(home), settings, user, scripted or os.environ.get("TURNLOG_DEMO_MODEL") == "scripted")
-    )
+    scripted = scripted or os.environ.get("TURNLOG_DEMO_MODEL") == "scripted"
+    _run(_demo(home_dir(home), settings, user, scripted, DemoAsk(agents, agent, message)))
 
 
-async def _demo(home: Path, settings: ModelSettings, user: str, scripted: bool) -> int:
-    with contextlib.ExitStack() as stack:
-        model = _demo_model(home, settings, scripted, stack)
-        return await _run_demo(home, model, user)
+@dataclass(frozen=True)
+class DemoAsk:
+    """Whose agents the demo runs (--agents), which one (--agent) and what it asks (--message)."""
+
+    agents: str | None
+    agent: str | None
+    message: str | None
+
+
+async def _demo(home: Path, settings: ModelSettings, user: str, scripted: bool, ask: DemoAsk) -> int:
+    target = agents_target(ask.agents, home)
+    with contextlib.ExitStack() as stack:  # the example gets the demo's model; your agents bring theirs
+        model = _demo_model(home, settings, scripted, stack) if target.target == DEFAULT_AGENTS else None
+        return await _run_demo(AgentContext(home, settings, "demo", model), user, target, ask)
 
 
 def _demo_model(home: Path, settings: ModelSettings, scripted: bool, stack: contextlib.ExitStack) -> Model:
@@ -110,6 +125,15 @@ def _demo_model(home: Path, settings: ModelSettings, scripted: bool, stack: cont
     return demo_model()
 
 
+def _demo_agent(directory: AgentDirectory, wanted: str | None) -> str:
+    ids = [a.agent_id for a in directory]
+    if wanted is None:
+        return ids[0]
+    if wanted not in ids:
+        raise ConfigurationError(f"no agent {wanted!r} among --agents; the agents are {', '.join(ids)}")
+    return wanted
+
+
 def _assemble_local_model(home: Path) -> None:
     """Assemble and verify the model file once, with a progress bar (about 1.1 GB)."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
@@ -120,22 +144,29 @@ def _assemble_local_model(home: Path) -> None:
         )
 
 
-async def _run_demo(home: Path, model: Model, user: str) -> int:
-    from examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent
+async def _run_demo(context: AgentContext, user: str, target: AgentsTarget, ask: DemoAsk) -> int:
+    from examples.logistics import TASK
 
-    backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
-    app_ = EmbeddedApp(home, [build_agent(model, backend)])
+    from .runtime import memory_consumers
+
+    home = context.home
+    directory = load_agents(target, context)
+    chosen = _demo_agent(directory, ask.agent)
+    text = ask.message or TASK
+    app_ = EmbeddedApp(home, list(directory))
     projector = asyncio.create_task(app_.projector.run())
     try:
-        session = await app_.api.create_session(AGENT_ID, user)
+        session = await app_.api.create_session(chosen, user)
         console.print(f"[dim]session[/] {session.session_id} · log {app_.log.path}", highlight=False)
-        console.print(f"[bold]user[/]    {TASK}", highlight=False)
+        console.print(f"[bold]user[/]    {text}", highlight=False)
         render = LiveRenderer(console)
         outcome = ""
-        async for item in app_.api.send_user_message(session.session_id, TASK):
+        async for item in app_.api.send_user_message(session.session_id, text):
             render(item)
             if isinstance(item, ev.TurnFinished):
                 outcome = item.reason
+        for memory in memory_consumers(app_.log, app_.agents, owned_only=False):
+            await memory.catch_up()  # what the turn asked to remember is stored before we go
     finally:
         app_.projector.stop()
         await projector
@@ -198,6 +229,17 @@ async def _show(home: Path, session_id: str) -> int:
         await app_.close()
 
 
+AgentsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--agents",
+        help="Your agents: package.module:attribute naming an AgentDirectory or a function returning one "
+        "(env TURNLOG_AGENTS, or agents = ... in HOME/turnlog.toml; default: the logistics example).",
+    ),
+]
+MemoryOption = Annotated[
+    bool, typer.Option(help="Run the memory consumers of agents with a MemoryPolicy beside the turns.")
+]
 KafkaOption = Annotated[
     str | None, typer.Option("--kafka", help="Kafka bootstrap address of the log (instead of --home).")
 ]
@@ -289,21 +331,34 @@ def serve_cmd(
     keys: Annotated[
         Path | None, typer.Option(help="API key file (env TURNLOG_KEYS, default HOME/keys.toml).")
     ] = None,
+    agents: AgentsOption = None,
     worker: Annotated[bool, typer.Option(help="Run turns in the gateway process.")] = True,
+    projector: Annotated[
+        bool, typer.Option(help="Fold projections and analytics here (off when `turnlog projector` runs).")
+    ] = True,
+    memory: MemoryOption = True,
+    kafka: KafkaOption = None,
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    postgres: PostgresOption = None,
+    schema: SchemaOption = "public",
     sample_rate: Annotated[float, typer.Option(help="Share of turns that log full context.")] = 0.01,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,
 ) -> None:
-    """Serve the HTTP gateway (sessions, messages, event streams, metrics) on the embedded backend."""
+    """Serve the HTTP gateway (sessions, messages, event streams, metrics): on the embedded backend,
+    or on Kafka + PostgreSQL (--kafka, --postgres; with --no-worker it owns no partition)."""
     from .serve import DEFAULT_KEYS_FILE, serve
 
     root = home_dir(home)
     keys_file = keys or Path(os.environ.get("TURNLOG_KEYS") or root / DEFAULT_KEYS_FILE)
     try:
         serve(
-            root, ModelSettings.from_env(base_url, api_key, model), host=host, port=port,
-            keys_file=keys_file, run_worker=worker, sample_rate=sample_rate,
+            ReadSide(root, kafka, topic, partitions, postgres, schema),
+            ModelSettings.from_env(base_url, api_key, model),
+            agents=agents, host=host, port=port, keys_file=keys_file, run_worker=worker,
+            run_projector=projector, run_memory=memory, sample_rate=sample_rate,
         )  # fmt: skip
     except TurnlogError as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False)
@@ -322,22 +377,55 @@ def worker_cmd(
     max_turns: Annotated[
         int, typer.Option("--max-turns", min=1, help="Turns of different sessions run at once.")
     ] = MAX_CONCURRENT_TURNS,
+    agents: AgentsOption = None,
+    memory: MemoryOption = True,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,
 ) -> None:
-    """Run the demo agent's turns (until SIGTERM, which lets each turn in flight finish its step):
+    """Run your agents' turns (until SIGTERM, which lets each turn in flight finish its step):
     for the Kafka partitions this process is assigned (--kafka), or for messages posted to the
     embedded log (by `turnlog serve --no-worker`). Sessions run concurrently, each in order."""
+    from .distributed import run_worker
+
+    side = ReadSide(home_dir(home), kafka, topic, partitions)
     settings = ModelSettings.from_env(base_url, api_key, model)
-    if kafka:
-        from .distributed import run_worker as run_kafka_worker
+    _run(run_worker(side, settings, agents=agents, worker_id=worker_id, max_turns=max_turns, memory=memory))
 
-        _run(run_kafka_worker(kafka, topic, partitions, worker_id, home_dir(home), settings, max_turns))
-    else:
-        from .serve import run_worker
 
-        _run(run_worker(home_dir(home), settings, worker_id, max_turns))
+@app.command()
+def memory(
+    home: HomeOption = None,
+    kafka: Annotated[
+        str | None, typer.Option("--kafka", help="Kafka bootstrap address (default: the embedded log).")
+    ] = None,
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    agents: AgentsOption = None,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+) -> None:
+    """Write your agents' long-term memories (notes, facts extracted from answered tasks) in a
+    process of their own, until SIGTERM; run the workers with --no-memory. One per deployment."""
+    from .distributed import run_memory
+
+    side = ReadSide(home_dir(home), kafka, topic, partitions)
+    _run(run_memory(side, ModelSettings.from_env(base_url, api_key, model), agents=agents))
+
+
+@app.command()
+def analytics(
+    kafka: Annotated[str, typer.Option("--kafka", help="Kafka bootstrap address.")],
+    postgres: Annotated[str, typer.Option("--postgres", help="PostgreSQL DSN of the analytics tables.")],
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    schema: SchemaOption = "public",
+) -> None:
+    """Fold the Kafka log into the daily analytics tables in PostgreSQL, continuously (until SIGTERM)."""
+    from .distributed import run_analytics
+
+    _run(run_analytics(kafka, topic, partitions, postgres, schema))
 
 
 @app.command(name="add-key")

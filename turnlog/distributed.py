@@ -1,22 +1,28 @@
-"""Long-running processes of the distributed deployment: a turn worker (a member of the Kafka
-owners' group running the demo agent) and the projector (Kafka -> PostgreSQL). `turnlog worker`
-and `turnlog projector` run them; docker-compose.yml starts them."""
+"""Long-running processes of a deployment: a turn worker (on the embedded log, or a member of
+the Kafka owners' group) with its memory consumers, the memory consumers alone, the projector
+and the analytics consumer (Kafka -> PostgreSQL). `turnlog worker`, `turnlog memory`, `turnlog
+projector` and `turnlog analytics` run them; docker-compose.yml starts them."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
+import os
 import signal
-from pathlib import Path
+import socket
 from typing import Callable
 
 import structlog
 
 from consumers import Projector, TurnWorker
-from engine import AgentDirectory, KafkaEventLog
-from projections.postgres import PostgresProjectionStore
+from consumers.analytics import AnalyticsConsumer
+from engine import KafkaEventLog
+from engine.errors import ConfigurationError
+from engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
 
+from .agents import AgentContext, deployed_agents
+from .app import ReadSide, postgres_store
 from .config import ModelSettings
+from .runtime import close_agents, memory_consumers
 
 log = structlog.get_logger("turnlog.distributed")
 
@@ -28,40 +34,122 @@ def stop_on_signals(stop: Callable[[], None]) -> None:
         loop.add_signal_handler(sig, stop)
 
 
-async def run_worker(
-    bootstrap: str,
-    topic: str,
-    partitions: int,
-    worker_id: str,
-    home: Path,
-    settings: ModelSettings,
-    max_turns: int,
-) -> int:
-    from examples.logistics import LogisticsBackend, build_agent, demo_model
+def process_name(role: str) -> str:
+    """A name for this process on the live topic: role, host and pid."""
+    return f"{role}@{socket.gethostname()}:{os.getpid()}"
 
-    model = settings.build() if settings.configured else demo_model()
-    backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
-    agents = AgentDirectory([build_agent(model, backend)])
-    event_log = KafkaEventLog(bootstrap, topic=topic, partitions=partitions, client_id=worker_id)
-    await event_log.start()
-    worker = TurnWorker(event_log, agents, worker_id=worker_id, max_concurrent_turns=max_turns)
-    stop = asyncio.Event()
-    stop_on_signals(stop.set)
-    task = asyncio.create_task(worker.run())
-    log.info("worker.ready", worker=worker_id, topic=topic)
+
+class LiveLinks:
+    """A process's links to Kafka's live topic (engine.log.kafka_live): a publisher for what its
+    turn worker streams, a subscriber for what other processes' workers stream."""
+
+    def __init__(self) -> None:
+        self.publisher: KafkaLivePublisher | None = None
+        self.subscriber: KafkaLiveSubscriber | None = None
+
+    async def start(self, log: KafkaEventLog, *, publish: bool, subscribe: bool = True) -> None:
+        origin = process_name(log.client_id)
+        if subscribe:
+            self.subscriber = KafkaLiveSubscriber(
+                log.bootstrap, log.topics, log.partitions, skip_origin=origin if publish else ""
+            )
+            await self.subscriber.start()
+        if publish:
+            self.publisher = KafkaLivePublisher(log.bootstrap, log.topics, log.partitions, origin=origin)
+            await self.publisher.start()
+
+    async def close(self) -> None:
+        for link in (self.publisher, self.subscriber):
+            if link is not None:
+                await link.close()
+        self.publisher = self.subscriber = None
+
+
+async def run_worker(
+    side: ReadSide,
+    settings: ModelSettings,
+    *,
+    agents: str | None,
+    worker_id: str,
+    max_turns: int,
+    memory: bool,
+) -> int:
+    """Run turns until SIGTERM or SIGINT (then the turns in flight end at a step boundary): for
+    messages posted to the embedded log in ``side.home`` (by `turnlog serve --no-worker`), or for
+    the Kafka partitions this process is assigned. With ``memory``, the memory consumers the
+    agents call for run beside it (on Kafka: on the partitions it owns)."""
+    directory = deployed_agents(agents, AgentContext(side.home, settings, "worker"))
+    event_log = await side.open_log(owner=True, client_id=worker_id)
+    live = LiveLinks()
     try:
-        await stop.wait()
+        if isinstance(event_log, KafkaEventLog):
+            await live.start(event_log, publish=True, subscribe=False)
+        publish = live.publisher.publish if live.publisher is not None else None
+        worker = TurnWorker(
+            event_log, directory, worker_id=worker_id, max_concurrent_turns=max_turns, on_item=publish
+        )
+        companions = (
+            memory_consumers(event_log, directory, owned_only=isinstance(event_log, KafkaEventLog))
+            if memory
+            else []
+        )
+        stop = asyncio.Event()
+        stop_on_signals(stop.set)
+        tasks = [asyncio.create_task(c.run()) for c in companions]
+        running = asyncio.create_task(worker.run())
+        log.info("worker.ready", worker=worker_id, kafka=side.kafka, memory_consumers=len(companions))
+        try:
+            await stop.wait()
+        finally:
+            worker.stop()
+            for companion in companions:
+                companion.stop()
+            await running
+            await asyncio.gather(*tasks, return_exceptions=True)
     finally:
-        worker.stop()
-        await task
+        await live.close()
         await event_log.close()
+        await close_agents(directory)
+    return 0
+
+
+async def run_memory(side: ReadSide, settings: ModelSettings, *, agents: str | None) -> int:
+    """The memory consumers of the agents with a MemoryPolicy, on every partition, in a process
+    of their own (workers then run with --no-memory), until SIGTERM. On Kafka this process owns
+    no partition and keeps its groups' offsets on Kafka directly (engine.log.kafka_offsets):
+    run one such process per deployment."""
+    directory = deployed_agents(agents, AgentContext(side.home, settings, "memory"))
+    event_log = await side.open_log(owner=False, client_id="memory")
+    try:
+        consumers = memory_consumers(event_log, directory, owned_only=False)
+        if not consumers:
+            raise ConfigurationError(
+                "none of the agents has a MemoryPolicy, so there is no memory to write; give one "
+                "Agent.build(..., memory=MemoryPolicy(store)) or do not run `turnlog memory`"
+            )
+        if isinstance(event_log, KafkaEventLog):
+            for consumer in consumers:
+                event_log.persist_offsets(consumer.consumer.group)
+        stop = asyncio.Event()
+        stop_on_signals(stop.set)
+        tasks = [asyncio.create_task(c.run()) for c in consumers]
+        log.info("memory.ready", consumers=len(consumers), kafka=side.kafka)
+        try:
+            await stop.wait()
+        finally:
+            for consumer in consumers:
+                consumer.stop()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await event_log.close()
+        await close_agents(directory)
     return 0
 
 
 async def run_projector(bootstrap: str, topic: str, partitions: int, dsn: str, schema: str) -> int:
     event_log = KafkaEventLog(bootstrap, topic=topic, partitions=partitions, owner=False)
     await event_log.start()
-    store = PostgresProjectionStore(dsn, schema=schema)
+    store = postgres_store(dsn, schema)
     projector = Projector(event_log, store)
     stop = asyncio.Event()
     stop_on_signals(stop.set)
@@ -70,6 +158,26 @@ async def run_projector(bootstrap: str, topic: str, partitions: int, dsn: str, s
         await stop.wait()
     finally:
         projector.stop()
+        await task
+        store.close()
+        await event_log.close()
+    return 0
+
+
+async def run_analytics(bootstrap: str, topic: str, partitions: int, dsn: str, schema: str) -> int:
+    """The analytics consumer (daily aggregates, exactly once: its offsets are in PostgreSQL with
+    its counters) until SIGTERM, for a gateway that does not fold them (`serve --no-projector`)."""
+    event_log = KafkaEventLog(bootstrap, topic=topic, partitions=partitions, owner=False)
+    await event_log.start()
+    store = postgres_store(dsn, schema)
+    analytics = AnalyticsConsumer(event_log, store)
+    stop = asyncio.Event()
+    stop_on_signals(stop.set)
+    task = asyncio.create_task(analytics.run())
+    try:
+        await stop.wait()
+    finally:
+        analytics.stop()
         await task
         store.close()
         await event_log.close()

@@ -1,4 +1,5 @@
-"""`turnlog serve` and `turnlog keys add`: the HTTP gateway on the embedded backend.
+"""`turnlog serve` and `turnlog add-key`: the HTTP gateway, on the embedded backend or on
+Kafka + PostgreSQL.
 
 The gateway's packages are the ``gateway`` extra (``pip install 'turnlog[gateway]'``); they are
 imported only here, so the rest of the CLI works without them.
@@ -6,14 +7,24 @@ imported only here, so the rest of the CLI works without them.
 
 from __future__ import annotations
 
-import datetime as dt
+import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from engine.agent import AgentDirectory
 from engine.errors import ConfigurationError
-from engine.models.base import Model
+from engine.log.kafka import KafkaEventLog
 
+from .agents import AgentContext, deployed_agents
+from .app import ReadSide
 from .config import ModelSettings
+from .distributed import LiveLinks
+from .runtime import close_agents, memory_consumers
+
+if TYPE_CHECKING:  # the gateway extra is imported only when serving
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from gateway import GatewayConfig, KeyStore
 
 DEFAULT_KEYS_FILE = "keys.toml"
 
@@ -45,71 +56,95 @@ def add_key(keys_file: Path, user: str, role: str) -> str:
     return key
 
 
-def _demo_app(home: Path, settings: ModelSettings) -> Any:
-    from examples.logistics import SCRIPTED_TOOLS, TASK_TOOLS, LogisticsBackend, build_agent, demo_model
-
-    from .app import EmbeddedApp
-
-    model: Model = settings.build() if settings.configured else demo_model()
-    tools = TASK_TOOLS if settings.configured else SCRIPTED_TOOLS  # the scripted model can refund
-    backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
-    return EmbeddedApp(home, [build_agent(model, backend, tools)])
-
-
-async def run_worker(home: Path, settings: ModelSettings, worker_id: str, max_turns: int) -> int:
-    """Run turns of messages on the embedded log (posted by a gateway with --no-worker) until
-    SIGTERM or SIGINT; then the turns in flight end at a step boundary."""
-    from consumers import TurnWorker
-
-    from .distributed import stop_on_signals
-
-    app_ = _demo_app(home, settings)
-    worker = TurnWorker(app_.log, app_.agents, worker_id=worker_id, max_concurrent_turns=max_turns)
-    stop_on_signals(worker.stop)
-    try:
-        await worker.run()
-    finally:
-        await app_.close()
-    return 0
-
-
 def serve(
-    home: Path,
+    side: ReadSide,
     settings: ModelSettings,
     *,
+    agents: str | None,
     host: str,
     port: int,
     keys_file: Path,
     run_worker: bool,
+    run_projector: bool,
+    run_memory: bool,
     sample_rate: float,
 ) -> None:
-    """Run the gateway (and, unless ``run_worker`` is False, the turn worker) until interrupted."""
+    """Run the gateway until interrupted: on the embedded log in ``side.home``, or on Kafka +
+    PostgreSQL (``side.kafka``, ``side.postgres``). Unless ``run_worker`` is False the turn worker
+    runs here too (on Kafka: a member of the owners' group), with the memory consumers its agents
+    call for (``run_memory``); unless ``run_projector`` is False, the projector and analytics."""
     _require_gateway()
-    import uvicorn
-
-    from gateway import Gateway, GatewayConfig, KeyStore, server_config
+    from gateway import GatewayConfig, KeyStore
     from gateway.observe import configure_json_logs
     from gateway.observe.otlp import otlp_tracer_provider
 
-    keys = KeyStore.from_file(keys_file)
-    app_ = _demo_app(home, settings)
     if not 0 <= sample_rate <= 1:
         raise ConfigurationError(f"--sample-rate must be between 0 and 1, not {sample_rate}")
+    if (side.kafka is None) != (side.postgres is None):
+        raise ConfigurationError(
+            "--kafka and --postgres go together: the log on Kafka, the projections in PostgreSQL"
+        )
+    if side.kafka is None and not run_projector:
+        raise ConfigurationError(
+            "--no-projector is for Kafka + PostgreSQL, where `turnlog projector` folds the projections; "
+            "the embedded gateway folds its own"
+        )
+    keys = KeyStore.from_file(keys_file)
+    directory = deployed_agents(agents, AgentContext(side.home, settings, "serve"))
+    config = GatewayConfig(run_worker=run_worker, run_projector=run_projector, log_sample_rate=sample_rate)
     configure_json_logs()
     tracing = otlp_tracer_provider()
-    gateway = Gateway(
-        app_.log,
-        app_.store,
-        app_.agents,
-        keys,
-        GatewayConfig(run_worker=run_worker, log_sample_rate=sample_rate),
-        tracer_provider=tracing,
-    )
     try:
-        # header and body read timeouts, size limits and JSON refusals below the app: gateway/server.py
-        uvicorn.Server(
-            server_config(gateway.app(), gateway.limits, host=host, port=port, log_level="warning")
-        ).run()
+        asyncio.run(_serve(side, directory, keys, config, tracing, host=host, port=port, memory=run_memory))
     finally:
         if tracing is not None:
             tracing.shutdown()  # flushes the spans still batched
+
+
+async def _serve(
+    side: ReadSide,
+    directory: AgentDirectory,
+    keys: KeyStore,
+    config: GatewayConfig,
+    tracing: TracerProvider | None,
+    *,
+    host: str,
+    port: int,
+    memory: bool,
+) -> None:
+    """The gateway on this loop (aiokafka's clients are bound to the loop that starts them)."""
+    import uvicorn
+
+    from gateway import Gateway, server_config
+
+    log, store = await side.open(owner=config.run_worker)
+    live = LiveLinks()
+    try:
+        if isinstance(log, KafkaEventLog):
+            await live.start(log, publish=config.run_worker)
+        companions = (
+            memory_consumers(log, directory, owned_only=isinstance(log, KafkaEventLog))
+            if memory and config.run_worker
+            else []
+        )
+        gateway = Gateway(
+            log,
+            store,
+            directory,
+            keys,
+            config,
+            tracer_provider=tracing,
+            companions=companions,
+            live_publisher=live.publisher,
+            live_subscriber=live.subscriber,
+        )
+        # header and body read timeouts, size limits and JSON refusals below the app: gateway/server.py
+        server = uvicorn.Server(
+            server_config(gateway.app(), gateway.limits, host=host, port=port, log_level="warning")
+        )
+        await server.serve()
+    finally:
+        await live.close()
+        store.close()
+        await log.close()
+        await close_agents(directory)

@@ -165,7 +165,7 @@ def builtin_tools(agent: Agent) -> dict[str, Tool]:
         tools = {RECALL: _recall_tool()}
         if agent.task_state is not None:
             tools[UPDATE_STATE] = _state_tool(agent.task_state)
-        if agent.memory is not None:
+        if agent.memory is not None and agent.memory.remember_tool:
             tools[REMEMBER] = _remember_tool()
         cache["builtins"] = tools
     return tools

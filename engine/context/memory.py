@@ -16,6 +16,7 @@ from typing import Sequence
 import structlog
 
 from ..memory.base import Memory, MemoryStore
+from ..models.base import Model
 
 log = structlog.get_logger("turnlog.context")
 
@@ -29,6 +30,12 @@ class MemoryPolicy:
     """Similarity below which a memory is not relevant enough to show (0.3 suits the default
     multilingual embedder: relevant facts score from about 0.31, unrelated ones mostly below 0.25)."""
     limit: int = 5
+    extractor: Model | None = None
+    """The model that lists the facts worth keeping at the end of each answered task (the memory
+    consumer asks it, off the turn's path); None stores only what the ``remember`` tool notes."""
+    remember_tool: bool = True
+    """Offer the built-in ``remember`` tool. False for a small model that does better with fewer
+    tools: memories are still retrieved before each turn (and extracted, with an extractor)."""
 
 
 async def retrieve(policy: MemoryPolicy, user_id: str, query: str) -> list[Memory]:

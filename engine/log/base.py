@@ -11,6 +11,7 @@ optimistic lock applied to the log itself.
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,7 +20,7 @@ from typing import Sequence
 import structlog
 
 from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError
-from ..events import Event, SessionCreated
+from ..events import Event, SessionCreated, SessionForked
 
 SUBMIT_RETRIES = 8
 log = structlog.get_logger("turnlog.log")
@@ -108,7 +109,7 @@ class EventLog(abc.ABC):
         on the log is returned.
         """
         try:
-            if isinstance(event, SessionCreated):
+            if isinstance(event, (SessionCreated, SessionForked)):  # a new session: version 1 or nothing
                 await self.append([event], expected_version=0)
                 return event
             for _ in range(SUBMIT_RETRIES):
@@ -127,6 +128,28 @@ class EventLog(abc.ABC):
         """The event a repeated submission names, as the log holds it."""
         log.info("log.submission_repeated", session=held.session_id, key=held.key, version=held.version)
         return (await self.read_session(held.session_id, held.version - 1))[0]
+
+    async def sequenced(self, event: Event, timeout: float) -> Event | None:
+        """``event`` as the log holds it once sequenced (a submission returned with version 0:
+        on Kafka, from a process that does not own its partition), or None if it is not on the
+        log within ``timeout`` seconds. Raises ConcurrencyError if a session it would open was
+        opened by another event."""
+        if event.version > 0:
+            return event
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            records = await self.read_session_records(event.session_id, event.basis_version)
+            found = next((r.event for r in records if r.event.event_id == event.event_id), None)
+            if found is not None:
+                return found
+            first = records[0].event if records and records[0].event.version == 1 else None
+            if isinstance(event, (SessionCreated, SessionForked)) and first is not None:
+                raise ConcurrencyError(event.session_id, 0, await self.session_version(event.session_id))
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            await self.wait_for_append(min(left, 0.2))
 
     def owned_partitions(self) -> Sequence[int]:
         """The partitions this process may append to (all of them, except on Kafka, where the

@@ -44,6 +44,7 @@ from .base import EventLog, LogRecord, check_batch
 from .kafka_appends import PendingAppend, fail_group, settle_group, take_group
 from .kafka_inbox import admit
 from .kafka_index import PartitionIndex
+from .kafka_offsets import DirectOffsets
 from .kafka_poison import (
     Poison,
     dead_letter_sources,
@@ -109,6 +110,7 @@ class KafkaEventLog(EventLog):
         self._waiters: list[asyncio.Future[None]] = []
         self._submitted: dict[str, asyncio.Future[Event]] = {}
         self._committed: dict[tuple[str, int], int] = {}
+        self._direct = DirectOffsets(bootstrap, self.topics.events, partitions)
         self._background: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -152,9 +154,15 @@ class KafkaEventLog(EventLog):
                     self._sequencer.result()
                 await asyncio.sleep(0.05)
 
+    def persist_offsets(self, group: str) -> None:
+        """Keep ``group``'s offsets on Kafka even for partitions this process does not own
+        (``kafka_offsets``): for a standalone consumer, the one process of its group."""
+        self._direct.groups.add(group)
+
     async def close(self) -> None:
         with contextlib.suppress(Exception):  # hand over the groups' offsets (a successor re-reads less)
             await self._flush_commits()
+        await self._direct.close()
         committers = [p.committer for p in self._parts if p.committer is not None]
         for task in [*self._background, *committers, *([self._sequencer] if self._sequencer else [])]:
             task.cancel()
@@ -634,12 +642,15 @@ class KafkaEventLog(EventLog):
 
     async def commit(self, group: str, partition: int, offset: int) -> None:
         """Recorded at once for this process; on Kafka with the partition's next transaction
-        (or when the owner is idle), so a fenced zombie cannot move a group's offsets."""
+        (or when the owner is idle), so a fenced zombie cannot move a group's offsets; for a
+        partition this process does not own, only if ``persist_offsets`` named the group."""
         self._check_partition(partition)
         self._committed[(group, partition)] = offset
         part = self._parts[partition]
         if part.owned:
             part.pending_commits[group] = offset
+        elif group in self._direct.groups:
+            self._direct.note(group, partition, offset)
 
     async def wait_for_append(self, timeout: float) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

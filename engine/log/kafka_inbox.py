@@ -14,18 +14,21 @@ import structlog
 
 from .. import codec
 from ..errors import (
+    ApprovalError,
     ConcurrencyError,
     EventError,
+    InputError,
     LogError,
+    NotAwaitingBudgetError,
     NoTurnRunningError,
     SessionClosedError,
     SessionNotFoundError,
 )
-from ..events import CancelRequested, Event, SessionClosed, SessionCreated
+from ..events import ApprovalDecided, BudgetDecided, CancelRequested, Event, SessionClosed
 from ..fold import fold
 from .base import EventLog
 from .kafka_index import PartitionIndex
-from .submissions import SUBMITTABLE, submission_keys
+from .submissions import DECISIONS, NEW_SESSIONS, SUBMITTABLE, submission_keys
 
 log = structlog.get_logger("turnlog.kafka")
 
@@ -70,6 +73,11 @@ def admit(
     sid = event.session_id
     if isinstance(event, SessionClosed):
         admitted = _close(part, event, [e for e in pending if e.session_id == sid], writer_log)
+    elif isinstance(event, DECISIONS):
+        try:
+            admitted = _decided(part, event, [e for e in pending if e.session_id == sid], writer_log)
+        except (ApprovalError, NotAwaitingBudgetError, InputError) as exc:  # decided meanwhile
+            return Admission(event_id=event.event_id, refused=exc)
     else:
         admitted = [dataclasses.replace(event, version=versions.get(sid, part.version(sid)) + 1)]
     versions[sid] = admitted[-1].version
@@ -94,7 +102,7 @@ def _refusal(
     current = versions.get(sid, part.version(sid))
     if not isinstance(event, SUBMITTABLE):
         return LogError(f"{event.type} cannot be submitted through the inbox")
-    if isinstance(event, SessionCreated):
+    if isinstance(event, NEW_SESSIONS):
         return ConcurrencyError(sid, 0, current) if current != 0 else None
     if current == 0:
         return SessionNotFoundError(sid)
@@ -123,4 +131,37 @@ def _close(
     add_force_finish(
         w, request.reason, request.actor, SnapshotEncoder(cache_size=1), event_id=request.event_id
     )
+    return w.take_pending()
+
+
+def _decided(
+    part: PartitionIndex, decided: ApprovalDecided | BudgetDecided, earlier: list[Event], writer_log: EventLog
+) -> list[Event]:
+    """A submitted decision as the events ``AgentSessions.post_tool_decision`` /
+    ``post_budget_decision`` write (approvals.add_submitted_decision, add_budget_decision; a
+    stopped budget also ends the turn, with its snapshot), keeping the submitted event's id.
+    Raises what those raise when the turn no longer waits for it."""
+    from .. import snapshots  # these build on the log package
+    from ..budget import add_budget_decision
+    from ..tools.approvals import add_submitted_decision
+    from ..turn_records import add_turn_finished
+    from ..writer import SessionWriter
+
+    sid = decided.session_id
+    w = SessionWriter(writer_log, fold(sid, [*part.session_after(sid, 0), *earlier]), decided.producer)
+    if isinstance(decided, ApprovalDecided):
+        add_submitted_decision(w, decided)
+        return w.take_pending()
+    if decided.decision not in ("raise", "stop"):
+        raise InputError(f"a budget decision is 'raise' or 'stop', not {decided.decision!r}")
+    add_budget_decision(
+        w,
+        "raise" if decided.decision == "raise" else "stop",
+        extra_micros=decided.extra_micros,
+        note=decided.note,
+        actor=decided.actor,
+        event_id=decided.event_id,
+    )
+    if decided.decision == "stop":
+        add_turn_finished(w, "budget", snapshots.SnapshotEncoder(cache_size=1))
     return w.take_pending()

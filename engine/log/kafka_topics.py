@@ -19,6 +19,13 @@ TOPIC_CONFIG = {
     "min.insync.replicas": "1",
     "message.timestamp.type": "CreateTime",
 }
+LIVE_TOPIC_CONFIG = {
+    "retention.ms": "60000",  # live items (token deltas, commit notices) matter for seconds
+    "segment.ms": "60000",  # roll segments often, so old ones can go
+    "cleanup.policy": "delete",
+    "min.insync.replicas": "1",
+    "message.timestamp.type": "CreateTime",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +41,24 @@ class TopicNames:
         return f"{self.events}.dead-letter"
 
     @property
+    def live(self) -> str:
+        """Token deltas and commit notices for streams in other processes (engine.log.kafka_live)."""
+        return f"{self.events}.live"
+
+    @property
     def owners_group(self) -> str:
         return f"{self.events}.owners"
 
     def transactional_id(self, partition: int) -> str:
         return f"{self.events}.owner.{partition}"
 
-    def all(self) -> tuple[str, str, str]:
-        return (self.events, self.inbox, self.dead_letter)
+    def all(self) -> tuple[str, ...]:
+        return (self.events, self.inbox, self.dead_letter, self.live)
+
+    def config(self, name: str) -> dict[str, str]:
+        """The settings topic ``name`` is created with: the live topic keeps items for a minute,
+        the others keep everything forever."""
+        return dict(LIVE_TOPIC_CONFIG if name == self.live else TOPIC_CONFIG)
 
 
 async def ensure_topics(bootstrap: str, names: TopicNames, partitions: int, replication: int) -> None:
@@ -55,7 +72,7 @@ async def ensure_topics(bootstrap: str, names: TopicNames, partitions: int, repl
             if t.get("error_code", 0) == 0 and t["partitions"]
         }
         missing = [
-            NewTopic(name, partitions, replication, topic_configs=dict(TOPIC_CONFIG))
+            NewTopic(name, partitions, replication, topic_configs=names.config(name))
             for name in names.all()
             if name not in existing
         ]

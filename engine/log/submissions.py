@@ -12,11 +12,26 @@ keys its partition index holds.
 
 from __future__ import annotations
 
-from ..events import CancelRequested, Event, SessionClosed, SessionCreated, UserMessageReceived
+from ..events import (
+    ApprovalDecided,
+    BudgetDecided,
+    CancelRequested,
+    Event,
+    SessionClosed,
+    SessionCreated,
+    SessionForked,
+    UserMessageReceived,
+)
 
-SUBMITTABLE = (SessionCreated, UserMessageReceived, CancelRequested, SessionClosed)
+NEW_SESSIONS = (SessionCreated, SessionForked)
+"""Submissions that open a session (version 1): refused for a session that exists."""
+DECISIONS = (ApprovalDecided, BudgetDecided)
+"""A user's decision on a paused turn, checked by its submitter (an edit against the tools) and
+applied by the owner with the events the API writes (engine.log.kafka_inbox)."""
+SUBMITTABLE = (*NEW_SESSIONS, UserMessageReceived, CancelRequested, SessionClosed, *DECISIONS)
 """What producers may submit; everything else is written by the session's writer. A submitted
-SessionClosed is a force-finish request: the owner writes the whole close."""
+SessionClosed is a force-finish request: the owner writes the whole close; a decision, the
+decision and what it moves (the resume transition, or the end of a turn stopped on its budget)."""
 
 SUBMITTED_TYPES = tuple(cls.type for cls in SUBMITTABLE)
 

@@ -7,6 +7,7 @@ they exist so the engine's logic can be exercised without a paid API.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import deque
 from typing import Any, AsyncIterator, Callable, Iterable
@@ -15,11 +16,20 @@ from ..errors import ModelError
 from ..events import ToolCallSpec
 from .base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage, estimate_tokens
 
+KEPT_REQUESTS = 256
+"""How many of its latest requests a FunctionModel keeps for tests to read (``requests``)."""
+
 
 def call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None) -> ToolCallSpec:
-    """A tool call for a script; dict arguments are JSON-encoded, strings passed through raw."""
+    """A tool call for a script; dict arguments are JSON-encoded, strings passed through raw.
+
+    Without ``call_id`` the id is derived from the name and arguments with SHA-256, so it is the
+    same in every process (Python's ``hash`` of a string differs per process): a worker that
+    takes over a turn after a crash asks the same question and gets the same call id. Two calls
+    of one step with the same name and arguments need ids of their own."""
     raw = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return ToolCallSpec(call_id or f"call_{name}_{abs(hash(raw)) % 10**8}", name, raw)
+    digest = hashlib.sha256(f"{name}\0{raw}".encode()).hexdigest()[:12]
+    return ToolCallSpec(call_id or f"call_{name}_{digest}", name, raw)
 
 
 def reply(text: str = "", *calls: ToolCallSpec) -> ModelResponse:
@@ -27,7 +37,12 @@ def reply(text: str = "", *calls: ToolCallSpec) -> ModelResponse:
 
 
 class FunctionModel(Model):
-    """Answers with ``fn(request)``: a ModelResponse, a string, or an exception to raise."""
+    """Answers with ``fn(request)``: a ModelResponse, a string, or an exception to raise.
+
+    ``fn`` runs on the event loop: keep it quick (a long computation blocks every session of the
+    process). It sees the whole request, so it can answer like a model reading the conversation.
+    The latest ``keep_requests`` requests stay readable in ``requests`` (oldest first; a worker
+    that runs for days must not keep every request it was ever sent)."""
 
     def __init__(
         self,
@@ -35,15 +50,22 @@ class FunctionModel(Model):
         *,
         name: str = "function",
         chunk_chars: int = 0,
+        keep_requests: int = KEPT_REQUESTS,
     ) -> None:
         self.fn = fn
         self.name = name
         self.chunk_chars = chunk_chars
         """If > 0, answer text is streamed in chunks of this many characters."""
+        self.keep_requests = keep_requests
         self.requests: list[ModelRequest] = []
+        self.calls = 0
+        """Requests answered so far (``requests`` keeps only the latest)."""
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        self.calls += 1
         self.requests.append(request)
+        if len(self.requests) > 2 * self.keep_requests:  # trimmed in bulk: amortised O(1) a call
+            del self.requests[: len(self.requests) - self.keep_requests]
         answer = self.fn(request)
         response = answer if isinstance(answer, ModelResponse) else ModelResponse(text=answer)
         if self.chunk_chars and response.text:
@@ -68,7 +90,7 @@ class ScriptedModel(FunctionModel):
 
     def _next(self, request: ModelRequest) -> ModelResponse | str:
         if not self.script:
-            raise ModelError(f"{self.name}: script exhausted after {len(self.requests) - 1} calls")
+            raise ModelError(f"{self.name}: script exhausted after {self.calls - 1} calls")
         item = self.script.popleft()
         if isinstance(item, Exception):
             raise item

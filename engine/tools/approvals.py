@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from .. import events as ev
 from ..errors import ApprovalError, InvalidArgumentsError
+from ..fold import SessionState, ToolCallProgress
 from ..states import Cause, SessionStatus
 from ..writer import SessionWriter
 from .execute import ToolOutcome, prepare
@@ -41,14 +42,7 @@ def add_decision(
 
     ``registry`` is the session role's view of the tools. Raises ApprovalError for a call that
     waits for nothing, InvalidArgumentsError for an edit that fails validation."""
-    state = w.state
-    waiting = {c.call_id: c for c in state.pending_approvals}
-    call = waiting.get(call_id)
-    if call is None or state.turn is None:
-        names = ", ".join(f"{c.call_id} ({c.tool_name})" for c in waiting.values()) or "none"
-        raise ApprovalError(
-            f"session {state.session_id}: tool call {call_id!r} is not waiting for approval; waiting: {names}"
-        )
+    call = _waiting(w.state, call_id)
     if decision not in _RECORDED:
         raise ApprovalError(f"decision must be one of approve, edit, reject; got {decision!r}")
     arguments_json = call.arguments_json
@@ -59,18 +53,57 @@ def add_decision(
         checked = prepare(registry, call.tool_name, arguments_json)
         if isinstance(checked, ToolOutcome):
             raise InvalidArgumentsError(call.tool_name, checked.error or checked.content)
-    tid = state.turn.turn_id
+    _add(w, call, _RECORDED[decision], arguments_json, actor=actor, note=note)
+
+
+def add_submitted_decision(w: SessionWriter, decided: ev.ApprovalDecided) -> None:
+    """A decision a producer checked and submitted through the log's inbox (its edit validated
+    against the tools there), as the partition's owner writes it: the same events as
+    ``add_decision``, the ApprovalDecided keeping the submitted event's id. Raises ApprovalError
+    if the call no longer waits (another decision came first)."""
+    call = _waiting(w.state, decided.call_id)
+    if decided.decision not in _RECORDED.values():
+        raise ApprovalError(f"decision must be one of approved, edited, rejected; got {decided.decision!r}")
+    _add(w, call, decided.decision, decided.arguments_json, actor=decided.actor, note=decided.note,
+         event_id=decided.event_id)  # fmt: skip
+
+
+def _waiting(state: SessionState, call_id: str) -> ToolCallProgress:
+    waiting = {c.call_id: c for c in state.pending_approvals}
+    call = waiting.get(call_id)
+    if call is None or state.turn is None:
+        names = ", ".join(f"{c.call_id} ({c.tool_name})" for c in waiting.values()) or "none"
+        raise ApprovalError(
+            f"session {state.session_id}: tool call {call_id!r} is not waiting for approval; waiting: {names}"
+        )
+    return call
+
+
+def _add(
+    w: SessionWriter,
+    call: ToolCallProgress,
+    recorded: str,
+    arguments_json: str,
+    *,
+    actor: str,
+    note: str,
+    event_id: str | None = None,
+) -> None:
+    assert w.state.turn is not None
+    tid = w.state.turn.turn_id
+    ids = {"event_id": event_id} if event_id else {}
     w.add(
         ev.ApprovalDecided,
         turn_id=tid,
-        call_id=call_id,
-        decision=_RECORDED[decision],
+        call_id=call.call_id,
+        decision=recorded,
         arguments_json=arguments_json,
         actor=actor,
         note=note,
         correlation_id=tid,
+        **ids,
     )
     if not w.state.pending_approvals:
         back = SessionStatus.TOOL_WAIT if call.iteration <= 1 else SessionStatus.TOOL_LOOP
-        detail = f"{call.tool_name}: {_RECORDED[decision]}"
+        detail = f"{call.tool_name}: {recorded}"
         w.transition(back, Cause.USER_APPROVAL, detail=detail, correlation_id=tid)

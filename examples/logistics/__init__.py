@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Sequence
 
-from engine import Agent, ConfigurationError, Model
+from engine import Agent, ConfigurationError, MemoryPolicy, Model
 
 from .backend import LogisticsBackend, last_week
 from .scripted import demo_model
@@ -37,14 +37,20 @@ SCRIPTED_TOOLS = (*TASK_TOOLS, "refund")
 refund waits for approval (approve, edit or reject it in the viewer or over HTTP)."""
 
 
-def build_agent(model: Model, backend: LogisticsBackend, tools: Sequence[str] = TASK_TOOLS) -> Agent:
-    """The logistics agent with the named tools (of ``build_tools``) offered to ``model``."""
+def build_agent(
+    model: Model,
+    backend: LogisticsBackend,
+    tools: Sequence[str] = TASK_TOOLS,
+    memory: MemoryPolicy | None = None,
+) -> Agent:
+    """The logistics agent with the named tools (of ``build_tools``) offered to ``model``, and
+    long-term memory if ``memory`` is given."""
     available = {t.name: t for t in build_tools(backend)}
     unknown = sorted(set(tools) - set(available))
     if unknown:
         raise ConfigurationError(f"no logistics tool {unknown[0]!r}; the tools are {', '.join(available)}")
     offered = [available[name] for name in tools]
-    return Agent.build(AGENT_ID, model, offered, system_prompt=system_prompt(backend.today))
+    return Agent.build(AGENT_ID, model, offered, system_prompt=system_prompt(backend.today), memory=memory)
 
 
 __all__ = [

@@ -1,0 +1,190 @@
+"""Live items across processes on Kafka: what a turn worker streams, for event streams served by
+another process (an API gateway that runs no turns).
+
+A turn's token deltas are never logged (seed §5.2), so a stream in another process can only get
+them through a channel that is not the event log: ``<topic>.live``, partitioned like the log
+(a session's items stay in order) and kept for a minute. A worker publishes there every item its
+turns stream: deltas, and a notice of each event it committed (the event itself, or for the two
+heavy kinds, SnapshotTaken and SessionForked, only its version), so a stream reads the log at
+once instead of at its next poll. Nothing here is a source of truth: a subscriber that misses
+items loses deltas, never events (streams read events from the log), and publishing never
+blocks or fails a turn (a full queue or a broker error drops live items, logged).
+
+Records: key = session id; header ``turnlog.live`` = ``event`` (Avro single-object value,
+``engine.codec``), ``notice`` (JSON ``{"version", "type"}``) or ``delta`` (JSON ``{"turn_id",
+"step", "text"}``); header ``turnlog.origin`` = the publishing process, so a process that also
+publishes can skip its own items.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from .. import codec
+from ..errors import EventError
+from ..events import Event, SessionForked, SnapshotTaken
+from ..stream import ModelDelta, StreamItem
+from .base import partition_for
+from .kafka_topics import TopicNames
+
+log = structlog.get_logger("turnlog.live")
+KIND, ORIGIN = "turnlog.live", "turnlog.origin"
+HEAVY = (SnapshotTaken, SessionForked)
+"""Events sent as a notice (their version) only: their state body can be hundreds of KB."""
+QUEUE_SIZE = 10_000
+"""Live items waiting to be sent; past it new ones are dropped (a stream reads events from the log)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """An event committed at ``version`` of a session, known by its number only (a notice)."""
+
+    session_id: str
+    version: int
+    type: str
+
+
+LiveItem = StreamItem | Committed
+
+
+def encode(item: StreamItem) -> tuple[bytes, bytes]:
+    """The record kind and value of one live item."""
+    if isinstance(item, ModelDelta):
+        return b"delta", json.dumps({"turn_id": item.turn_id, "step": item.step, "text": item.text}).encode()
+    if isinstance(item, HEAVY):
+        return b"notice", json.dumps({"version": item.version, "type": item.type}).encode()
+    return b"event", codec.encode(item)
+
+
+def decode(session_id: str, kind: bytes, value: bytes) -> LiveItem:
+    """One live item from its record; raises ValueError or EventError for a malformed one."""
+    if kind == b"event":
+        event: Event = codec.decode(value)
+        return event
+    body = json.loads(value)
+    if kind == b"delta":
+        return ModelDelta(session_id, str(body["turn_id"]), int(body["step"]), str(body["text"]))
+    if kind == b"notice":
+        return Committed(session_id, int(body["version"]), str(body["type"]))
+    raise ValueError(f"unknown live item kind {kind!r}")
+
+
+class KafkaLivePublisher:
+    """Sends a process's live items to ``<topic>.live``; ``publish`` is a sync callback (a
+    TurnWorker's ``on_item``) that queues, and one task sends in order without waiting for
+    acknowledgements."""
+
+    def __init__(self, bootstrap: str, topics: TopicNames, partitions: int, *, origin: str) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.partitions = partitions
+        self.origin = origin.encode()
+        self._queue: asyncio.Queue[StreamItem] = asyncio.Queue(QUEUE_SIZE)
+        self._producer: AIOKafkaProducer | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self.dropped = 0
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, client_id=f"{self.origin.decode()}-live", acks=1, linger_ms=5
+        )
+        await self._producer.start()
+        self._sender = asyncio.create_task(self._send_loop(), name="turnlog-live-sender")
+
+    def publish(self, item: StreamItem) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    async def _send_loop(self) -> None:
+        producer = self._producer
+        assert producer is not None
+        while True:
+            item = await self._queue.get()
+            kind, value = encode(item)
+            try:
+                await producer.send(
+                    self.topics.live,
+                    value,
+                    key=item.session_id.encode(),
+                    partition=partition_for(item.session_id, self.partitions),
+                    headers=[(KIND, kind), (ORIGIN, self.origin)],
+                )
+            except KafkaError as exc:  # live items are best effort: streams read events from the log
+                self.dropped += 1
+                log.warning("live.send_failed", error=repr(exc), dropped=self.dropped)
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()  # flushes what was sent
+        self._producer = self._sender = None
+
+
+class KafkaLiveSubscriber:
+    """Reads ``<topic>.live`` from its end (what is published from now on), every partition,
+    skipping the items ``skip_origin`` published."""
+
+    def __init__(self, bootstrap: str, topics: TopicNames, partitions: int, *, skip_origin: str = "") -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.partitions = partitions
+        self.skip_origin = skip_origin.encode()
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50
+        )
+        await self._consumer.start()
+        tps = [TopicPartition(self.topics.live, p) for p in range(self.partitions)]
+        self._consumer.assign(tps)
+        await self._consumer.seek_to_end(*tps)
+        for tp in tps:  # fix the start now: items published after start() are delivered
+            await self._consumer.position(tp)
+
+    async def items(self) -> AsyncIterator[LiveItem]:
+        consumer = self._consumer
+        assert consumer is not None, "call start() first"
+        while True:
+            try:
+                batches = await consumer.getmany(timeout_ms=500, max_records=1000)
+            except KafkaError as exc:
+                log.warning("live.read_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
+                continue
+            for messages in batches.values():
+                for msg in messages:
+                    item = self._decoded(msg)
+                    if item is not None:
+                        yield item
+
+    def _decoded(self, msg: object) -> LiveItem | None:
+        headers = dict(getattr(msg, "headers", ()) or ())
+        if self.skip_origin and headers.get(ORIGIN) == self.skip_origin:
+            return None
+        key: bytes = getattr(msg, "key", b"") or b""
+        try:
+            return decode(key.decode(), headers.get(KIND, b""), getattr(msg, "value", b""))
+        except (EventError, ValueError, KeyError, UnicodeDecodeError) as exc:
+            log.warning("live.item_skipped", error=repr(exc))
+            return None
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+        self._consumer = None

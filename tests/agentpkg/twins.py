@@ -1,0 +1,7 @@
+"""Two agents with one id: loading this module is a configuration error."""
+
+from engine import AgentDirectory
+
+from .good import agent
+
+directory = AgentDirectory([agent("twin"), agent("twin")])
