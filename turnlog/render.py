@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine import events as ev
-from engine.stream import ModelDelta, StreamItem
+from engine.stream import ModelDelta, ModelProgress, StreamItem
 
 STATUS_STYLE = {
     "success": "green",
@@ -35,6 +35,8 @@ class LiveRenderer:
         self._streaming = False
 
     def __call__(self, item: StreamItem) -> None:
+        if isinstance(item, ModelProgress):
+            return
         if isinstance(item, ModelDelta):
             if not self._streaming:
                 self.console.print("[bold]answer[/]  ", end="")

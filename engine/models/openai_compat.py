@@ -209,6 +209,8 @@ class OpenAICompatibleModel(Model):
             kwargs["temperature"] = self.temperature
         if self.max_tokens is not None:
             kwargs["max_tokens"] = self.max_tokens
+        if request.stop:
+            kwargs["stop"] = list(request.stop)
         try:
             return await self._client.chat.completions.create(**kwargs)
         except Exception as exc:
@@ -217,7 +219,7 @@ class OpenAICompatibleModel(Model):
     def _response(self, state: _StreamState, request: ModelRequest) -> ModelResponse:
         text = "".join(state.text)
         calls = state.tool_calls()
-        if not text and not calls:
+        if not text and not calls and not request.stop:  # with stop texts, stopping at once is an answer
             raise ModelError(
                 f"model endpoint {self.base_url} returned an empty response for model {self.name!r} "
                 f"(finish_reason={state.finish_reason!r}); check the model is loaded and the prompt fits"

@@ -1,0 +1,119 @@
+"""How a model without native tool calling is told about tools, and how the history's tool traffic
+is written for it as plain text (used by ``PromptToolsModel``).
+
+The text is built so that one step's prompt is a prefix of the next one's: the tool section is
+fixed for a turn, earlier calls and results are written the same way every time, and everything
+that belongs to one step only (the hint after the newest results, corrections) comes last. A
+server with a prompt cache (llama.cpp's ``cache_prompt``) then processes only each step's new
+tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from ..events import ToolCallSpec
+from ..messages import ChatMessage
+
+TOOL_INSTRUCTIONS = """\
+# Tools
+To call tools, reply with only one ```json block, one call per line:
+```json
+{"name": "<tool name>", "arguments": {<arguments as JSON>}}
+{"name": "<tool name>", "arguments": {<arguments as JSON>}}
+```
+Put every call you can already make into the same block: they run together. The results come back \
+in a message that starts with "Tool result". Never repeat a call that already has a result. When \
+the request is done, reply to the user in plain text, without any JSON.
+
+Available tools:
+"""
+
+NEXT_STEP_HINT = (
+    "\n\n(If the request still needs tools, write all the calls that are left in one block. If "
+    "everything asked for is done, answer the user in plain text.)"
+)
+
+REPAIR_REQUEST = (
+    "Your tool call could not be read: {error}. Write the calls again as one ```json block with one "
+    '{{"name": ..., "arguments": {{...}}}} per line, in valid JSON (double quotes, no trailing commas).'
+)
+REPEAT_REQUEST = (
+    "These calls were already made in this request, and their results are above: {calls}. They were "
+    "not run again. If something asked for is still not done, write the call for it; otherwise "
+    "answer the user now in plain text."
+)
+ANSWER_NOW_REQUEST = (
+    "Those calls were already made and were not run again. Do not call any tool. Answer the user "
+    "now in plain text, from the tool results above."
+)
+NO_TOOLS_REQUEST = (
+    "Tools cannot be called any more for this request. Do not write any JSON. Answer the user now "
+    "in plain text, from the tool results above."
+)
+ANSWER_STOPS = ("```", "<tool_call>", '{"name"', "{'name'")
+"""Where a model that must answer in text stops writing: the openers of a tool call."""
+
+
+def to_text_messages(messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> list[ChatMessage]:
+    """The history with tools described in the system prompt and tool traffic written as text.
+
+    System messages before the conversation form the system prompt; one that comes later (the
+    engine's note for a closing call) is put into the conversation where it was, because small
+    models follow the end of the prompt more than its start.
+    """
+    leading = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
+    system = [m.content for m in messages[:leading]]
+    if tools:
+        system.append(TOOL_INSTRUCTIONS + describe_tools(tools))
+    out: list[ChatMessage] = [ChatMessage.system("\n\n".join(system))] if system else []
+    for message in messages[leading:]:
+        if message.role == "assistant":
+            out.append(ChatMessage("assistant", assistant_text(message.content, message.tool_calls)))
+        elif message.role == "tool":
+            _append_user(
+                out, f"Tool result of {message.name} (call {message.tool_call_id}):\n{message.content}"
+            )
+        else:
+            _append_user(out, message.content)
+    if tools and messages and messages[-1].role == "tool":
+        out[-1] = ChatMessage.user(out[-1].content + NEXT_STEP_HINT)
+    return out
+
+
+def describe_tools(tools: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    for spec in tools:
+        schema = json.dumps(spec.get("parameters", {}), ensure_ascii=False, separators=(",", ":"))
+        lines.append(f"- {spec['name']}: {spec.get('description', '').strip()}\n  parameters: {schema}")
+    return "\n".join(lines)
+
+
+def assistant_text(content: str, calls: Sequence[ToolCallSpec]) -> str:
+    """An assistant message as the model is asked to write it: prose, then one block of calls."""
+    if not calls:
+        return content
+    block = "```json\n" + "\n".join(call_line(c) for c in calls) + "\n```"
+    return f"{content}\n{block}" if content else block
+
+
+def call_line(call: ToolCallSpec) -> str:
+    return json.dumps(
+        {"name": call.name, "arguments": arguments_value(call.arguments_json)}, ensure_ascii=False
+    )
+
+
+def arguments_value(arguments_json: str) -> Any:
+    try:
+        return json.loads(arguments_json)
+    except json.JSONDecodeError:
+        return arguments_json
+
+
+def _append_user(out: list[ChatMessage], text: str) -> None:
+    """Consecutive user-side texts become one message: many chat templates require alternation."""
+    if out and out[-1].role == "user":
+        out[-1] = ChatMessage.user(out[-1].content + "\n\n" + text)
+    else:
+        out.append(ChatMessage.user(text))
