@@ -61,7 +61,8 @@ class StartTurn:
 @dataclass(frozen=True, slots=True)
 class CallModel:
     closing: bool
-    """True once a loop guard stopped the tool loop: the model is called without tools."""
+    """True once the tool loop is over (a loop guard stopped it, or one of the agent's
+    ``final_tools`` succeeded): the model is called without tools, to answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,19 @@ def next_step(state: SessionState, agent: Agent) -> Step:
     pending = turn.unfinished_calls()
     if pending:
         return RunTools(tuple(pending))
-    return CallModel(closing=bool(turn.guard) or turn.iterations >= agent.max_tool_iterations)
+    closing = (
+        bool(turn.guard) or turn.iterations >= agent.max_tool_iterations or bool(final_tool_ran(turn, agent))
+    )
+    return CallModel(closing=closing)
+
+
+def final_tool_ran(turn: TurnProgress, agent: Agent) -> str:
+    """The first of the agent's ``final_tools`` that succeeded in this turn, or ""."""
+    if not agent.final_tools:
+        return ""
+    return next(
+        (r.tool_name for r in turn.history if r.status == "success" and r.tool_name in agent.final_tools), ""
+    )
 
 
 class TurnRunner:
@@ -358,9 +371,10 @@ class TurnRunner:
         calls = () if closing else unique_call_ids(response.tool_calls, turn)
         text = response.text
         guard, reason = _stop_reason(turn, agent.max_tool_iterations)
+        stopped = closing and not _ended_by_final_tool(turn, agent)
         unanswered = not calls and not text.strip()
         if unanswered:  # the engine answers from the results rather than leave the user nothing
-            opening = f"I stopped to avoid a loop ({reason})" if closing else "The model wrote no answer"
+            opening = f"I stopped to avoid a loop ({reason})" if stopped else "The model wrote no answer"
             text = _gathered_summary(w.state, opening)
         iteration = turn.iterations + 1
         usage = response.usage
@@ -388,7 +402,7 @@ class TurnRunner:
             correlation_id=tid,
         )
         if not calls:
-            if not closing:
+            if not stopped:
                 w.transition(S.FINISHED, Cause.MODEL_ANSWER, correlation_id=tid)
                 self._finish_turn(w, "no_answer" if unanswered else "answered")
                 return
@@ -471,6 +485,13 @@ def _failure_reason(error: Exception | None) -> str:
     return f"{type(error).__name__}: {error}" if error else "no response"
 
 
+def _ended_by_final_tool(turn: TurnProgress, agent: Agent) -> bool:
+    """The tool loop is over because a final tool succeeded, not because a guard stopped it."""
+    return (
+        not turn.guard and turn.iterations < agent.max_tool_iterations and bool(final_tool_ran(turn, agent))
+    )
+
+
 def _stop_reason(turn: TurnProgress, cap: int) -> tuple[str, str]:
     """The guard that stopped the loop and why (logs written before guard events: the cap)."""
     if turn.guard:
@@ -497,7 +518,9 @@ def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequ
     withdrawn) the note saying why. Pure, so the gateway can show what any past call was sent."""
     messages = assemble(state, agent)
     turn = state.turn
-    if closing and turn is not None:
+    if closing and turn is not None and _ended_by_final_tool(turn, agent):
+        messages.append(ChatMessage.system(guards.final_note(final_tool_ran(turn, agent))))
+    elif closing and turn is not None:
         guard, reason = _stop_reason(turn, agent.max_tool_iterations)
         messages.append(ChatMessage.system(guards.closing_note(guard, reason, agent.max_tool_iterations)))
     tools = () if closing else builtins.session_tools(agent, state).specs()
@@ -523,8 +546,8 @@ def _gathered_summary(state: SessionState, opening: str) -> str:
     start = max((i for i, m in enumerate(state.messages) if m.role == "user"), default=-1) + 1
     results = [m for m in state.messages[start:] if m.role == "tool"]
     lines = [f"- {m.name}: {m.content[:300]}" for m in results]
-    return (
-        f"{opening}, so this answer may be incomplete. Here is what the tools returned:\n" + "\n".join(lines)
+    return f"{opening}, so this answer may be incomplete. Here is what the tools returned:\n" + "\n".join(
+        lines
     )
 
 

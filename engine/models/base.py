@@ -114,6 +114,8 @@ class Model(abc.ABC):
     """This model's own total-response limit; None uses the agent's."""
     context_window: int | None = None
     """Tokens the model accepts in one request, if known; a fallback refits the request to it."""
+    timeout_hint: str = ""
+    """What to do when a call of this model runs out of time (added to the timeout's message)."""
 
     @abc.abstractmethod
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:

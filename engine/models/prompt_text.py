@@ -18,14 +18,15 @@ from ..messages import ChatMessage
 
 TOOL_INSTRUCTIONS = """\
 # Tools
-To call tools, reply with only one ```json block, one call per line:
+To call a tool, reply with only a ```json block:
 ```json
 {"name": "<tool name>", "arguments": {<arguments as JSON>}}
-{"name": "<tool name>", "arguments": {<arguments as JSON>}}
 ```
-Put every call you can already make into the same block: they run together. The results come back \
-in a message that starts with "Tool result". Never repeat a call that already has a result. When \
-the request is done, reply to the user in plain text, without any JSON.
+Calls that do not depend on each other (the same tool for several items, say) go in one block, \
+one call per line. A call that needs another call's result waits for that result: use only values \
+you already have. Results come back in a message that starts with "Tool result". Never repeat a \
+call that already has a result. When the request is done, reply to the user in plain text, without \
+any JSON.
 
 Available tools:
 """
@@ -83,11 +84,39 @@ def to_text_messages(messages: Sequence[ChatMessage], tools: Sequence[dict[str, 
 
 
 def describe_tools(tools: Sequence[dict[str, Any]]) -> str:
+    """One line per tool, ``- name(param: type, opt: type = default, other?: type): description``:
+    what the JSON Schema says in a fraction of its tokens (nested schemas are written as JSON)."""
     lines = []
     for spec in tools:
-        schema = json.dumps(spec.get("parameters", {}), ensure_ascii=False, separators=(",", ":"))
-        lines.append(f"- {spec['name']}: {spec.get('description', '').strip()}\n  parameters: {schema}")
+        description = " ".join(str(spec.get("description", "")).split())
+        lines.append(f"- {spec['name']}({signature(spec.get('parameters') or {})}): {description}")
     return "\n".join(lines)
+
+
+def signature(schema: dict[str, Any]) -> str:
+    required = set(schema.get("required") or ())
+    parts = []
+    for name, prop in (schema.get("properties") or {}).items():
+        if name in required:
+            parts.append(f"{name}: {_type_of(prop)}")
+        elif "default" in prop:
+            parts.append(f"{name}: {_type_of(prop)} = {json.dumps(prop['default'], ensure_ascii=False)}")
+        else:
+            parts.append(f"{name}?: {_type_of(prop)}")
+    return ", ".join(parts)
+
+
+def _type_of(prop: dict[str, Any]) -> str:
+    if "enum" in prop:
+        return " | ".join(json.dumps(v, ensure_ascii=False) for v in prop["enum"])
+    kind = prop.get("type")
+    if kind in ("string", "integer", "number", "boolean"):
+        fmt = {"date": " YYYY-MM-DD", "date-time": " (ISO 8601)"}.get(str(prop.get("format")), "")
+        return f"{kind}{fmt}"
+    if kind == "array" and isinstance(prop.get("items"), dict) and "type" in prop["items"]:
+        return f"list of {_type_of(prop['items'])}"
+    bare = {k: v for k, v in prop.items() if k not in ("title", "default")}
+    return json.dumps(bare, ensure_ascii=False, separators=(",", ":"))
 
 
 def assistant_text(content: str, calls: Sequence[ToolCallSpec]) -> str:

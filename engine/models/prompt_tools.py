@@ -100,6 +100,7 @@ class PromptToolsModel(Model):
         self.first_token_timeout_s = inner.first_token_timeout_s
         self.response_timeout_s = inner.response_timeout_s
         self.context_window = inner.context_window
+        self.timeout_hint = inner.timeout_hint
         self.repair_attempts = repair_attempts
         self.repaired_texts: deque[str] = deque(maxlen=100)
         """Raw answers whose tool calls needed repair or a retry: material for the parser's corpus."""

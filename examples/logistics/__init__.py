@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 
 from engine import Agent, Model
 
 from .backend import LogisticsBackend, last_week
 from .scripted import demo_model
-from .tools import build_tools
+from .tools import DEMO_TOOLS, FINAL_TOOLS, build_tools
 
 AGENT_ID = "logistics-assistant"
 TASK = (
@@ -20,16 +21,34 @@ TASK = (
 def system_prompt(today: dt.date) -> str:
     monday, sunday = last_week(today)
     return (
-        f"You are the operations assistant of an online shop. Today is {today.isoformat()}; "
-        f"last week ran from {monday.isoformat()} to {sunday.isoformat()}. Use the tools to look up "
-        "orders, notify customers and save reports. Dates are YYYY-MM-DD. A tool result starting with "
-        "[FAILED] or [REJECTED] did not succeed: never tell the user it did. When the work is done, "
-        "answer with a short summary for the user."
+        f"You are the operations assistant of an online shop. Today is {today.isoformat()}; last week "
+        f"ran from {monday.isoformat()} to {sunday.isoformat()} (dates are YYYY-MM-DD). Work one tool "
+        "step at a time: first look the orders up; once you have them, notify every affected customer "
+        "in one block; once the notices are sent, save the report; then answer. A tool result starting "
+        "with [FAILED] or [REJECTED] did not succeed: never say it did. Answer with a short summary "
+        "that names every notice that failed."
     )
 
 
-def build_agent(model: Model, backend: LogisticsBackend) -> Agent:
-    return Agent.build(AGENT_ID, model, build_tools(backend), system_prompt=system_prompt(backend.today))
+def build_agent(model: Model, backend: LogisticsBackend, tools: Collection[str] = DEMO_TOOLS) -> Agent:
+    """The demo's agent on ``model``, offered the tools named in ``tools`` (the choice of tools an
+    agent gets is made here: the local model gets DEMO_TOOLS). Saving the report is the task's
+    last step: once it succeeds the model answers without tools (``Agent.final_tools``)."""
+    return Agent.build(
+        AGENT_ID,
+        model,
+        build_tools(backend, tools),
+        system_prompt=system_prompt(backend.today),
+        final_tools=frozenset(FINAL_TOOLS) & set(tools),
+    )
 
 
-__all__ = ["AGENT_ID", "TASK", "LogisticsBackend", "build_agent", "demo_model", "system_prompt"]
+__all__ = [
+    "AGENT_ID",
+    "DEMO_TOOLS",
+    "TASK",
+    "LogisticsBackend",
+    "build_agent",
+    "demo_model",
+    "system_prompt",
+]
