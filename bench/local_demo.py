@@ -8,8 +8,10 @@ much of each prompt does llama.cpp's prompt cache spare.
 
 Each run is the seed's task (``turnlog demo``: query last week's orders, notify each affected
 customer, save a report, answer naming the failed notice) in a fresh embedded log, through the
-same code as the CLI: ``examples.logistics.build_agent`` on the local model's server
-(``serve_local_model``, threads chosen as ``turnlog demo`` chooses them unless ``--threads``).
+same code as the CLI: ``examples.logistics.build_agent`` on the local model's server (one server
+for all runs, threads chosen as ``turnlog demo`` chooses them unless ``--threads``). Run n plays
+the task n days after today (the prompt's dates change, as they do from day to day for users),
+unless ``--same-day``.
 
 ``--busy N`` starts N busy-loop processes per core first and waits until the 1-minute load
 average has risen to them (the thread choice reads it), then starts the server. The load average
@@ -22,9 +24,11 @@ the prompt cache and processed (sent - cached), output tokens and latency. The f
 run: the model's raw prompt and generation speed on this machine right before the runs (a bare
 request with a fresh prompt), from which the model time the steps needed is estimated.
 
-``--probe`` measures only the raw speeds, once per thread setting (1 and 2 generating threads,
-prompt on every core), under the same load. Results: JSON in bench/results/local_demo.json
-(``--out``; runs are appended per configuration label), a table on stdout.
+``--probe`` measures only the raw speeds, once per thread setting (one thread for everything; one
+generating and every core reading the prompt; every core for both), under the same load.
+
+Results: JSON in bench/results/local_demo.json (``--out``; one entry per configuration label), a
+table on stdout.
 """
 
 from __future__ import annotations
@@ -112,9 +116,9 @@ def raw_speed(base_url: str) -> dict[str, float]:
     }
 
 
-async def one_run(server: LocalModelServer, workdir: Path) -> dict[str, Any]:
+async def one_run(server: LocalModelServer, workdir: Path, today: dt.date) -> dict[str, Any]:
     model = server.model()
-    backend = LogisticsBackend(today=dt.date.today(), reports_dir=workdir / "reports")
+    backend = LogisticsBackend(today=today, reports_dir=workdir / "reports")
     log = SqliteEventLog(workdir / "log.db", partitions=2)
     api = AgentSessions(log, AgentDirectory([build_agent(model, backend)]))
     session = await api.create_session(AGENT_ID, "bench-user")
@@ -137,6 +141,7 @@ def summarize(
     notices = [(m["customer_id"], m["order_id"]) for m in backend.outbox]
     reports = [e for e in events if isinstance(e, ev.ToolCallFinished) and e.tool_name == "save_report"]
     return {
+        "today": backend.today.isoformat(),
         "outcome": finished[0].reason if finished else "none",
         "names_failed_notice": any(x in answer for x in FAILED_NOTICE),
         "answer": answer,
@@ -192,8 +197,9 @@ async def bench_runs(args: argparse.Namespace, model_path: Path) -> dict[str, An
         print(f"threads: {threads.describe()}; floor: {floor}", flush=True)
         runs = []
         for n in range(args.runs):
+            today = dt.date.today() + dt.timedelta(days=0 if args.same_day else n)
             with tempfile.TemporaryDirectory(prefix="turnlog-local-demo-") as tmp:
-                run = await one_run(server, Path(tmp))
+                run = await one_run(server, Path(tmp), today)
             run["estimated_model_s"] = estimated_model_s(run, floor)
             runs.append(run)
             print(f"run {n + 1}/{args.runs}: {run_line(run)}", flush=True)
@@ -205,8 +211,8 @@ async def bench_runs(args: argparse.Namespace, model_path: Path) -> dict[str, An
 def probe(model_path: Path) -> dict[str, Any]:
     out = {}
     cores = usable_cores()
-    for generate in sorted({1, cores}):
-        threads = Threads(generate, cores, "probe")
+    for generate, prompt in sorted({(1, 1), (1, cores), (cores, cores)}):
+        threads = Threads(generate, prompt, "probe")
         server = serve(model_path, Path(tempfile.gettempdir()) / "turnlog-bench-server.log", threads)
         try:
             raw_speed(server.base_url)  # warm-up: the first request after loading is slower
@@ -250,6 +256,9 @@ def main() -> None:
         "--threads", type=int, default=0, help="generating threads (default: as turnlog demo)"
     )
     parser.add_argument("--probe", action="store_true", help="only the raw speed with 1 and 2 threads")
+    parser.add_argument(
+        "--same-day", action="store_true", help="every run on today's date (default: run n is n days later)"
+    )
     parser.add_argument(
         "--home", type=Path, default=REPO / ".turnlog", help="where the model file is assembled"
     )
