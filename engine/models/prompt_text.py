@@ -2,8 +2,8 @@
 is written for it as plain text (used by ``PromptToolsModel``).
 
 The text is built so that one step's prompt is a prefix of the next one's: the tool section is
-fixed for a turn, earlier calls and results are written the same way every time, and everything
-that belongs to one step only (the hint after the newest results, corrections) comes last. A
+fixed for a turn, earlier calls and results are written the same way every time (the hint after
+each batch of results included), and what belongs to one step only (corrections) comes last. A
 server with a prompt cache (llama.cpp's ``cache_prompt``) then processes only each step's new
 tokens.
 """
@@ -62,24 +62,28 @@ def to_text_messages(messages: Sequence[ChatMessage], tools: Sequence[dict[str, 
 
     System messages before the conversation form the system prompt; one that comes later (the
     engine's note for a closing call) is put into the conversation where it was, because small
-    models follow the end of the prompt more than its start.
+    models follow the end of the prompt more than its start. Every batch of tool results ends with
+    the same hint, in the newest batch and in the older ones alike, so what was sent for one step
+    is unchanged in the next (the prompt cache then covers it, and the calls the model wrote).
     """
     leading = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
     system = [m.content for m in messages[:leading]]
     if tools:
         system.append(TOOL_INSTRUCTIONS + describe_tools(tools))
     out: list[ChatMessage] = [ChatMessage.system("\n\n".join(system))] if system else []
-    for message in messages[leading:]:
+    conversation = messages[leading:]
+    for i, message in enumerate(conversation):
         if message.role == "assistant":
             out.append(ChatMessage("assistant", assistant_text(message.content, message.tool_calls)))
         elif message.role == "tool":
             _append_user(
                 out, f"Tool result of {message.name} (call {message.tool_call_id}):\n{message.content}"
             )
+            batch_ends = i + 1 == len(conversation) or conversation[i + 1].role != "tool"
+            if tools and batch_ends:
+                out[-1] = ChatMessage.user(out[-1].content + NEXT_STEP_HINT)
         else:
             _append_user(out, message.content)
-    if tools and messages and messages[-1].role == "tool":
-        out[-1] = ChatMessage.user(out[-1].content + NEXT_STEP_HINT)
     return out
 
 

@@ -25,8 +25,8 @@ def system_prompt(today: dt.date) -> str:
         f"ran from {monday.isoformat()} to {sunday.isoformat()} (dates are YYYY-MM-DD). Work one tool "
         "step at a time: first look the orders up; once you have them, notify every affected customer "
         "in one block; once the notices are sent, save the report; then answer. A tool result starting "
-        "with [FAILED] or [REJECTED] did not succeed: never say it did. Answer with a short summary "
-        "that names every notice that failed."
+        "with [FAILED] or [REJECTED] did not succeed: never say it did. Answer in two or three "
+        "sentences that name every notice that failed."
     )
 
 
