@@ -17,8 +17,9 @@ unless ``--same-day``.
 average has risen to them (the thread choice reads it), then starts the server. The load average
 is sampled at every run's start and end (other work on the machine counts too: say so).
 
-Reported per run: outcome (``TurnFinished.reason``), whether the answer names the failed notice
-(customer C-105 / order O-1008), wall time, model calls, corrections, duplicate side effects
+Reported per run: outcome (``TurnFinished.reason``); clean: answered, each affected customer with
+an email address notified exactly once and nobody else, a report saved, and the answer naming the
+failed notice (customer C-105 / order O-1008); wall time, model calls, corrections, duplicate side effects
 (a notice sent twice, a second report), and per model step the prompt tokens sent, served from
 the prompt cache and processed (sent - cached), output tokens and latency. The floor of the same
 run: the model's raw prompt and generation speed on this machine right before the runs (a bare
@@ -61,6 +62,7 @@ from engine import AgentSessions, SqliteEventLog  # noqa: E402
 from engine import events as ev  # noqa: E402
 from engine.agent import AgentDirectory  # noqa: E402
 from examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent  # noqa: E402
+from examples.logistics.backend import ANOMALIES, last_week  # noqa: E402
 from turnlog.local_model import LocalModelServer, Threads, assemble_model, choose_threads, usable_cores  # noqa: E402
 
 FAILED_NOTICE = ("C-105", "O-1008")
@@ -140,10 +142,16 @@ def summarize(
     calls = [e for e in events if isinstance(e, ev.ModelCallFinished)]
     notices = [(m["customer_id"], m["order_id"]) for m in backend.outbox]
     reports = [e for e in events if isinstance(e, ev.ToolCallFinished) and e.tool_name == "save_report"]
+    outcome = finished[0].reason if finished else "none"
+    named = any(x in answer for x in FAILED_NOTICE)
+    saved = sum(1 for r in reports if r.status == "success")
+    right_notices = sorted(notices) == sorted(reachable_notices(backend))
     return {
         "today": backend.today.isoformat(),
-        "outcome": finished[0].reason if finished else "none",
-        "names_failed_notice": any(x in answer for x in FAILED_NOTICE),
+        "outcome": outcome,
+        "clean": outcome == "answered" and named and right_notices and saved >= 1,
+        "right_notices": right_notices,
+        "names_failed_notice": named,
         "answer": answer,
         "wall_s": round(wall, 1),
         "load_before": round(load_before, 2),
@@ -153,7 +161,7 @@ def summarize(
         "corrections": [e.kind for e in events if isinstance(e, ev.ModelCorrected)],
         "notices_sent": len(notices),
         "duplicate_notices": len(notices) - len(set(notices)),
-        "reports_saved": sum(1 for r in reports if r.status == "success"),
+        "reports_saved": saved,
         "error": next((c.error for c in calls if c.status != "ok"), None),
         "steps": [
             {
@@ -171,10 +179,24 @@ def summarize(
 
 def run_line(run: dict[str, Any]) -> str:
     return (
-        f"{run['outcome']}, failed notice named: {run['names_failed_notice']}, {run['wall_s']} s, "
+        f"{run['outcome']}{' (clean)' if run['clean'] else ''}, failed notice named: "
+        f"{run['names_failed_notice']}, right notices: {run['right_notices']}, {run['wall_s']} s, "
         f"{run['model_calls']} model calls, corrections {run['corrections']}, "
         f"load {run['load_before']}-{run['load_after']}"
     )
+
+
+def reachable_notices(backend: LogisticsBackend) -> list[tuple[str, str]]:
+    """The notices the task should send: each affected order of last week whose customer has an email."""
+    monday, sunday = last_week(backend.today)
+    lo, hi = monday.isoformat(), sunday.isoformat()
+    return [
+        (o["customer_id"], o["order_id"])
+        for o in backend.orders
+        if lo <= o["order_date"] <= hi
+        and o["logistics_status"] in ANOMALIES
+        and (backend.customer(o["customer_id"]) or {}).get("email")
+    ]
 
 
 def estimated_model_s(run: dict[str, Any], floor: dict[str, float]) -> float:
@@ -227,20 +249,22 @@ def report(label: str, result: dict[str, Any]) -> None:
     runs = result["runs"]
     walls = [r["wall_s"] for r in runs]
     answered = sum(r["outcome"] == "answered" for r in runs)
-    named = sum(r["outcome"] == "answered" and r["names_failed_notice"] for r in runs)
+    clean = sum(r["clean"] for r in runs)
     print(f"\n## {label}: {result['threads']}")
     floor = result["floor"]
     print(f"floor: prompt {floor['prompt_tok_s']} tok/s, generation {floor['output_tok_s']} tok/s")
     print(
-        f"answered {answered}/{len(runs)} (failed notice named {named}); "
+        f"answered {answered}/{len(runs)}, clean {clean}/{len(runs)} (the right notices, a report, the "
+        "failed notice named); "
         f"wall median {statistics.median(walls):.0f} s, worst {max(walls):.0f} s"
     )
-    print("| run | outcome | wall s | model s (floor) | calls | sent | cached | processed | output |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| run | date | outcome | clean | wall s | model s | calls | sent | cached | processed | out |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n, r in enumerate(runs, 1):
         steps = r["steps"]
         print(
-            f"| {n} | {r['outcome']} | {r['wall_s']} | {r['estimated_model_s']} | {r['model_calls']} | "
+            f"| {n} | {r['today']} | {r['outcome']} | {'yes' if r['clean'] else 'no'} | {r['wall_s']} | "
+            f"{r['estimated_model_s']} | {r['model_calls']} | "
             f"{sum(s['sent'] for s in steps)} | {sum(s['cached'] for s in steps)} | "
             f"{sum(s['processed'] for s in steps)} | {sum(s['output'] for s in steps)} |"
         )

@@ -339,7 +339,7 @@ class ModelCorrected(Event):
     attempt: int
     """1-based: which of the step's answers this corrects."""
     kind: str
-    """unreadable_call, repeated_call, call_without_tools or no_answer (models.base.CorrectionKind)."""
+    """unreadable_call, repeated_call, other_tools, call_without_tools, no_answer (CorrectionKind)."""
     correction: str
     """The text the model was sent next; "" when nothing was sent."""
     model_text: str

@@ -216,3 +216,33 @@ async def test_each_step_prompt_starts_with_the_previous_step_prompt(log: EventL
 def _rendered(request: ModelRequest) -> str:
     """The request as a chat template lays it out: role markers and contents in order."""
     return "".join(f"<{m.role}>{m.content}" for m in request.messages)
+
+
+async def test_calls_of_a_second_tool_wait_for_the_first_tools_results(log: EventLog) -> None:
+    """A small model writes the notices and the report before it has looked anything up: only the
+    first tool's calls run; it calls the others again, with real values, once it has the results."""
+    office = Office()
+
+    def eager(request: ModelRequest) -> str:
+        told = last_user(request)
+        if "Tool result of" not in told:  # everything at once, with made-up values
+            return block(
+                ("notify", {"customer": "C-1"}),
+                ("save_report", {"title": "guess"}),
+                ("notify", {"customer": "C-9"}),
+            )
+        if "saved" not in told:
+            return block(("save_report", {"title": "weekly"}))
+        return "C-1 and C-9 were notified; the report is saved."
+
+    _, events = await run_turn(log, office, eager)
+
+    assert office.sent == ["C-1", "C-9"] and office.saved == ["weekly"]
+    [deferred] = of(events, ev.ModelCorrected)
+    assert (deferred.step, deferred.kind, deferred.correction) == (0, "other_tools", "")
+    assert json.loads(deferred.dropped_calls_json) == [
+        {"name": "save_report", "arguments": {"title": "guess"}}
+    ]
+    first = of(events, ev.AssistantMessage)[0]
+    assert [c.name for c in first.tool_calls] == ["notify", "notify"]  # what the history says it asked
+    assert of(events, ev.TurnFinished)[0].reason == "answered"

@@ -83,6 +83,8 @@ class CorrectionKind(StrEnum):
     """A tool call that could not be read: the model is sent the parse error."""
     REPEATED_CALL = "repeated_call"
     """Calls already made in this turn: dropped (never run), and the model asked to go on."""
+    OTHER_TOOLS = "other_tools"
+    """Calls of other tools than the answer's first: dropped (the model calls them again later)."""
     CALL_WITHOUT_TOOLS = "call_without_tools"
     """A tool call when none is offered: the model is asked to answer in plain text."""
     NO_ANSWER = "no_answer"

@@ -16,6 +16,9 @@ Guarantees:
 * An answer in text (no tools offered, or after repeats) is written with the tool-call openers as
   stop texts, so the model cannot loop on calls; if it writes no text the engine answers from the
   tool results instead.
+* An answer that calls several different tools runs the calls of the first one only (a small
+  model writes calls that need results it does not have yet); it calls the others once it has
+  those results (``one_tool_per_step``).
 * A call the parser cannot repair goes back to the model with the parse error, up to
   ``repair_attempts`` times; after that the call fails with a ModelError naming the problem.
 
@@ -94,8 +97,10 @@ class _Step:
 class PromptToolsModel(Model):
     """Any Model, given tool calling through its prompt."""
 
-    def __init__(self, inner: Model, *, repair_attempts: int = 2) -> None:
+    def __init__(self, inner: Model, *, repair_attempts: int = 2, one_tool_per_step: bool = True) -> None:
         self.inner = inner
+        self.one_tool_per_step = one_tool_per_step
+        """Run only the calls of the first tool an answer names; the rest wait for its results."""
         self.name = inner.name
         self.first_token_timeout_s = inner.first_token_timeout_s
         self.response_timeout_s = inner.response_timeout_s
@@ -164,28 +169,38 @@ class PromptToolsModel(Model):
             request = REPAIR_REQUEST.format(error=parsed.error)
             step.ask_again(attempt.text, request)
             return [_correction(step, CorrectionKind.UNREADABLE_CALL, request, attempt.text)]
-        calls, dropped = _new_calls(parsed.calls, step.made)
-        if not dropped:
-            text = parsed.text if calls else attempt.text
-            finish = "tool_calls" if calls else attempt.finish_reason
-            return [ModelResponse(text, calls, step.used, finish, attempt.model)]
-        if calls:  # the new calls run; the repeated ones are only dropped
-            return [
-                _correction(step, CorrectionKind.REPEATED_CALL, "", attempt.text, dropped),
-                ModelResponse(parsed.text, calls, step.used, "tool_calls", attempt.model),
-            ]
+        calls, repeated = _new_calls(parsed.calls, step.made)
+        calls, deferred = _first_tool_only(calls) if self.one_tool_per_step else (calls, ())
+        notes = [
+            _correction(step, kind, "", attempt.text, dropped)
+            for kind, dropped in (
+                (CorrectionKind.REPEATED_CALL, repeated),
+                (CorrectionKind.OTHER_TOOLS, deferred),
+            )
+            if dropped
+        ]
+        if calls:  # the new calls run; the others are only dropped
+            return [*notes, ModelResponse(parsed.text, calls, step.used, "tool_calls", attempt.model)]
+        if not repeated:
+            return [ModelResponse(attempt.text, (), step.used, attempt.finish_reason, attempt.model)]
+        return self._repeated_only(step, attempt, parsed, repeated)
+
+    def _repeated_only(
+        self, step: _Step, attempt: _Attempt, parsed: ParsedToolText, repeated: tuple[ToolCallSpec, ...]
+    ) -> list[ModelChunk]:
+        """Every call was made before: tell the model once; if it repeats again it must answer."""
         if step.corrections >= self.repair_attempts:
             return [
-                _correction(step, CorrectionKind.REPEATED_CALL, "", attempt.text, dropped),
+                _correction(step, CorrectionKind.REPEATED_CALL, "", attempt.text, repeated),
                 ModelResponse(parsed.text, (), step.used, "stop", attempt.model),
             ]
         if step.repeats_told:
             request, step.answer_only = ANSWER_NOW_REQUEST, True
         else:
-            request = REPEAT_REQUEST.format(calls="; ".join(call_line(c) for c in dropped))
+            request = REPEAT_REQUEST.format(calls="; ".join(call_line(c) for c in repeated))
         step.repeats_told += 1
         step.ask_again(attempt.text, request)
-        return [_correction(step, CorrectionKind.REPEATED_CALL, request, attempt.text, dropped)]
+        return [_correction(step, CorrectionKind.REPEATED_CALL, request, attempt.text, repeated)]
 
     def _decide_answer(self, step: _Step, attempt: _Attempt, parsed: ParsedToolText) -> list[ModelChunk]:
         """A text answer: any call in it is dropped; no text at all is corrected once more."""
@@ -263,6 +278,18 @@ def _new_calls(
         (dropped if key in seen else new).append(call)
         seen.add(key)
     return tuple(new), tuple(dropped)
+
+
+def _first_tool_only(
+    calls: tuple[ToolCallSpec, ...],
+) -> tuple[tuple[ToolCallSpec, ...], tuple[ToolCallSpec, ...]]:
+    """(the calls of the first tool named, the rest): a small model writes calls that need another
+    call's result before it has it (notices for orders it has not looked up yet), while calls it can
+    really make together are the same tool on several items."""
+    if not calls:
+        return calls, ()
+    first = calls[0].name
+    return tuple(c for c in calls if c.name == first), tuple(c for c in calls if c.name != first)
 
 
 def _called_tools(messages: Sequence[ChatMessage]) -> list[str]:
