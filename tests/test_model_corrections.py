@@ -219,8 +219,9 @@ def _rendered(request: ModelRequest) -> str:
 
 
 async def test_calls_of_a_second_tool_wait_for_the_first_tools_results(log: EventLog) -> None:
-    """A small model writes the notices and the report before it has looked anything up: only the
-    first tool's calls run; it calls the others again, with real values, once it has the results."""
+    """A small model writes the notices and the report before it has looked anything up: reading
+    stops where the second tool's call begins, only the first tool's calls run, and it calls the
+    rest again, with real values, once it has the results."""
     office = Office()
 
     def eager(request: ModelRequest) -> str:
@@ -228,21 +229,26 @@ async def test_calls_of_a_second_tool_wait_for_the_first_tools_results(log: Even
         if "Tool result of" not in told:  # everything at once, with made-up values
             return block(
                 ("notify", {"customer": "C-1"}),
+                ("notify", {"customer": "C-2"}),
                 ("save_report", {"title": "guess"}),
                 ("notify", {"customer": "C-9"}),
             )
         if "saved" not in told:
             return block(("save_report", {"title": "weekly"}))
-        return "C-1 and C-9 were notified; the report is saved."
+        return "C-1 and C-2 were notified; the report is saved."
 
-    _, events = await run_turn(log, office, eager)
+    inner, events = await run_turn(log, office, eager)
 
-    assert office.sent == ["C-1", "C-9"] and office.saved == ["weekly"]
+    assert office.sent == ["C-1", "C-2"] and office.saved == ["weekly"]
     [deferred] = of(events, ev.ModelCorrected)
     assert (deferred.step, deferred.kind, deferred.correction) == (0, "other_tools", "")
-    assert json.loads(deferred.dropped_calls_json) == [
-        {"name": "save_report", "arguments": {"title": "guess"}}
+    assert [c["arguments"] for c in json.loads(deferred.dropped_calls_json)] == [
+        {"title": "guess"},
+        {"customer": "C-9"},
     ]
+    assert '"save_report"' in deferred.model_text and "C-9" in deferred.model_text
     first = of(events, ev.AssistantMessage)[0]
     assert [c.name for c in first.tool_calls] == ["notify", "notify"]  # what the history says it asked
+    step_zero = of(events, ev.ModelCallFinished)[0]
+    assert step_zero.finish_reason == "tool_calls" and step_zero.output_tokens > 0  # counted: no usage came
     assert of(events, ev.TurnFinished)[0].reason == "answered"

@@ -238,9 +238,11 @@ async def test_a_model_that_insists_on_a_call_when_none_is_offered_never_streams
     ]
     again = 'Sure.\n```json\n{"name": "query_orders", "arguments": {}}\n```'
     with serve_openai([FakeReply(again, chunk_size=4)]) as server:
-        model = PromptToolsModel(OpenAICompatibleModel("fake-model", base_url=server.base_url))
+        inner = OpenAICompatibleModel("fake-model", base_url=server.base_url, max_tokens=512)
+        model = PromptToolsModel(inner, answer_tokens=64)
         streamed, response = await _collect(model, ModelRequest(history))
         await model.aclose()
     assert response.tool_calls == () and response.text == "Sure.\n"
     assert "```" not in streamed and '"arguments"' not in streamed
     assert server.requests[0]["stop"] == list(ANSWER_STOPS) and len(server.requests) == 1
+    assert server.requests[0]["max_tokens"] == 64  # a text answer is capped tighter than a call

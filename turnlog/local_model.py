@@ -49,9 +49,12 @@ CONTEXT_TOKENS = 8192
 FIRST_TOKEN_TIMEOUT_S = 300.0
 """Prompt processing runs at about 80 tokens/s on two cores: a long prompt takes minutes."""
 RESPONSE_TIMEOUT_S = 600.0
-MAX_ANSWER_TOKENS = 768
+MAX_ANSWER_TOKENS = 512
 """A 1.5B model at temperature 0 can fall into repeating itself; this bounds one answer (a
-report cut here reaches the tool as truncated JSON, which the parser closes)."""
+report cut here reaches the tool as truncated JSON, which the parser closes). The demo's longest
+useful answer, five notices in one block, is about 200 tokens."""
+MAX_TEXT_ANSWER_TOKENS = 256
+"""The final answer in text: a few sentences; a runaway is cut here (about a minute on a busy CPU)."""
 STARTUP_TIMEOUT_S = 120.0
 THREADS_ENV = "TURNLOG_LOCAL_THREADS"
 
@@ -231,7 +234,7 @@ class LocalModelServer:
         inner.first_token_timeout_s = FIRST_TOKEN_TIMEOUT_S
         inner.response_timeout_s = RESPONSE_TIMEOUT_S
         inner.timeout_hint = self.timeout_hint()
-        return PromptToolsModel(inner)
+        return PromptToolsModel(inner, answer_tokens=MAX_TEXT_ANSWER_TOKENS)
 
     def timeout_hint(self) -> str:
         threads = self.threads.describe() if self.threads else "threads not chosen yet"

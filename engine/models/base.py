@@ -32,6 +32,8 @@ class ModelRequest:
     stop: tuple[str, ...] = ()
     """Texts at which the model stops writing (OpenAI's ``stop``, at most 4); the answer ends
     before the first one. Empty: none."""
+    max_output_tokens: int | None = None
+    """A tighter cap on this answer's length than the model's own, if any."""
 
 
 @dataclass(frozen=True, slots=True)

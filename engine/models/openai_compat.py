@@ -207,8 +207,9 @@ class OpenAICompatibleModel(Model):
             kwargs["tools"] = to_openai_tools(request.tools)
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            kwargs["max_tokens"] = self.max_tokens
+        caps = [n for n in (self.max_tokens, request.max_output_tokens) if n is not None]
+        if caps:
+            kwargs["max_tokens"] = min(caps)
         if request.stop:
             kwargs["stop"] = list(request.stop)
         try:

@@ -18,15 +18,15 @@ from ..messages import ChatMessage
 
 TOOL_INSTRUCTIONS = """\
 # Tools
-To call a tool, reply with only a ```json block:
+To call a tool, reply with only a ```json block. To call a tool for several items, write one \
+call per line in the same block:
 ```json
-{"name": "<tool name>", "arguments": {<arguments as JSON>}}
+{"name": "<tool name>", "arguments": {<arguments for the first item>}}
+{"name": "<tool name>", "arguments": {<arguments for the second item>}}
 ```
-Calls that do not depend on each other (the same tool for several items, say) go in one block, \
-one call per line. A call that needs another call's result waits for that result: use only values \
-you already have. Results come back in a message that starts with "Tool result". Never repeat a \
-call that already has a result. When the request is done, reply to the user in plain text, without \
-any JSON.
+A call that needs another call's result waits for that result: use only values you already have. \
+Results come back in a message that starts with "Tool result". Never repeat a call that already \
+has a result. When the request is done, reply to the user in plain text, without any JSON.
 
 Available tools:
 """
@@ -53,8 +53,9 @@ NO_TOOLS_REQUEST = (
     "Tools cannot be called any more for this request. Do not write any JSON. Answer the user now "
     "in plain text, from the tool results above."
 )
-ANSWER_STOPS = ("```", "<tool_call>", '{"name"', "{'name'")
-"""Where a model that must answer in text stops writing: the openers of a tool call."""
+ANSWER_STOPS = ("```", "<tool_call>", '{"name"', "Tool result of")
+"""Where a model that must answer in text stops writing: the openers of a tool call, and the
+start of a tool result (a small model may imitate one instead of answering)."""
 
 
 def to_text_messages(messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> list[ChatMessage]:

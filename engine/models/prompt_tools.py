@@ -28,6 +28,7 @@ Every correction is streamed as a ``ModelCorrection`` (the turn loop records it 
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
@@ -73,6 +74,8 @@ class _Attempt:
     usage: Usage
     finish_reason: str
     model: str
+    cut_from: str = ""
+    """The whole text when reading stopped where a second tool's call began (``text`` ends there)."""
 
 
 @dataclass(slots=True)
@@ -84,6 +87,8 @@ class _Step:
     """Text only: no tools are offered, or the model was told to stop repeating calls."""
     made: set[tuple[str, str]]
     """(tool, canonical arguments) of every call this turn has made already."""
+    known: list[str] = field(default_factory=list)
+    """The tool names a call may name."""
     attempts: int = 0
     corrections: int = 0
     repeats_told: int = 0
@@ -97,8 +102,17 @@ class _Step:
 class PromptToolsModel(Model):
     """Any Model, given tool calling through its prompt."""
 
-    def __init__(self, inner: Model, *, repair_attempts: int = 2, one_tool_per_step: bool = True) -> None:
+    def __init__(
+        self,
+        inner: Model,
+        *,
+        repair_attempts: int = 2,
+        one_tool_per_step: bool = True,
+        answer_tokens: int | None = None,
+    ) -> None:
         self.inner = inner
+        self.answer_tokens = answer_tokens
+        """A cap on a text answer's length (no tools on offer), below the inner model's own."""
         self.one_tool_per_step = one_tool_per_step
         """Run only the calls of the first tool an answer names; the rest wait for its results."""
         self.name = inner.name
@@ -130,6 +144,7 @@ class PromptToolsModel(Model):
             to_text_messages(request.messages, self._described_tools(request, remember=True)),
             answer_only=not offered,
             made=_calls_made(request.messages),
+            known=known,
         )
         while True:
             gate = _StreamGate(enabled=bool(known))
@@ -171,8 +186,13 @@ class PromptToolsModel(Model):
             return [_correction(step, CorrectionKind.UNREADABLE_CALL, request, attempt.text)]
         calls, repeated = _new_calls(parsed.calls, step.made)
         calls, deferred = _first_tool_only(calls) if self.one_tool_per_step else (calls, ())
+        if attempt.cut_from:  # every call it wrote that will not run: from the second tool's on
+            skip = {_call_key(c) for c in (*calls, *repeated)}
+            deferred = tuple(
+                c for c in parse_tool_text(attempt.cut_from, step.known).calls if _call_key(c) not in skip
+            )
         notes = [
-            _correction(step, kind, "", attempt.text, dropped)
+            _correction(step, kind, "", attempt.cut_from or attempt.text, dropped)
             for kind, dropped in (
                 (CorrectionKind.REPEATED_CALL, repeated),
                 (CorrectionKind.OTHER_TOOLS, deferred),
@@ -224,13 +244,31 @@ class PromptToolsModel(Model):
     async def _attempt(
         self, request: ModelRequest, step: _Step
     ) -> AsyncIterator[TextDelta | ModelSwitch | _Attempt]:
-        stop = ANSWER_STOPS if step.answer_only else ()
-        inner_request = ModelRequest(step.messages, (), request.session_id, request.turn_id, stop)
-        async for chunk in self.inner.stream(inner_request):
-            if isinstance(chunk, (TextDelta, ModelSwitch)):
-                yield chunk
-            elif isinstance(chunk, ModelResponse):
-                yield _Attempt(chunk.text, chunk.usage, chunk.finish_reason, chunk.model)
+        stop, cap = (ANSWER_STOPS, self.answer_tokens) if step.answer_only else ((), None)
+        inner_request = ModelRequest(step.messages, (), request.session_id, request.turn_id, stop, cap)
+        cut = _SecondTool() if self.one_tool_per_step and not step.answer_only else None
+        text = ""
+        chunks = self.inner.stream(inner_request)
+        try:
+            async for chunk in chunks:
+                if isinstance(chunk, TextDelta):
+                    yield chunk
+                    text += chunk.text
+                    at = cut.find(text) if cut is not None and chunk.text else None
+                    if at is not None:  # stop the model: what follows waits for the first tool's results
+                        yield _Attempt(text[:at], await self._usage(step, text[:at]), "tool_calls", "", text)
+                        return
+                elif isinstance(chunk, ModelSwitch):
+                    yield chunk
+                elif isinstance(chunk, ModelResponse):
+                    yield _Attempt(chunk.text, chunk.usage, chunk.finish_reason, chunk.model)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    async def _usage(self, step: _Step, written: str) -> Usage:
+        """A stopped stream reports no usage: the prompt and the text written, counted here."""
+        sent = await self.inner.estimate_input_tokens(ModelRequest(step.messages))
+        return Usage(sent, self.inner.token_counter.count(written))
 
     def _described_tools(self, request: ModelRequest, *, remember: bool = False) -> Sequence[dict[str, Any]]:
         """The tools the system prompt describes: those offered, or for a call without tools the
@@ -278,6 +316,20 @@ def _new_calls(
         (dropped if key in seen else new).append(call)
         seen.add(key)
     return tuple(new), tuple(dropped)
+
+
+class _SecondTool:
+    """Finds where an answer begins a call of a second tool (the ``{`` that opens it)."""
+
+    _NAME = re.compile(r'["\']name["\']\s*:\s*["\']([^"\']+)["\']')
+
+    def find(self, text: str) -> int | None:
+        names = self._NAME.finditer(text)
+        first = next(names, None)
+        if first is None:
+            return None
+        other = next((m for m in names if m.group(1) != first.group(1)), None)
+        return None if other is None else max(0, text.rfind("{", 0, other.start()))
 
 
 def _first_tool_only(
