@@ -52,6 +52,24 @@ class LogisticsBackend:
             self.affected = found
         return found
 
+    def not_ready_for_report(self) -> str:
+        """Why a handling report cannot be saved yet ("" when it can): it must come after the
+        anomaly query and after every affected customer got a notice or proved unreachable."""
+        if not self.affected:
+            return "no anomaly query was made yet: query last week's orders with anomalies_only first"
+        sent = {(m["customer_id"], m["order_id"]) for m in self.outbox}
+        waiting = [
+            f"{o['order_id']} (customer {o['customer_id']})"
+            for o in self.affected
+            if (o["customer_id"], o["order_id"]) not in sent and o["customer_id"] not in self.unreachable
+        ]
+        if waiting:
+            return (
+                f"{len(waiting)} affected orders have no notice yet: {', '.join(waiting)}; send those "
+                "notices first (one send_notification per order, all in one block), then save the report"
+            )
+        return ""
+
     def all_handled(self) -> str:
         """ "" while an affected order's customer is neither notified nor known unreachable; else a
         line saying every affected order is handled (the notices are done)."""

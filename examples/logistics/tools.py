@@ -116,7 +116,9 @@ def build_tools(backend: LogisticsBackend, names: Collection[str] = DEMO_TOOLS) 
     @tool(formatter=format_report)
     def save_report(title: str, body: str) -> dict[str, Any]:
         """Save the handling report (a short markdown body: the orders, the notices sent and those
-        that failed) and return where it was stored."""
+        that failed) once every affected customer has been notified, and return where it was stored."""
+        if not_ready := backend.not_ready_for_report():
+            raise ToolFailure(f"the report was not saved: {not_ready}")
         path = backend.save_report(title, body)
         return {"path": str(path), "chars": len(body), "not_notified": backend.not_notified()}
 
