@@ -252,3 +252,29 @@ async def test_calls_of_a_second_tool_wait_for_the_first_tools_results(log: Even
     step_zero = of(events, ev.ModelCallFinished)[0]
     assert step_zero.finish_reason == "tool_calls" and step_zero.output_tokens > 0  # counted: no usage came
     assert of(events, ev.TurnFinished)[0].reason == "answered"
+
+
+async def test_an_argument_called_name_is_not_taken_for_a_second_tool(log: EventLog) -> None:
+    office = Office()
+
+    @tool
+    def register(name: str, email: str) -> str:
+        """Register a customer."""
+        return f"registered {name}"
+
+    inner = FunctionModel(
+        lambda r: (
+            block(("register", {"name": "notify", "email": "a@example.com"}))
+            if "Tool result of" not in last_user(r)
+            else "Registered."
+        ),
+        name="small-model",
+    )
+    agent = Agent("clerk", PromptToolsModel(inner), [*office.tools(), register])
+    api = AgentSessions(log, AgentDirectory([agent]))
+    session = await api.create_session("clerk", "user-1")
+    _ = [i async for i in api.send_user_message(session.session_id, "Register the customer called notify.")]
+    events = await log.read_session(session.session_id)
+    [call] = of(events, ev.ToolCallRequested)
+    assert json.loads(call.arguments_json) == {"name": "notify", "email": "a@example.com"}
+    assert of(events, ev.ModelCorrected) == []

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Collection, Sequence
 
 from ..errors import ModelError
 from ..events import ToolCallSpec
@@ -246,7 +246,7 @@ class PromptToolsModel(Model):
     ) -> AsyncIterator[TextDelta | ModelSwitch | _Attempt]:
         stop, cap = (ANSWER_STOPS, self.answer_tokens) if step.answer_only else ((), None)
         inner_request = ModelRequest(step.messages, (), request.session_id, request.turn_id, stop, cap)
-        cut = _SecondTool() if self.one_tool_per_step and not step.answer_only else None
+        cut = _SecondTool(step.known) if self.one_tool_per_step and not step.answer_only else None
         text = ""
         chunks = self.inner.stream(inner_request)
         try:
@@ -319,17 +319,33 @@ def _new_calls(
 
 
 class _SecondTool:
-    """Finds where an answer begins a call of a second tool (the ``{`` that opens it)."""
+    """Finds where an answer begins a call of a second tool: the ``{`` that opens a call object
+    whose first key is "name", naming a tool. A "name" inside arguments (an object that is the
+    value of a key) never counts."""
 
     _NAME = re.compile(r'["\']name["\']\s*:\s*["\']([^"\']+)["\']')
 
+    def __init__(self, tools: Collection[str]) -> None:
+        self.tools = set(tools)
+
     def find(self, text: str) -> int | None:
-        names = self._NAME.finditer(text)
-        first = next(names, None)
-        if first is None:
-            return None
-        other = next((m for m in names if m.group(1) != first.group(1)), None)
-        return None if other is None else max(0, text.rfind("{", 0, other.start()))
+        first = ""
+        for match in self._NAME.finditer(text):
+            opening = text.rfind("{", 0, match.start())
+            if (
+                opening < 0
+                or text[opening + 1 : match.start()].strip()
+                or text[:opening].rstrip().endswith(":")
+            ):
+                continue  # not the first key of a call object
+            name = match.group(1)
+            if name not in self.tools:
+                continue
+            if not first:
+                first = name
+            elif name != first:
+                return opening
+        return None
 
 
 def _first_tool_only(
