@@ -13,10 +13,11 @@ model writes tool calls as fenced JSON rather than native tool calls, so it is w
 
 Threads (``choose_threads``): reading the prompt is matrix work that gains from every core even
 when others are busy, so it gets them all; generating is one small step per token in which every
-thread waits for the slowest, so on a busy machine a second thread that has to share a core makes
-it several times slower (bench/README.md, section 10). Generation gets the cores that are idle by
-the load average when the server starts (less half a core: on two cores that is one thread),
-at least one; ``TURNLOG_LOCAL_THREADS`` sets both.
+thread waits for the slowest, so on a busy machine a thread that has to share a core makes it many
+times slower (on this 2-core VM under load: 0.3 tokens/s with two threads, 5.5 with one; idle:
+33 with two, 22 with one; bench/README.md, section 10). Generation gets the cores the 1-minute load
+average leaves idle when the server starts, rounded, at least one (on two cores: two when the load
+is under 0.5, else one); ``TURNLOG_LOCAL_THREADS`` sets both.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def usable_cores() -> int:
 
 def choose_threads(cores: int | None = None, load: float | None = None) -> Threads:
     """``TURNLOG_LOCAL_THREADS`` if set; else every core reads the prompt, and the cores left idle
-    by the 1-minute load average, less half a core of headroom, generate (at least one)."""
+    by the 1-minute load average (rounded; at least one) generate."""
     cores = cores or usable_cores()
     configured = os.environ.get(THREADS_ENV, "").strip()
     if configured:
@@ -160,7 +161,7 @@ def choose_threads(cores: int | None = None, load: float | None = None) -> Threa
             )
         return Threads(int(configured), int(configured), f"{THREADS_ENV}={configured}")
     load = os.getloadavg()[0] if load is None else load
-    idle = max(1, min(cores, int(cores - load - 0.5)))  # half a core of headroom
+    idle = max(1, min(cores, int(cores - load + 0.5)))  # the idle cores, rounded
     return Threads(idle, cores, f"{cores} cores, load average {load:.1f}")
 
 
