@@ -39,7 +39,7 @@ from .models.base import Model, ModelRequest, ModelResponse, TextDelta, Usage
 from .models.scripted import FunctionModel, ScriptedModel, call, reply
 from .session import AgentSessions, SessionInfo
 from .states import TRANSITIONS, Cause, SessionStatus, check_transition
-from .stream import ModelDelta, StreamItem
+from .stream import ModelDelta, ModelProgress, StreamItem
 from .tools import Tool, ToolOutcome, ToolRegistry, ToolStatus, tool
 from .turn import TurnRunner
 
@@ -66,6 +66,7 @@ __all__ = [
     "MessageTooLargeError",
     "Model",
     "ModelDelta",
+    "ModelProgress",
     "ModelError",
     "ModelRequest",
     "ModelResponse",

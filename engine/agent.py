@@ -48,6 +48,9 @@ class Agent:
     ``update_task_state`` tool and shown to the model in every step (second seed §4.2)."""
     memory: MemoryPolicy | None = None
     """Long-term memory: retrieved before each turn, written through the ``remember`` tool."""
+    final_tools: frozenset[str] = frozenset()
+    """Tools whose success completes a turn's tool work (the last step of its task, like the
+    Agents SDK's StopAtTools): the next model call has no tools and writes the answer."""
 
     def __post_init__(self) -> None:
         if self.max_tool_iterations < 1:
@@ -58,6 +61,12 @@ class Agent:
             )
         if isinstance(self.tools, (list, tuple)):
             object.__setattr__(self, "tools", ToolRegistry(self.tools))
+        object.__setattr__(self, "final_tools", frozenset(self.final_tools))
+        unknown = sorted(n for n in self.final_tools if self.tools.get(n) is None)
+        if unknown:
+            raise ConfigurationError(
+                f"agent {self.agent_id}: final_tools names tools it does not have: {unknown}"
+            )
         if self.task_state is not None:
             task_state.defaults(self.task_state)  # fails now, not mid-turn, if a field lacks one
 

@@ -203,8 +203,10 @@ class ModelError(TurnlogError):
 class ModelTimeoutError(ModelError):
     """A model call exceeded one of its time limits."""
 
-    def __init__(self, limit: str, seconds: float) -> None:
-        super().__init__(f"model call exceeded its {limit} limit of {seconds:g} s")
+    def __init__(self, limit: str, seconds: float, hint: str = "") -> None:
+        super().__init__(
+            f"model call exceeded its {limit} limit of {seconds:g} s" + (f"; {hint}" if hint else "")
+        )
         self.limit = limit
         self.seconds = seconds
 

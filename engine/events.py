@@ -329,6 +329,27 @@ class ModelFallback(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCorrected(Event):
+    """The engine corrected what a model wrote within one model step (engine.models.prompt_tools):
+    the model was asked again with ``correction``, or, when that is empty, calls it repeated were
+    only dropped. A dropped call is never run, whatever the model writes after."""
+
+    turn_id: str
+    step: int
+    attempt: int
+    """1-based: which of the step's answers this corrects."""
+    kind: str
+    """unreadable_call, repeated_call, other_tools, call_without_tools, no_answer (CorrectionKind)."""
+    correction: str
+    """The text the model was sent next; "" when nothing was sent."""
+    model_text: str
+    """What the model wrote (cut to 2,000 characters)."""
+    dropped_calls_json: str = "[]"
+    """JSON list of {"name", "arguments"}: calls that were not run and will not be."""
+    type: ClassVar[str] = "ModelCorrected"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ContextTrimmed(Event):
     turn_id: str
     step: int
@@ -444,6 +465,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ModelCallStarted,
         ModelCallFinished,
         ModelFallback,
+        ModelCorrected,
         AssistantMessage,
         ToolCallRequested,
         ToolCallStarted,

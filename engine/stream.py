@@ -1,5 +1,5 @@
 """What a caller streaming a turn receives: every event as it is committed to the log, plus
-ephemeral model text deltas that never enter the log or the fold (seed §5.2)."""
+ephemeral model text deltas and progress notes that never enter the log or the fold (seed §5.2)."""
 
 from __future__ import annotations
 
@@ -19,4 +19,18 @@ class ModelDelta:
     text: str
 
 
-StreamItem = Event | ModelDelta
+@dataclass(frozen=True, slots=True)
+class ModelProgress:
+    """How far a model step has got, about once a second while the model produces output: also
+    while it writes a tool call, which streams no text. Ephemeral, like ModelDelta."""
+
+    session_id: str
+    turn_id: str
+    step: int
+    chunks: int
+    """Chunks the model has streamed so far in this step (on llama.cpp, one token each)."""
+    elapsed_s: float
+    """Seconds since the call started."""
+
+
+StreamItem = Event | ModelDelta | ModelProgress

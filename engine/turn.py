@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import datetime as dt
 import json
-import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -32,7 +31,6 @@ from .context.manager import ContextManager
 from .errors import (
     ConcurrencyError,
     ContextLengthError,
-    ModelError,
     SessionNotFoundError,
     SnapshotFormatError,
 )
@@ -40,10 +38,10 @@ from .events import ToolCallSpec
 from .fold import SessionState, ToolCallProgress, TurnProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
-from .models.base import ModelRequest, ModelResponse, ModelSwitch, TextDelta
-from .models.limits import stream_within
+from .model_call import CallOutcome, stream_call
+from .models.base import ModelRequest, ModelResponse
 from .states import Cause, SessionStatus
-from .stream import ModelDelta, StreamItem
+from .stream import StreamItem
 from .tools import Tool, batch, guards, ledger
 from .tools import execute as tool_exec
 from .turn_records import add_tool_finished, add_turn_finished
@@ -63,7 +61,8 @@ class StartTurn:
 @dataclass(frozen=True, slots=True)
 class CallModel:
     closing: bool
-    """True once a loop guard stopped the tool loop: the model is called without tools."""
+    """True once the tool loop is over (a loop guard stopped it, or one of the agent's
+    ``final_tools`` succeeded): the model is called without tools, to answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +96,19 @@ def next_step(state: SessionState, agent: Agent) -> Step:
     pending = turn.unfinished_calls()
     if pending:
         return RunTools(tuple(pending))
-    return CallModel(closing=bool(turn.guard) or turn.iterations >= agent.max_tool_iterations)
+    closing = (
+        bool(turn.guard) or turn.iterations >= agent.max_tool_iterations or bool(final_tool_ran(turn, agent))
+    )
+    return CallModel(closing=closing)
+
+
+def final_tool_ran(turn: TurnProgress, agent: Agent) -> str:
+    """The first of the agent's ``final_tools`` that succeeded in this turn, or ""."""
+    if not agent.final_tools:
+        return ""
+    return next(
+        (r.tool_name for r in turn.history if r.status == "success" and r.tool_name in agent.final_tools), ""
+    )
 
 
 class TurnRunner:
@@ -288,50 +299,23 @@ class TurnRunner:
             yield event
         if interrupts.stop_for(w.state, agent) is not None:
             return  # a stop slipped in before the call could start: the next step is Stop
-        started = time.perf_counter()
-        response: ModelResponse | None = None
-        error: Exception | None = None
-        switches = 0
-        try:
-            chunks = stream_within(agent.model, request, agent.first_token_timeout_s, agent.model_timeout_s)
-            async for chunk in chunks:
-                if isinstance(chunk, TextDelta):
-                    if chunk.text:  # an empty delta only says the model is producing something
-                        yield ModelDelta(w.state.session_id, turn.turn_id, index, chunk.text)
-                elif isinstance(chunk, ModelSwitch):
-                    switches += 1
-                    self._record_switch(w, index, chunk)
-                else:
-                    response = chunk
-            if response is None:
-                raise ModelError(f"{agent.model.name} ended its stream without a complete message")
-        except Exception as exc:  # any model failure is recorded, never a crashed worker
-            error = exc
-        latency = round((time.perf_counter() - started) * 1000, 3)
+        outcome = CallOutcome()
+        async for item in stream_call(w, agent, request, index, outcome):
+            yield item
+        error, latency = outcome.error, outcome.latency_ms
         if isinstance(error, ContextLengthError) and turn.context_retries == 0:
             # the provider counts differently: compact and call once more, not a failed turn
-            self._record_call_failed(w, agent, index, latency, error, switches)
+            self._record_call_failed(w, agent, index, latency, error, outcome.switches)
             if await self.context.fit(w, agent, index + 1, force="context_length"):
                 return
             self._fail_turn(w, _failure_reason(error))
-        elif error is not None or response is None:
-            self._record_call_failed(w, agent, index, latency, error, switches)
+        elif error is not None or outcome.response is None:
+            self._record_call_failed(w, agent, index, latency, error, outcome.switches)
             self._fail_turn(w, _failure_reason(error))
         else:
-            self._record_model_answer(w, agent, index, latency, response, step.closing, switches)
-
-    def _record_switch(self, w: SessionWriter, index: int, switch: ModelSwitch) -> None:
-        tid = w.state.turn.turn_id if w.state.turn else ""
-        w.add(
-            ev.ModelFallback,
-            turn_id=tid,
-            step=index,
-            from_model=switch.from_model,
-            to_model=switch.to_model,
-            reason=switch.reason,
-            degraded=switch.degraded,
-            correlation_id=tid,
-        )
+            self._record_model_answer(
+                w, agent, index, latency, outcome.response, step.closing, outcome.switches
+            )
 
     def _budget_stop(self, state: SessionState, agent: Agent, estimated_tokens: int) -> BudgetStop | None:
         if agent.budget is None or agent.prices is None:
@@ -393,8 +377,11 @@ class TurnRunner:
         calls = () if closing else unique_call_ids(response.tool_calls, turn)
         text = response.text
         guard, reason = _stop_reason(turn, agent.max_tool_iterations)
-        if closing and not text.strip():
-            text = _gathered_summary(w.state, reason)
+        stopped = closing and not _ended_by_final_tool(turn, agent)
+        unanswered = not calls and not text.strip()
+        if unanswered:  # the engine answers from the results rather than leave the user nothing
+            opening = f"I stopped to avoid a loop ({reason})" if stopped else "The model wrote no answer"
+            text = _gathered_summary(w.state, opening)
         iteration = turn.iterations + 1
         usage = response.usage
         w.add(
@@ -421,9 +408,9 @@ class TurnRunner:
             correlation_id=tid,
         )
         if not calls:
-            if not closing:
+            if not stopped:
                 w.transition(S.FINISHED, Cause.MODEL_ANSWER, correlation_id=tid)
-                self._finish_turn(w, "answered")
+                self._finish_turn(w, "no_answer" if unanswered else "answered")
                 return
             # every loop guard is cause `guard`, named in the detail (`iteration_cap` is in older logs)
             w.transition(S.FINISHED, Cause.GUARD, detail=f"{guard}: {reason}", correlation_id=tid)
@@ -504,6 +491,13 @@ def _failure_reason(error: Exception | None) -> str:
     return f"{type(error).__name__}: {error}" if error else "no response"
 
 
+def _ended_by_final_tool(turn: TurnProgress, agent: Agent) -> bool:
+    """The tool loop is over because a final tool succeeded, not because a guard stopped it."""
+    return (
+        not turn.guard and turn.iterations < agent.max_tool_iterations and bool(final_tool_ran(turn, agent))
+    )
+
+
 def _stop_reason(turn: TurnProgress, cap: int) -> tuple[str, str]:
     """The guard that stopped the loop and why (logs written before guard events: the cap)."""
     if turn.guard:
@@ -530,7 +524,9 @@ def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequ
     withdrawn) the note saying why. Pure, so the gateway can show what any past call was sent."""
     messages = assemble(state, agent)
     turn = state.turn
-    if closing and turn is not None:
+    if closing and turn is not None and _ended_by_final_tool(turn, agent):
+        messages.append(ChatMessage.system(guards.final_note(final_tool_ran(turn, agent))))
+    elif closing and turn is not None:
         guard, reason = _stop_reason(turn, agent.max_tool_iterations)
         messages.append(ChatMessage.system(guards.closing_note(guard, reason, agent.max_tool_iterations)))
     tools = () if closing else builtins.session_tools(agent, state).specs()
@@ -551,14 +547,13 @@ def _call_cost(agent: Agent, response: ModelResponse) -> int:
     return 0
 
 
-def _gathered_summary(state: SessionState, reason: str) -> str:
+def _gathered_summary(state: SessionState, opening: str) -> str:
     # this turn's results: everything after its user message (a batch may hold several calls)
     start = max((i for i, m in enumerate(state.messages) if m.role == "user"), default=-1) + 1
     results = [m for m in state.messages[start:] if m.role == "tool"]
     lines = [f"- {m.name}: {m.content[:300]}" for m in results]
-    return (
-        f"I stopped to avoid a loop ({reason}), so this answer may be incomplete. "
-        "Here is what I found so far:\n" + "\n".join(lines)
+    return f"{opening}, so this answer may be incomplete. Here is what the tools returned:\n" + "\n".join(
+        lines
     )
 
 

@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator
 from engine import events as ev
 from engine.log.base import EventLog, LogRecord
 from engine.log.kafka_live import LiveItem
-from engine.stream import ModelDelta
+from engine.stream import ModelDelta, ModelProgress
 
 from .access import event_json
 from .hub import LiveHub
@@ -117,6 +117,8 @@ class SessionStream:
             return [item]
         if item is None:
             return await self._catch_up()
+        if isinstance(item, ModelProgress):
+            return []  # the terminal's progress line; SSE clients see the deltas and the events
         # the hub delivers events in commit order, interleaved with the deltas between them:
         # read the log only up to this event, so the deltas after it stay in their place
         return await self._catch_up(upto=item.version) if item.version > self._version else []

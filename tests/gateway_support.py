@@ -24,6 +24,7 @@ from engine.errors import ModelError
 from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
 from engine.models.fallback import FallbackModel
 from engine.models.pricing import Price, PriceTable
+from engine.models.prompt_tools import PromptToolsModel
 from engine.models.scripted import FunctionModel, call, reply
 from examples.logistics import SCRIPTED_TOOLS, LogisticsBackend, build_agent, demo_model
 from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal, server_config
@@ -36,10 +37,11 @@ KEYS = {
 }
 PRINCIPALS = {"alice": "user", "bob": "user", "root": "admin"}
 PARTITIONS = 4
-AGENTS = ["logistics-assistant", "metered", "refunds", "support", "troubled"]
+AGENTS = ["logistics-assistant", "metered", "refunds", "small", "support", "troubled"]
 """support: looks an order up (GatedModel); refunds: a refund that waits for the user's approval;
 troubled: its model fails and its backup repeats one tool call until the loop guard stops it;
-metered: a lookup, then its per-turn budget pauses the turn before the answer;
+metered: a lookup, then its per-turn budget pauses the turn before the answer; small: a model
+without native tools (PromptToolsModel) that repeats its lookup once and is corrected;
 logistics-assistant: the example agent as `turnlog serve` runs it (scripted model, no prices,
 a refund tool that waits for approval)."""
 PRICES = PriceTable(
@@ -128,6 +130,19 @@ def troubled_agent() -> Agent:
     return Agent.build("troubled", model, [lookup])
 
 
+def small_agent() -> Agent:
+    """A text-only model given tools through its prompt: it looks A-17 up, writes the same call
+    again (dropped, and it is told so: a ModelCorrected event), then answers."""
+
+    def write(request: ModelRequest) -> str:
+        told = next(m.content for m in reversed(request.messages) if m.role == "user")
+        if told.startswith("These calls were already made"):
+            return "A-17 is delayed."
+        return '```json\n{"name": "lookup", "arguments": {"order_id": "A-17"}}\n```'
+
+    return Agent.build("small", PromptToolsModel(FunctionModel(write, name="small")), [lookup])
+
+
 def metered_agent() -> Agent:
     """Each call costs 1,250 micro-dollars; the second call's worst case (1,250 spent + 10,000 of
     output allowance) passes the 11,000 per-turn budget, so the turn pauses for the user."""
@@ -173,6 +188,7 @@ def build_gateway(
             troubled_agent(),
             metered_agent(),
             build_agent(demo_model(), shop, SCRIPTED_TOOLS),
+            small_agent(),
         ]
     )
     keys = KeyStore.from_plain({KEYS[u]: Principal(u, role) for u, role in PRINCIPALS.items()})

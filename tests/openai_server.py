@@ -13,6 +13,9 @@ The server plays a script, one step per chat completion request:
 * ``FakeError``: an HTTP error with an OpenAI-style ``{"error": {...}}`` body.
 * ``FakeDrop``: streams some text, then closes the connection without finishing the response.
 
+A request's ``stop`` texts are honoured as the real API does: the answer ends before the first one
+(and carries no tool calls then).
+
 ``/v1/embeddings`` is not scripted: given ``embed`` (texts to vectors, e.g. the local memory
 embedder) it computes real vectors, float or base64 as the client asks, like the real API.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -147,6 +151,9 @@ def validate_request(body: Any) -> str | None:
         return "[] is too short - 'messages'"
     if body.get("stream_options") is not None and not body.get("stream"):
         return "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+    stop = body.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and len(stop) <= 4)):
+        return "Invalid 'stop': expected a string or an array of at most 4 strings."
     return _validate_messages(messages) or _validate_tools(body.get("tools"))
 
 
@@ -451,6 +458,8 @@ class FakeOpenAIServer:
 
     def _answer(self, step: Step, body: dict[str, Any]) -> Response:
         model = str(body.get("model") or self.model)
+        if isinstance(step, FakeReply):
+            step = _stopped(step, body.get("stop"))
         streaming = bool(body.get("stream"))
         if isinstance(step, FakeError):
             response = _error(step.status, step.message)
@@ -470,6 +479,15 @@ class FakeOpenAIServer:
                 headers={"cache-control": "no-cache"},
             )
         return JSONResponse(completion(step, body, model))
+
+
+def _stopped(reply: FakeReply, stop: str | list[str] | None) -> FakeReply:
+    """The reply as the model's output ends at the first stop text (excluded)."""
+    texts = [stop] if isinstance(stop, str) else list(stop or [])
+    cuts = [i for i in (reply.text.find(t) for t in texts if t) if i >= 0]
+    if not cuts:
+        return reply
+    return dataclasses.replace(reply, text=reply.text[: min(cuts)], tool_calls=[])
 
 
 def free_port() -> int:

@@ -86,7 +86,7 @@ async def test_snapshots_list_what_happened_at_each(log: SqliteEventLog) -> None
 
 
 async def test_fork_mid_turn_continues_with_another_model_and_leaves_the_origin_alone(
-    log: SqliteEventLog
+    log: SqliteEventLog,
 ) -> None:
     api, sid, model_b = await origin_session(log)
     before = await raw_rows(log, sid)

@@ -8,27 +8,40 @@ import asyncio
 import datetime as dt
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+from engine import Agent, FunctionModel, ModelRequest, tool
+from engine.errors import ModelError
+from engine.models.prompt_tools import PromptToolsModel
 from examples.logistics.backend import last_week
 from projections import SqliteProjectionStore
 from projections.schema import READ_MODELS
 from tests.openai_server import FakeReply, serve_openai
+from turnlog.app import EmbeddedApp
+from turnlog.render import duration
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def turnlog(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
-    for key in ("TURNLOG_BASE_URL", "OPENAI_BASE_URL", "TURNLOG_MODEL"):
+def _env(columns: int = 200) -> dict[str, str]:
+    """The CLI's environment: no model endpoint, and the scripted model unless a test asks (the
+    local model may be installed: these tests must not start it)."""
+    env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": str(REPO), "TURNLOG_DEMO_MODEL": "scripted"}
+    for key in ("TURNLOG_BASE_URL", "OPENAI_BASE_URL", "TURNLOG_MODEL", "TURNLOG_HOME"):
         env.pop(key, None)
+    return env
+
+
+def turnlog(home: Path, *args: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "turnlog", *args, "--home", str(home)],
         capture_output=True,
         text=True,
-        env=env,
+        env=_env(columns),
         timeout=120,
         cwd=home.parent,
     )
@@ -158,3 +171,105 @@ def test_demo_against_an_openai_compatible_endpoint(tmp_path: Path) -> None:
 
     (session,) = tables(home)["sessions"]
     assert session["model_name"] == "fake-model" and session["input_tokens"] > 0
+
+
+def _next_commands(output: str) -> list[list[str]]:
+    """The commands printed after "Next:", split as a shell would."""
+    block = output.split("Next:", 1)[1]
+    return [shlex.split(line) for line in block.splitlines() if line.startswith("  ")]
+
+
+def test_the_printed_hints_run_as_printed_and_a_fork_is_continued(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run = turnlog(home, "demo", "--scripted")
+    assert run.returncode == 0, run.stderr
+    show, snapshots, sessions = _next_commands(run.stdout)
+    assert show[-4:-2] == ["show", tables(home)["sessions"][0]["session_id"]] and show[-2:] == [
+        "--home",
+        str(home),
+    ]
+    for command in (show, snapshots, sessions):
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=_env(), timeout=120, cwd=home.parent
+        )
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+    listed = subprocess.run(snapshots, capture_output=True, text=True, env=_env(), timeout=120).stdout
+    versions = [int(m.group(1)) for line in listed.splitlines() if (m := re.match(r"[│|\s]*(\d+)\s", line))]
+    sid = show[-3]
+    mid_turn = versions[1]  # after the first tool step: the fork inherits a running turn
+
+    forked = turnlog(home, "fork", sid, str(mid_turn))
+    assert forked.returncode == 0, forked.stderr
+    assert "It inherited a turn that had not finished" in forked.stdout
+    [go_on, show_fork] = _next_commands(forked.stdout)
+    assert go_on[-4] == "continue"
+    continued = subprocess.run(
+        go_on, capture_output=True, text=True, env=_env(), timeout=120, cwd=home.parent
+    )
+    assert continued.returncode == 0, continued.stdout + continued.stderr
+    assert "finished: answered" in continued.stdout and "send_notification" in continued.stdout
+    fork_id = go_on[-3]
+    (row,) = [r for r in tables(home)["sessions"] if r["session_id"] == fork_id]
+    assert row["current_state"] == "FINISHED"
+
+    again = turnlog(home, "continue", fork_id)
+    assert again.returncode == 1 and "has no turn waiting" in again.stdout
+    answered = turnlog(home, "continue", fork_id, "Thanks, that is all.", "--scripted")
+    assert answered.returncode == 0 and "finished: answered" in answered.stdout
+
+
+def test_sessions_fit_80_columns_with_whole_ids(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert turnlog(home, "demo", "--scripted").returncode == 0
+    listed = turnlog(home, "sessions", columns=80)
+    sid = tables(home)["sessions"][0]["session_id"]
+    assert sid in listed.stdout and "FINISHED" in listed.stdout
+    assert max(len(line) for line in listed.stdout.splitlines()) <= 80
+
+
+async def _session_with(home: Path, agent: Agent, text: str) -> str:
+    app = EmbeddedApp(home, [agent])
+    try:
+        session = await app.api.create_session(agent.agent_id, "u")
+        async for _ in app.api.send_user_message(session.session_id, text):
+            pass
+        return session.session_id
+    finally:
+        await app.close()
+
+
+async def test_show_and_replay_print_the_corrections_and_why_a_session_failed(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+
+    @tool(idempotent=True)
+    def lookup(order_id: str) -> str:
+        """Look an order up."""
+        return f"{order_id} is delayed"
+
+    def repeats(request: ModelRequest) -> str:
+        told = next(m.content for m in reversed(request.messages) if m.role == "user")
+        if told.startswith("These calls were already made"):
+            return "A-17 is delayed."
+        return '```json\n{"name": "lookup", "arguments": {"order_id": "A-17"}}\n```'
+
+    def down(request: ModelRequest) -> str:
+        raise ModelError("model endpoint http://127.0.0.1:9/v1 answered 503: overloaded")
+
+    small = Agent.build("small", PromptToolsModel(FunctionModel(repeats, name="small")), [lookup])
+    corrected = await _session_with(home, small, "Where is A-17?")
+    failing = await _session_with(home, Agent.build("down", FunctionModel(down, name="down")), "hello")
+
+    shown = turnlog(home, "show", corrected)
+    assert shown.returncode == 0
+    assert "correction · step 2, answer 1: calls already made: lookup" in shown.stdout
+    assert "(not run again); told: These calls were already made" in shown.stdout
+    replayed = turnlog(home, "replay", corrected)
+    assert "ModelCorrected" in replayed.stdout and "calls already made: lookup" in replayed.stdout
+
+    shown = turnlog(home, "show", failing)
+    assert "state ERROR" in shown.stdout
+    assert "error ModelError: model endpoint http://127.0.0.1:9/v1 answered 503: overloaded" in shown.stdout
+
+
+def test_latencies_read_in_seconds_and_milliseconds() -> None:
+    assert [duration(ms) for ms in (0.04, 85.4, 2300, 245_000)] == ["0.0 ms", "85 ms", "2.3 s", "4 min 05 s"]

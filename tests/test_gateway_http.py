@@ -162,6 +162,30 @@ async def test_force_finish_closes_the_session_and_streams_it(running: RunningGa
         assert again.status_code == 409
 
 
+async def test_a_correction_the_model_got_is_streamed_and_its_repeated_call_never_runs(
+    running: RunningGateway,
+) -> None:
+    """The small agent's model repeats its lookup: the repeat is dropped, the model told so, and
+    the ModelCorrected event reaches the stream with the rest of the turn."""
+    async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+        sid = (await create(client, agent="small"))["session_id"]
+        async with client.stream("GET", f"/v1/sessions/{sid}/events", headers=auth("alice")) as response:
+            stream = sse_messages(response)
+            await client.post(
+                f"/v1/sessions/{sid}/messages", json={"text": "Where is A-17?"}, headers=auth("alice")
+            )
+            seen: list[SseMessage] = []
+            await read_until(stream, lambda m: m.event == "TurnFinished", seen)
+    [correction] = [m.json for m in seen if m.event == "ModelCorrected"]
+    assert (correction["kind"], correction["step"], correction["attempt"]) == ("repeated_call", 1, 1)
+    assert correction["correction"].startswith("These calls were already made")
+    assert '"lookup"' in correction["model_text"] and correction["dropped_calls_json"].startswith(
+        '[{"name": "lookup"'
+    )
+    assert [m.json["tool_name"] for m in seen if m.event == "ToolCallStarted"] == ["lookup"]  # ran once
+    assert [m.json["reason"] for m in seen if m.event == "TurnFinished"] == ["answered"]
+
+
 async def test_bad_input_gets_a_specific_4xx_and_writes_nothing(running: RunningGateway) -> None:
     async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
         sid = (await create(client))["session_id"]
@@ -180,7 +204,8 @@ async def test_bad_input_gets_a_specific_4xx_and_writes_nothing(running: Running
             assert (response.status_code, response.json()["error"]) == (status, code), kwargs
         unknown = await client.post("/v1/sessions", json={"agent": "nope"}, headers=auth("alice"))
         assert unknown.status_code == 422
-        assert "known agents: logistics-assistant, metered, refunds, support" in unknown.json()["detail"]
+        known = "known agents: logistics-assistant, metered, refunds, small, support"
+        assert known in unknown.json()["detail"]
         bad_id = await client.get(
             f"/v1/sessions/{sid}/events", headers={**auth("alice"), "Last-Event-ID": "x"}
         )

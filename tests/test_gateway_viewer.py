@@ -127,6 +127,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
         alice = await one_turn(running, "alice", "Where is order A-17?")
         await one_turn(running, "bob", "Where is <b>order</b> B-2?")
         troubled = await one_turn(running, "alice", "Where is A-17, again?", agent="troubled")
+        small = await one_turn(running, "alice", "And A-17 once more?", agent="small")
         await add_events_the_viewer_does_not_know(running, alice)
         async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
             daily = (await client.get("/v1/admin/analytics/daily?days=1", headers=auth("root"))).json()
@@ -134,7 +135,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             # an admin sees every user's sessions, filters them, and gets the charts with their values
             await page.fill("#key", KEYS["root"])
             await page.click("#load")
-            await expect(page.locator("tr.session")).to_have_count(3)
+            await expect(page.locator("tr.session")).to_have_count(4)
             for chart in (
                 "tokens",
                 "turns",
@@ -158,7 +159,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             await shoot(page, "viewer-admin-list")
             await page.fill("#f-user", "alice")
             await page.click("#apply")
-            await expect(page.locator("tr.session")).to_have_count(2)
+            await expect(page.locator("tr.session")).to_have_count(3)
             await page.select_option("#sort", "cost")
             row = page.locator("tr.session").first  # the support session is the only one that cost anything
             assert await row.get_attribute("data-session") == alice
@@ -168,7 +169,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             await expect(page.locator("tr.session")).to_have_count(0)
             await page.fill("#f-min-cost", "")
             await page.click("#apply")
-            await expect(page.locator("tr.session")).to_have_count(2)
+            await expect(page.locator("tr.session")).to_have_count(3)
 
             # one session's timeline: the turn, its model calls, the tool call, the transitions
             await page.locator(f'tr.session[data-session="{alice}"]').click()
@@ -224,6 +225,18 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             assert "cost unknown" in await page.locator("#session-meta").inner_text()  # no price table
             await shoot(page, "viewer-guard-and-fallbacks")
 
+            # a model given tools through its prompt repeated its call: the correction it got
+            await page.locator(f'tr.session[data-session="{small}"]').click()
+            await page.wait_for_selector('.turn [data-type="ModelCorrected"]')
+            corrected = page.locator('.turn [data-type="ModelCorrected"]')
+            assert (
+                "correction (repeated_call) at model call 1, answer 1 · not run: lookup"
+                in await corrected.inner_text()
+            )
+            assert '"lookup"' in await corrected.locator("pre.model-text").inner_text()
+            assert "told: These calls were already made" in await corrected.locator("pre.told").inner_text()
+            assert await page.locator(".step.tool").count() == 1  # the repeat never ran
+
             # the admin forks the support session from its last snapshot; the fork opens
             await page.locator(f'tr.session[data-session="{alice}"]').click()
             await page.wait_for_selector(".step.snapshot button.fork")
@@ -231,7 +244,8 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             await page.wait_for_selector("p.forked")
             assert f"forked from {alice}" in await page.locator("p.forked").inner_text()
             assert await page.locator('#session-events [data-type="SessionForked"]').count() == 1
-            await expect(page.locator("tr.session")).to_have_count(3)
+            await expect(page.locator("tr.session")).to_have_count(4)
+            await page.screenshot(path=str(ARTIFACTS / "viewer-fork.png"), full_page=True)
 
             # a user's key sees only their own sessions and no charts; model text is never HTML
             await page.fill("#key", KEYS["bob"])

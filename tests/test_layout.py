@@ -70,6 +70,7 @@ def test_public_api_is_exported_and_importable() -> None:
         "reply",
         "ChatMessage",
         "ModelDelta",
+        "ModelProgress",
         "StreamItem",
         "Tool",
         "ToolRegistry",

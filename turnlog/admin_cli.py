@@ -9,17 +9,22 @@ from rich.table import Table
 
 from engine import events as ev
 from engine.admin import SessionAdmin
+from engine.fold import fold
 
 from .app import EmbeddedApp
-from .render import short
+from .demo import Invocation
+from .render import correction, short
 
 
-async def list_snapshots(console: Console, home: Path, session_id: str) -> int:
+async def list_snapshots(console: Console, home: Path, session_id: str, hint: Invocation) -> int:
     app_ = EmbeddedApp(home)
     try:
         await app_.projector.catch_up()
         if app_.store.session(session_id) is None:
-            console.print(f"[red]no session {session_id}[/]; list them with [bold]turnlog sessions[/]")
+            listing = hint.command("sessions")
+            console.print(
+                f"[red]no session {session_id}[/]; list them with [bold]{listing}[/]", highlight=False
+            )
             return 1
         rows = app_.store.rows_of("snapshots", session_id)
         table = Table(title=f"snapshots of {session_id}")
@@ -36,20 +41,33 @@ async def list_snapshots(console: Console, home: Path, session_id: str) -> int:
             )
         console.print(table)
         if rows:
-            console.print(f"Fork one: [bold]turnlog fork {session_id} VERSION[/]", highlight=False)
+            example = hint.command("fork", session_id, str(rows[-1]["version"]))
+            console.print(f"Fork one (a VERSION above): [bold]{example}[/]", highlight=False)
         return 0
     finally:
         await app_.close()
 
 
-async def fork(console: Console, home: Path, session_id: str, version: int, agent: str | None) -> int:
+async def fork(
+    console: Console, home: Path, session_id: str, version: int, agent: str | None, hint: Invocation
+) -> int:
     app_ = EmbeddedApp(home)
     try:
         forked = await SessionAdmin(app_.log, producer="cli").fork(session_id, version, agent_id=agent)
+        state = fold(forked.session_id, await app_.log.read_session(forked.session_id))
+        waiting = state.turn is not None or bool(state.inbox)
+        go_on = (
+            hint.command("continue", forked.session_id)
+            if waiting
+            else hint.command("continue", forked.session_id, "'your next message'")
+        )
+        inherited = " It inherited a turn that had not finished; continue finishes it." if waiting else ""
         console.print(
             f"forked {forked.session_id} from {session_id} at v{version} (agent {forked.agent_id}); "
-            f"the origin is unchanged.\nNext: [bold]turnlog show {forked.session_id}[/]",
+            f"the origin is unchanged.{inherited}\nNext:\n  [bold]{go_on}[/]\n  "
+            f"{hint.command('show', forked.session_id)}",
             highlight=False,
+            soft_wrap=True,
         )
         return 0
     finally:
@@ -89,4 +107,12 @@ def _detail(e: ev.Event) -> str:
         return f"forked from {e.origin_session_id} v{e.origin_version}"
     if isinstance(e, (ev.TurnFinished, ev.SessionClosed, ev.CancelRequested)):
         return e.reason
+    if isinstance(e, ev.ModelCorrected):
+        return correction(e)
+    if isinstance(e, ev.LoopGuardTriggered):
+        return f"{e.guard}: {e.reason}"
+    if isinstance(e, ev.ModelFallback):
+        return f"{e.from_model} -> {e.to_model}: {short(e.reason, 80)}"
+    if isinstance(e, ev.ModelCallFinished) and e.error:
+        return f"{e.status}: {short(e.error, 120)}"
     return ""

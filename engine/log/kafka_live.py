@@ -31,7 +31,7 @@ from aiokafka.errors import KafkaError
 from .. import codec
 from ..errors import EventError
 from ..events import Event, SessionForked, SnapshotTaken
-from ..stream import ModelDelta, StreamItem
+from ..stream import ModelDelta, ModelProgress, StreamItem
 from .base import partition_for
 from .kafka_topics import TopicNames
 
@@ -55,8 +55,8 @@ class Committed:
 LiveItem = StreamItem | Committed
 
 
-def encode(item: StreamItem) -> tuple[bytes, bytes]:
-    """The record kind and value of one live item."""
+def encode(item: Event | ModelDelta) -> tuple[bytes, bytes]:
+    """The record kind and value of one live item (``ModelProgress`` is never published)."""
     if isinstance(item, ModelDelta):
         return b"delta", json.dumps({"turn_id": item.turn_id, "step": item.step, "text": item.text}).encode()
     if isinstance(item, HEAVY):
@@ -87,7 +87,7 @@ class KafkaLivePublisher:
         self.topics = topics
         self.partitions = partitions
         self.origin = origin.encode()
-        self._queue: asyncio.Queue[StreamItem] = asyncio.Queue(QUEUE_SIZE)
+        self._queue: asyncio.Queue[Event | ModelDelta] = asyncio.Queue(QUEUE_SIZE)
         self._producer: AIOKafkaProducer | None = None
         self._sender: asyncio.Task[None] | None = None
         self.dropped = 0
@@ -100,6 +100,8 @@ class KafkaLivePublisher:
         self._sender = asyncio.create_task(self._send_loop(), name="turnlog-live-sender")
 
     def publish(self, item: StreamItem) -> None:
+        if isinstance(item, ModelProgress):
+            return  # the local terminal's progress line; streams get the deltas and the events
         try:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:

@@ -1,7 +1,8 @@
 """The model interface: one async streaming method.
 
 A model turns a ModelRequest into a stream of ModelChunks: any number of TextDelta (and, from a
-fallback chain, ModelSwitch), then exactly one ModelResponse (the complete message). Only the
+fallback chain, ModelSwitch; from a wrapper that corrects the model, ModelCorrection), then
+exactly one ModelResponse (the complete message). Only the
 ModelResponse is ever written to history; a stream that breaks before it is a failed call and
 leaves no trace in the conversation.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from ..events import ToolCallSpec
@@ -27,6 +29,11 @@ class ModelRequest:
     """Tool specs {name, description, parameters}; empty = the model must answer in text."""
     session_id: str = ""
     turn_id: str = ""
+    stop: tuple[str, ...] = ()
+    """Texts at which the model stops writing (OpenAI's ``stop``, at most 4); the answer ends
+    before the first one. Empty: none."""
+    max_output_tokens: int | None = None
+    """A tighter cap on this answer's length than the model's own, if any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +80,32 @@ class ModelSwitch:
     """The next model is the rule-based responder."""
 
 
-ModelChunk = TextDelta | ModelSwitch | ModelResponse
+class CorrectionKind(StrEnum):
+    UNREADABLE_CALL = "unreadable_call"
+    """A tool call that could not be read: the model is sent the parse error."""
+    REPEATED_CALL = "repeated_call"
+    """Calls already made in this turn: dropped (never run), and the model asked to go on."""
+    OTHER_TOOLS = "other_tools"
+    """Calls of other tools than the answer's first: dropped (the model calls them again later)."""
+    CALL_WITHOUT_TOOLS = "call_without_tools"
+    """A tool call when none is offered: the model is asked to answer in plain text."""
+    NO_ANSWER = "no_answer"
+    """No answer text at all when one was asked for."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCorrection:
+    """A wrapper corrected what the model wrote within one call (recorded as a ModelCorrected
+    event): it sent ``correction`` and asked again, or (``correction`` empty) only dropped calls."""
+
+    attempt: int
+    kind: CorrectionKind
+    correction: str
+    model_text: str
+    dropped: tuple[ToolCallSpec, ...] = ()
+
+
+ModelChunk = TextDelta | ModelSwitch | ModelCorrection | ModelResponse
 
 
 class Model(abc.ABC):
@@ -86,6 +118,8 @@ class Model(abc.ABC):
     """This model's own total-response limit; None uses the agent's."""
     context_window: int | None = None
     """Tokens the model accepts in one request, if known; a fallback refits the request to it."""
+    timeout_hint: str = ""
+    """What to do when a call of this model runs out of time (added to the timeout's message)."""
 
     @abc.abstractmethod
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:

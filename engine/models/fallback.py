@@ -11,6 +11,7 @@ without its result.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import AsyncIterator, Sequence
 
 from ..errors import ConfigurationError, ContextLengthError, ModelError
@@ -106,4 +107,4 @@ def drop_oldest_exchange(messages: Sequence[ChatMessage]) -> list[ChatMessage] |
 
 
 def _with(request: ModelRequest, messages: list[ChatMessage]) -> ModelRequest:
-    return ModelRequest(messages, request.tools, request.session_id, request.turn_id)
+    return dataclasses.replace(request, messages=messages)

@@ -38,8 +38,8 @@ async def stream_within(
                 if not limit.expired():
                     raise
                 if first and first_deadline < deadline:
-                    raise ModelTimeoutError("first-token", first_token_s) from None
-                raise ModelTimeoutError("total-response", response_s) from None
+                    raise ModelTimeoutError("first-token", first_token_s, model.timeout_hint) from None
+                raise ModelTimeoutError("total-response", response_s, model.timeout_hint) from None
             first = False
             yield chunk
     finally:

@@ -213,8 +213,11 @@ class OpenAICompatibleModel(Model):
         }
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            kwargs["max_tokens"] = self.max_tokens
+        caps = [n for n in (self.max_tokens, request.max_output_tokens) if n is not None]
+        if caps:
+            kwargs["max_tokens"] = min(caps)
+        if request.stop:
+            kwargs["stop"] = list(request.stop)
         try:
             return await self._client.chat.completions.create(**kwargs)
         except Exception as exc:
@@ -223,7 +226,7 @@ class OpenAICompatibleModel(Model):
     def _response(self, state: _StreamState, request: ModelRequest) -> ModelResponse:
         text = "".join(state.text)
         calls = state.tool_calls()
-        if not text and not calls:
+        if not text and not calls and not request.stop:  # with stop texts, stopping at once is an answer
             raise ModelError(
                 f"model endpoint {self.base_url} returned an empty response for model {self.name!r} "
                 f"(finish_reason={state.finish_reason!r}); check the model is loaded and the prompt fits"

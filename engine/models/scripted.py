@@ -68,6 +68,7 @@ class FunctionModel(Model):
             del self.requests[: len(self.requests) - self.keep_requests]
         answer = self.fn(request)
         response = answer if isinstance(answer, ModelResponse) else ModelResponse(text=answer)
+        response = _stopped(response, request.stop)
         if self.chunk_chars and response.text:
             text = response.text
             for i in range(0, len(text), self.chunk_chars):
@@ -95,6 +96,14 @@ class ScriptedModel(FunctionModel):
         if isinstance(item, Exception):
             raise item
         return item
+
+
+def _stopped(response: ModelResponse, stop: tuple[str, ...]) -> ModelResponse:
+    """The answer cut before the first stop text, as a server cuts it (finish_reason stop)."""
+    cuts = [i for i in (response.text.find(s) for s in stop) if i >= 0]
+    if not cuts:
+        return response
+    return ModelResponse(response.text[: min(cuts)], (), response.usage, "stop", response.model)
 
 
 def _with_estimated_usage(response: ModelResponse, request: ModelRequest) -> ModelResponse:

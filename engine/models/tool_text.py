@@ -43,8 +43,7 @@ def parse_tool_text(text: str, tool_names: Collection[str] = ()) -> ParsedToolTe
     repaired = False
     consumed: list[tuple[int, int]] = []
     for start, end, body, explicit in spans:
-        value, problem, was_repaired = _load_lenient(body)
-        found = _calls_in(value, tool_names) if problem is None else []
+        found, problem, was_repaired = _calls_in_body(body, tool_names)
         if found:
             calls.extend(found)
             repaired = repaired or was_repaired
@@ -55,6 +54,41 @@ def parse_tool_text(text: str, tool_names: Collection[str] = ()) -> ParsedToolTe
     prose = _remove_spans(text, consumed)
     error = None if calls or not errors else "; ".join(errors)
     return ParsedToolText(prose, tuple(calls), error, repaired)
+
+
+def _calls_in_body(body: str, tool_names: Collection[str]) -> tuple[list[ToolCallSpec], str | None, bool]:
+    """(calls, problem, repaired) of one block: one JSON value, or several in a row (one call per
+    line, as small models write several calls into one block)."""
+    value, problem, repaired = _load_lenient(body)
+    if problem is None:
+        return _calls_in(value, tool_names), None, repaired
+    pieces = _json_values(body)
+    if len(pieces) < 2:
+        return [], problem, False
+    calls: list[ToolCallSpec] = []
+    for piece in pieces:
+        value, piece_problem, piece_repaired = _load_lenient(piece)
+        found = _calls_in(value, tool_names) if piece_problem is None else []
+        if not found:
+            return [], problem, False
+        calls.extend(found)
+        repaired = repaired or piece_repaired
+    return calls, None, repaired
+
+
+def _json_values(body: str) -> list[str]:
+    """The JSON values written one after another in ``body`` (separated by space, newlines or
+    commas); anything else between them means it is not such a sequence (an empty list)."""
+    values, position = [], 0
+    while True:
+        start = _next_open(body, position)
+        if start < 0:
+            break
+        if body[position:start].strip(" \t\r\n,"):
+            return []
+        position = _balanced_end(body, start)
+        values.append(body[start:position])
+    return values if not body[position:].strip(" \t\r\n,") else []
 
 
 def _candidate_spans(text: str) -> Iterator[tuple[int, int, str, bool]]:

@@ -171,3 +171,12 @@ def closing_note(guard: str, reason: str, cap: int) -> str:
         f"{first} Do not call any tool. Answer the user now from the results above, and say that "
         f"the run was cut short to avoid a loop ({reason})."
     )
+
+
+def final_note(tool_name: str) -> str:
+    """The system message of the model call after one of the agent's final tools succeeded."""
+    return (
+        f"{tool_name} has run: that completes the tool work for this request. Do not call any tool. "
+        "Answer the user now in plain text, from the results above: say what was done, and name "
+        "everything that failed."
+    )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Sequence
+from collections.abc import Collection
 
-from engine import Agent, ConfigurationError, MemoryPolicy, Model
+from engine import Agent, MemoryPolicy, Model
 
 from .backend import LogisticsBackend, last_week
 from .scripted import demo_model
-from .tools import build_tools
+from .tools import DEMO_TOOLS, FINAL_TOOLS, build_tools
 
 AGENT_ID = "logistics-assistant"
 TASK = (
@@ -21,15 +21,16 @@ TASK = (
 def system_prompt(today: dt.date) -> str:
     monday, sunday = last_week(today)
     return (
-        f"You are the operations assistant of an online shop. Today is {today.isoformat()}; "
-        f"last week ran from {monday.isoformat()} to {sunday.isoformat()}. Use the tools to look up "
-        "orders, notify customers and save reports. Dates are YYYY-MM-DD. A tool result starting with "
-        "[FAILED] or [REJECTED] did not succeed: never tell the user it did. When the work is done, "
-        "answer with a short summary for the user."
+        f"You are the operations assistant of an online shop. Today is {today.isoformat()}; last week "
+        f"ran from {monday.isoformat()} to {sunday.isoformat()} (dates are YYYY-MM-DD). Work one tool "
+        "step at a time: first look the orders up; once you have them, notify every affected customer "
+        "in one block; once the notices are sent, save the report; then answer. A tool result starting "
+        "with [FAILED] or [REJECTED] did not succeed: never say it did. Answer in two or three "
+        "sentences that name every notice that failed."
     )
 
 
-TASK_TOOLS = ("query_orders", "send_notification", "save_report")
+TASK_TOOLS = DEMO_TOOLS
 """The tools offered by default: what the demo's task needs. The local model gets these (a
 refund waits for a person, which a small model's demo run should not)."""
 SCRIPTED_TOOLS = (*TASK_TOOLS, "refund")
@@ -40,21 +41,26 @@ refund waits for approval (approve, edit or reject it in the viewer or over HTTP
 def build_agent(
     model: Model,
     backend: LogisticsBackend,
-    tools: Sequence[str] = TASK_TOOLS,
+    tools: Collection[str] = TASK_TOOLS,
     memory: MemoryPolicy | None = None,
 ) -> Agent:
-    """The logistics agent with the named tools (of ``build_tools``) offered to ``model``, and
-    long-term memory if ``memory`` is given."""
-    available = {t.name: t for t in build_tools(backend)}
-    unknown = sorted(set(tools) - set(available))
-    if unknown:
-        raise ConfigurationError(f"no logistics tool {unknown[0]!r}; the tools are {', '.join(available)}")
-    offered = [available[name] for name in tools]
-    return Agent.build(AGENT_ID, model, offered, system_prompt=system_prompt(backend.today), memory=memory)
+    """The demo's agent on ``model``, offered the tools named in ``tools`` (the choice of tools an
+    agent gets is made here: the local model gets TASK_TOOLS), and long-term memory if ``memory``
+    is given. Saving the report is the task's last step: once it succeeds the model answers
+    without tools (``Agent.final_tools``)."""
+    return Agent.build(
+        AGENT_ID,
+        model,
+        build_tools(backend, tools),
+        system_prompt=system_prompt(backend.today),
+        final_tools=frozenset(FINAL_TOOLS) & set(tools),
+        memory=memory,
+    )
 
 
 __all__ = [
     "AGENT_ID",
+    "DEMO_TOOLS",
     "TASK_TOOLS",
     "SCRIPTED_TOOLS",
     "TASK",
