@@ -14,8 +14,9 @@ Reported:
 
 * tokens sent: the history section of each model call (``ModelCallStarted.section_tokens_json``,
   counted with tiktoken cl100k_base) and the whole request's estimate, averaged per bucket of
-  turns: flat once the history budget is reached, where it saws between the 60 % trim and the
-  90 % summary thresholds;
+  turns: flat once the history budget is reached, where it saws between the 50 % a summary cuts
+  it down to and the 90 % summary threshold;
+* summaries: how many, and how many turns apart (the summariser's calls with a model);
 * compaction: every ``ContextManager.fit`` call is timed: p50/p95 when it changed nothing (the
   per-step check), when it trimmed, and when it summarised;
 * turn time per bucket (wall ms): does not grow with the session's length.
@@ -156,6 +157,9 @@ def report(
         )
     summaries = [e for e in events if isinstance(e, ev.HistorySummarized)]
     trims = [e for e in events if isinstance(e, ev.ContextTrimmed)]
+    turn_no = {t: i + 1 for i, t in enumerate(order)}
+    summary_turns = sorted({turn_no[e.turn_id] for e in summaries if e.turn_id in turn_no})
+    gaps = [b - a for a, b in zip(summary_turns, summary_turns[1:], strict=False)]
     summary_steps = {(e.turn_id, e.step) for e in summaries}
     trim_steps = {(e.turn_id, e.step) for e in trims} - summary_steps
     # fits are in call order; pair them with (turn, step) of the ModelCallStarted that followed
@@ -183,6 +187,12 @@ def report(
         "max_history_tokens_sent": max(history_first_call),
         "summaries": len(summaries),
         "trims": len(trims),
+        "first_summary_turn": summary_turns[0] if summary_turns else None,
+        "turns_between_summaries": {
+            "min": min(gaps, default=0),
+            "median": statistics.median(gaps) if gaps else 0,
+            "mean": round(statistics.mean(gaps), 1) if gaps else 0,
+        },
         "buckets": buckets,
         "compaction": compaction,
     }
@@ -193,6 +203,11 @@ def show(result: dict[str, Any]) -> None:
         f"\nwindow {result['window']}, history budget {result['history_budget']} tokens, "
         f"{result['turns']} turns, {result['summaries']} summaries, {result['trims']} trims, "
         f"largest history sent {result['max_history_tokens_sent']} tokens (engine {result['engine']})"
+    )
+    between = result["turns_between_summaries"]
+    print(
+        f"first summary at turn {result['first_summary_turn']}; turns between summaries: "
+        f"min {between['min']}, median {between['median']}, mean {between['mean']}"
     )
     print("\n| turns | history tokens sent (mean) | request tokens (mean) | turn wall ms (median) |")
     print("|---|---|---|---|")

@@ -16,11 +16,17 @@ resumes where it stopped. A record handled twice (a crash before its commit, or 
 offset 0) writes nothing twice: the store's dedup treats the same fact at the same or an older
 time as already stored. A model answer that is not a usable list is logged and skipped; a store
 that is down leaves the record uncommitted, to be retried.
+
+Every extraction call is recorded on its session's log (an ``AuxiliaryModelCall``, submitted
+like a user message, with the provider's usage or, for a call that failed, what was sent and
+what streamed, estimated; priced by ``prices``), so it counts in the session's and the user's
+cost like the turn's own calls. A call made again after a crash is recorded again: it was made.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Collection, Sequence
@@ -29,9 +35,11 @@ import json_repair
 import structlog
 
 from consumers.runner import GroupConsumer
+from engine import usage
 from engine.errors import InputError, LogUnavailableError, MemoryStoreError, ModelError
 from engine.events import (
     AssistantMessage,
+    AuxiliaryModelCall,
     Event,
     MemoryNoted,
     SessionCreated,
@@ -43,7 +51,8 @@ from engine.fold import fold
 from engine.log.base import EventLog, LogRecord
 from engine.memory.base import MemoryStore, MemoryTag
 from engine.messages import ChatMessage
-from engine.models.base import Model, ModelRequest, ModelResponse
+from engine.models.base import Model, ModelRequest, ModelResponse, TextDelta
+from engine.models.pricing import PriceTable
 
 GROUP = "memory"
 EXTRACTION_TIMEOUT_S = 120.0
@@ -124,10 +133,13 @@ class MemoryConsumer:
         batch: int = 200,
         idle_wait_s: float = 0.5,
         extraction_timeout_s: float = EXTRACTION_TIMEOUT_S,
+        prices: PriceTable | None = None,
     ) -> None:
         self.log = event_log
         self.store = store
         self.extractor = extractor
+        self.prices = prices
+        """Prices the extraction calls recorded on the log (None: they cost 0)."""
         self.extraction_timeout_s = extraction_timeout_s
         self.agent_ids = frozenset(agent_ids) if agent_ids is not None else None
         self._messages: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
@@ -218,20 +230,58 @@ class MemoryConsumer:
         return fold(session_id, first).user_id
 
     async def _ask(self, turn: TurnFinished, text: str) -> str | None:
-        """The extraction model's answer text, or None (logged) when the call fails."""
-        assert self.extractor is not None
+        """The extraction model's answer text, or None (logged) when the call fails. Either way
+        the call is recorded on the session's log with what it cost."""
+        extractor = self.extractor
+        assert extractor is not None
         request = ModelRequest(
             messages=[ChatMessage.system(EXTRACTION_PROMPT), ChatMessage.user(text)],
             session_id=turn.session_id,
             turn_id=turn.turn_id,
         )
+        sent = await extractor.estimate_input_tokens(request)
+        started = time.perf_counter()
+        streamed: list[str] = []
+        response: ModelResponse | None = None
+        error = ""
         try:
-            return await asyncio.wait_for(_answer(self.extractor, request), self.extraction_timeout_s)
+            asked = _answer(extractor, request, streamed)
+            response = await asyncio.wait_for(asked, self.extraction_timeout_s)
         except (ModelError, TimeoutError) as exc:
-            log.warning(
-                "memory.extraction_failed", session_id=turn.session_id, error=str(exc) or type(exc).__name__
-            )
-            return None
+            error = str(exc) or type(exc).__name__
+            log.warning("memory.extraction_failed", session_id=turn.session_id, error=error)
+        latency = round((time.perf_counter() - started) * 1000, 3)
+        model = (response.model if response is not None else "") or extractor.name
+        if response is not None:
+            spent = usage.priced(self.prices, [model, extractor.name], response.usage)
+        else:
+            counter = extractor.token_counter
+            spent = usage.unanswered(self.prices, extractor.name, sent, "".join(streamed), counter)
+        await self._record(turn, model, spent, latency, error)
+        return response.text if response is not None else None
+
+    async def _record(
+        self, turn: TurnFinished, model: str, spent: usage.Spent, latency: float, error: str
+    ) -> None:
+        call = AuxiliaryModelCall(
+            session_id=turn.session_id,
+            version=0,
+            producer="memory",
+            causation_id=turn.event_id,
+            correlation_id=turn.turn_id,
+            turn_id=turn.turn_id,
+            purpose="memory_extraction",
+            model=model,
+            status="failed" if error else "ok",
+            input_tokens=spent.input_tokens,
+            output_tokens=spent.output_tokens,
+            cached_input_tokens=spent.cached_input_tokens,
+            cost_micros=spent.cost_micros,
+            latency_ms=latency,
+            estimated=spent.estimated,
+            error=error[:500],
+        )
+        await self.log.submit(call)
 
 
 def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
@@ -241,8 +291,10 @@ def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
         cache.popitem(last=False)
 
 
-async def _answer(model: Model, request: ModelRequest) -> str:
+async def _answer(model: Model, request: ModelRequest, streamed: list[str]) -> ModelResponse:
     async for chunk in model.stream(request):
         if isinstance(chunk, ModelResponse):
-            return chunk.text
+            return chunk
+        if isinstance(chunk, TextDelta):
+            streamed.append(chunk.text)
     raise ModelError(f"{model.name}: the stream ended without a complete answer")

@@ -1,6 +1,6 @@
 """The turn worker: runs the turns of user messages on its partitions, many sessions at once.
 
-For each UserMessageReceived (or a decision, or a CancelRequested) it folds the session and lets
+For each UserMessageReceived (or a decision, a CancelRequested, a SessionForked) it folds the session and lets
 the TurnRunner do whatever the log says is left: a new turn, the rest of a turn a previous
 worker died in, or stopping a turn someone cancelled. A redelivered message whose turn already
 finished finds nothing to do, so no turn ever runs twice.
@@ -30,13 +30,13 @@ MAX_CONCURRENT_TURNS = 256
 DRAIN_TIMEOUT_S = 30.0
 """How long ``stop()`` waits for the steps in flight (a model call may take longer: it is then
 cancelled, and made again by the successor; a tool batch that ran past it is reported as
-interrupted, or re-run if its tools are idempotent)."""
+interrupted, or re-run if its tools are idempotent or keyed)."""
 log = structlog.get_logger("turnlog.worker")
 
 
-RESUMES = (ev.UserMessageReceived, ev.ApprovalDecided, ev.BudgetDecided, ev.CancelRequested)
+RESUMES = (ev.UserMessageReceived, ev.ApprovalDecided, ev.BudgetDecided, ev.CancelRequested, ev.SessionForked)
 """The events that give a worker something to do: a new message, a decision on a paused turn,
-a cancel."""
+a cancel, a fork whose inherited turn or messages an admin chose to continue."""
 
 
 def resumes(record: LogRecord) -> bool:
@@ -61,12 +61,21 @@ class TurnWorker:
             event_log,
             GROUP,
             self.handle,
-            wanted=resumes,
+            wanted=self._wanted,
             partitions=partitions,
             max_in_flight=max_concurrent_turns,
             drain_timeout_s=drain_timeout_s,
             on_drain=self._drain,
         )
+
+    def _wanted(self, record: LogRecord) -> bool:
+        """Whether a record gives this worker work; a cancel also stops its session's model call
+        in flight at once (it is read while the turn's handler still runs: the session's records
+        are handled in order), so the provider does not finish an answer nobody will use."""
+        event = record.event
+        if isinstance(event, ev.CancelRequested):
+            self.runner.interrupt(event.session_id, event.version)
+        return resumes(record)
 
     async def handle(self, record: LogRecord) -> None:
         event = record.event

@@ -70,6 +70,21 @@ class UserMessageReceived(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UserMessageDropped(Event):
+    """An accepted user message that no turn will answer, and why: every accepted message ends
+    answered (a turn took it) or with this event, which the sender's stream shows."""
+
+    message_id: str
+    """The waiting message (its UserMessageReceived is earlier on the log)."""
+    reason: str
+    """closed: the session was closed before a turn took the message (a force-finish, or the
+    message arrived after the close) | fork_rest: a fork made to rest inherited it waiting."""
+    detail: str = ""
+    """What the sender is told."""
+    type: ClassVar[str] = "UserMessageDropped"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnStarted(Event):
     turn_id: str
     message_id: str
@@ -120,7 +135,36 @@ class ModelCallFinished(Event):
     """Input tokens served from the provider's prompt cache (included in input_tokens)."""
     cost_micros: int = 0
     """Cost in micro-dollars by the agent's price table; 0 if the model is unpriced."""
+    estimated: bool = False
+    """The token counts (and so the cost) are the engine's, not the provider's usage: a call
+    that was cancelled, interrupted or failed gets the request's size counted before sending
+    and the tokens of the text streamed before it stopped (``status`` says which)."""
     type: ClassVar[str] = "ModelCallFinished"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuxiliaryModelCall(Event):
+    """A model call the engine made for its own work, not a step of the conversation: a context
+    summary (inside a turn) or a memory extraction (after one), with what it used and cost.
+    It counts in the session's (and its turn's) tokens, cost and budgets like a turn's calls."""
+
+    turn_id: str
+    """The turn it was made in or for ("" if none)."""
+    purpose: str
+    """summary | memory_extraction."""
+    model: str
+    status: str
+    """ok | failed."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_micros: int = 0
+    latency_ms: float = 0.0
+    estimated: bool = False
+    """The counts are the engine's (the request counted before sending, the text streamed back),
+    not the provider's usage."""
+    error: str = ""
+    type: ClassVar[str] = "AuxiliaryModelCall"
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +356,20 @@ class SessionForked(Event):
     state_format: int
     state_json: str
     """The origin's state at the snapshot (engine.snapshots), re-keyed to this session on fold."""
+    unfinished: str = ""
+    """What the admin chose for the origin's unfinished work at the snapshot (a running turn,
+    waiting messages): ``continue`` (a worker carries it on at once; a tool call that had
+    started in the origin is never repeated) or ``rest`` (the turn is closed, the messages are
+    dropped, the fork waits for a new message). "" when there was none (or before the choice)."""
+    refs_renumbered: bool = False
+    """The inherited messages and waiting messages take refs -n..-1 in the fork, in order, so
+    they never collide with the refs of the fork's own events (their versions); false in forks
+    written before, whose inherited messages keep the origin's refs."""
+    origin_calls_json: str = "[]"
+    """JSON list of {"message_id", "call_id", "tool_name", "arguments_json", "status",
+    "content"}: the tool calls the origin had started after the snapshot while answering a
+    message the fork carries on (``continue``). The fork never repeats one whose tool is not
+    idempotent; it tells the model what the origin got instead (engine.tools.batch)."""
     type: ClassVar[str] = "SessionForked"
 
 
@@ -460,10 +518,12 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         SessionCreated,
         UserMessageReceived,
+        UserMessageDropped,
         TurnStarted,
         StateChanged,
         ModelCallStarted,
         ModelCallFinished,
+        AuxiliaryModelCall,
         ModelFallback,
         ModelCorrected,
         AssistantMessage,

@@ -117,6 +117,10 @@ class SessionState:
     """The agent's structured task state (TaskStateChanged), shown to the model every step."""
     archived: int = 0
     """Messages cut from the context or shortened so far; their originals stay on the log."""
+    origin_calls: dict[str, list[CallRecord]] = field(default_factory=dict)
+    """A fork's only (SessionForked): for each message it inherited unfinished, the tool calls its
+    origin had started answering it after the fork's snapshot. A fork never repeats one of a tool
+    that is not idempotent (engine.tools.batch); ``result`` is what the origin got, if anything."""
 
     @property
     def exists(self) -> bool:
@@ -161,6 +165,16 @@ def _user_message(s: SessionState, e: ev.UserMessageReceived) -> None:
     s.inbox.append(InboundMessage(e.message_id, e.text, e.event_id, e.version))
 
 
+def _message_dropped(s: SessionState, e: ev.UserMessageDropped) -> None:
+    waiting = next((m for m in s.inbox if m.message_id == e.message_id), None)
+    if waiting is None:
+        raise OutOfOrderError(
+            f"session {s.session_id}: UserMessageDropped v{e.version} names {e.message_id}, "
+            "which is not a waiting user message"
+        )
+    s.inbox.remove(waiting)
+
+
 def _turn_started(s: SessionState, e: ev.TurnStarted) -> None:
     if not s.inbox or s.inbox[0].message_id != e.message_id:
         raise OutOfOrderError(
@@ -198,6 +212,17 @@ def _model_finished(s: SessionState, e: ev.ModelCallFinished) -> None:
     s.output_tokens += e.output_tokens
     turn.cost_micros += e.cost_micros
     s.cost_micros += e.cost_micros
+
+
+def _auxiliary_call(s: SessionState, e: ev.AuxiliaryModelCall) -> None:
+    s.input_tokens += e.input_tokens
+    s.output_tokens += e.output_tokens
+    s.cost_micros += e.cost_micros
+    turn = s.turn
+    if turn is not None and turn.turn_id == e.turn_id:  # the turn's budget counts it too
+        turn.input_tokens += e.input_tokens
+        turn.output_tokens += e.output_tokens
+        turn.cost_micros += e.cost_micros
 
 
 def _assistant(s: SessionState, e: ev.AssistantMessage) -> None:
@@ -347,10 +372,12 @@ def _call(
 _HANDLERS: dict[type[ev.Event], Callable[[SessionState, Any], None]] = {
     ev.SessionCreated: _created,
     ev.UserMessageReceived: _user_message,
+    ev.UserMessageDropped: _message_dropped,
     ev.TurnStarted: _turn_started,
     ev.StateChanged: _state_changed,
     ev.ModelCallStarted: _model_started,
     ev.ModelCallFinished: _model_finished,
+    ev.AuxiliaryModelCall: _auxiliary_call,
     ev.AssistantMessage: _assistant,
     ev.ToolCallRequested: _tool_requested,
     ev.ToolCallStarted: _tool_started,

@@ -4,7 +4,8 @@ A user message or a cancel request that arrives while a turn runs is an event on
 any other; the running worker meets it when its next commit loses the version race. What
 happens then is decided here:
 
-* ``Rebaser``: the events that slipped in are only user messages or cancel requests, so the
+* ``Rebaser``: the events that slipped in are only user messages, cancel requests or another
+  model call's usage (``REBASABLE``), so the
   worker's batch (tool results it holds, a model answer) is put on top of them and appended:
   nothing it learned is lost, and the events keep the ``basis_version`` they were decided
   from. Anything else that slipped in (an admin's force-finish, an approval, another worker)
@@ -12,7 +13,8 @@ happens then is decided here:
 * When the fresh state calls for a stop (a cancel request, or a message under the agent's
   ``interrupt`` policy) the batch is cut at its side-effect boundary: tool results are kept,
   but no model call or tool call starts. A model answer decided before the stop arrived is a
-  decision the stop supersedes, so it is not appended at all (the call is recorded cancelled).
+  decision the stop supersedes, so it is not appended at all; the call is recorded cancelled,
+  with the provider's usage (it was made and paid for).
 * ``next_step`` then returns ``Stop``: ``stop_turn`` finishes what the turn left open, moves
   the session to CANCELLED with the reason, and the next waiting message starts a new turn
   that sees the interrupted work in its history.
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from . import events as ev
-from . import snapshots
+from . import snapshots, usage
 from .agent import Agent
 from .errors import (
     ConcurrencyError,
@@ -36,13 +38,17 @@ from .errors import (
 )
 from .fold import SessionState, ToolCallProgress
 from .log.base import EventLog
+from .models.pricing import PriceTable
 from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
 from .turn_records import add_tool_finished, add_turn_finished
 from .writer import SessionWriter
 
-REBASABLE: frozenset[type[ev.Event]] = frozenset({ev.UserMessageReceived, ev.CancelRequested})
-"""Events a running step may be rebased over; anything else that slipped in conflicts."""
+REBASABLE: frozenset[type[ev.Event]] = frozenset(
+    {ev.UserMessageReceived, ev.CancelRequested, ev.AuxiliaryModelCall}
+)
+"""Events a running step may be rebased over (a memory extraction's cost recorded while the
+next turn runs changes no decision); anything else that slipped in conflicts."""
 REBASE_ATTEMPTS = 8
 
 
@@ -68,18 +74,30 @@ def stop_for(state: SessionState, agent: Agent) -> Stop | None:
     return None
 
 
-def stop_turn(w: SessionWriter, stop: Stop, agent: Agent, encoder: snapshots.SnapshotEncoder | None) -> None:
+def stop_turn(
+    w: SessionWriter,
+    stop: Stop,
+    model: str,
+    encoder: snapshots.SnapshotEncoder | None,
+    *,
+    open_call: ev.ModelCallStarted | None = None,
+    prices: PriceTable | None = None,
+) -> None:
     """Close the running turn as CANCELLED; every call the model asked for gets a result, so
-    the history stays a valid conversation for the next turn."""
+    the history stays a valid conversation for the next turn. A model call left open (its
+    worker stopped during it) is recorded cancelled with what was sent (``open_call``, priced
+    by ``prices``), or under ``model`` with nothing known."""
     turn = w.state.turn
     assert turn is not None
     tid = turn.turn_id
-    if turn.model_call_open:
+    if turn.model_call_open and open_call is not None:
+        usage.add_unfinished_call(w, open_call, "cancelled", stop.reason, prices)
+    elif turn.model_call_open:
         w.add(
             ev.ModelCallFinished,
             turn_id=tid,
             step=turn.model_calls_started - 1,
-            model=agent.model.name,
+            model=model,
             status="cancelled",
             error=stop.reason,
             correlation_id=tid,
@@ -138,12 +156,21 @@ class Rebaser:
         raise ConcurrencyError(sid, expected, await w.log.session_version(sid))
 
     def _keep(self, fresh: SessionState, batch: list[ev.Event], boundary: int | None) -> list[ev.Event]:
-        if stop_for(fresh, self.agent) is None:
+        stop = stop_for(fresh, self.agent)
+        if stop is None:
             return batch
-        if any(isinstance(e, ev.AssistantMessage) for e in batch):
-            # the model's decision was made without the stop; it is never appended
+        answer = next((i for i, e in enumerate(batch) if isinstance(e, ev.AssistantMessage)), None)
+        if answer is None:
+            return batch if boundary is None else batch[:boundary]
+        # the model's decision was made without the stop: it is never appended, but the call
+        # was made and paid for, so its record stays, cancelled, with the provider's usage
+        finished = [i for i, e in enumerate(batch[:answer]) if isinstance(e, ev.ModelCallFinished)]
+        if not finished:
             raise ConcurrencyError(fresh.session_id, batch[0].version - 1, fresh.version)
-        return batch if boundary is None else batch[:boundary]
+        call = batch[finished[-1]]
+        assert isinstance(call, ev.ModelCallFinished)
+        unused = dataclasses.replace(call, status="cancelled", error=stop.reason)
+        return [*batch[: finished[-1]], unused]
 
     def _reapply(self, w: SessionWriter, fresh: SessionState, keep: list[ev.Event]) -> list[ev.Event]:
         w.state = fresh

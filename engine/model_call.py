@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from . import events as ev
@@ -20,6 +20,7 @@ from .errors import ModelError
 from .models.base import ModelCorrection, ModelRequest, ModelResponse, ModelSwitch, TextDelta
 from .models.limits import stream_within
 from .stream import ModelDelta, ModelProgress, StreamItem
+from .usage import LiveCall
 from .writer import SessionWriter
 
 PROGRESS_EVERY_S = 1.0
@@ -27,26 +28,43 @@ PROGRESS_EVERY_S = 1.0
 
 @dataclass(slots=True)
 class CallOutcome:
-    """What one model call came to: its answer or its error, and how long it took."""
+    """One model call of a turn: its step and what was sent, then what came back (its answer or
+    its error, what streamed, fallbacks, how long it took, whether a cancel stopped it)."""
 
+    index: int
+    sent_tokens: int
+    """The request's size counted before sending (ModelCallStarted.estimated_input_tokens)."""
+    started: float = field(default_factory=time.perf_counter)
     response: ModelResponse | None = None
     error: Exception | None = None
     switches: int = 0
     """Fallbacks to another model during the call."""
+    streamed: str = ""
     latency_ms: float = 0.0
+    stopped: bool = False
+    """A cancel stopped it (TurnRunner.interrupt)."""
+
+
+LiveCalls = dict[str, tuple[LiveCall, int]]
+"""The model call running in each session, with the version its turn started at (a cancel stops
+only a call of a turn that started before it)."""
 
 
 async def stream_call(
-    w: SessionWriter, agent: Agent, request: ModelRequest, step: int, outcome: CallOutcome
+    w: SessionWriter, agent: Agent, request: ModelRequest, outcome: CallOutcome, live_calls: LiveCalls
 ) -> AsyncIterator[StreamItem]:
-    """Call the model within the agent's time limits; fill ``outcome``; never raise a model failure."""
+    """Call the model within the agent's time limits, registered in ``live_calls`` while it runs
+    (so a cancel can stop it at once); fill ``outcome``; never raise a model failure."""
     session_id = w.state.session_id
-    turn_id = w.state.turn.turn_id if w.state.turn else ""
-    started = last_progress = time.perf_counter()
+    turn = w.state.turn
+    turn_id = turn.turn_id if turn else ""
+    step = outcome.index
+    last_progress = outcome.started
     chunks = 0
+    live = LiveCall(stream_within(agent.model, request, agent.first_token_timeout_s, agent.model_timeout_s))
+    live_calls[session_id] = (live, turn.started_version if turn else 0)
     try:
-        stream = stream_within(agent.model, request, agent.first_token_timeout_s, agent.model_timeout_s)
-        async for chunk in stream:
+        async for chunk in live.chunks():
             if isinstance(chunk, TextDelta):
                 chunks += 1
                 if chunk.text:  # an empty delta only says the model is producing something
@@ -54,7 +72,7 @@ async def stream_call(
                 now = time.perf_counter()
                 if now - last_progress >= PROGRESS_EVERY_S:
                     last_progress = now
-                    yield ModelProgress(session_id, turn_id, step, chunks, round(now - started, 1))
+                    yield ModelProgress(session_id, turn_id, step, chunks, round(now - outcome.started, 1))
             elif isinstance(chunk, ModelSwitch):
                 outcome.switches += 1
                 record_switch(w, step, chunk)
@@ -62,11 +80,16 @@ async def stream_call(
                 record_correction(w, step, chunk)
             else:
                 outcome.response = chunk
-        if outcome.response is None:
+        if outcome.response is None and not live.stopped:
             raise ModelError(f"{agent.model.name} ended its stream without a complete message")
     except Exception as exc:  # any model failure is recorded, never a crashed worker
         outcome.error = exc
-    outcome.latency_ms = round((time.perf_counter() - started) * 1000, 3)
+    finally:
+        if live_calls.get(session_id, (None,))[0] is live:
+            del live_calls[session_id]
+    outcome.stopped = live.stopped
+    outcome.streamed = "".join(live.streamed)
+    outcome.latency_ms = round((time.perf_counter() - outcome.started) * 1000, 3)
 
 
 def record_switch(w: SessionWriter, step: int, switch: ModelSwitch) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence, cast
 
 from . import events as ev
-from . import interrupts
+from . import interrupts, usage
 from .agent import AgentDirectory
 from .budget import BudgetDecision, SpendLedger, add_budget_decision
 from .errors import (
@@ -336,7 +336,7 @@ class AgentSessions:
                 session_id=session_id, version=0, reason=reason, actor=actor, producer=self.producer
             )
             return cast(ev.CancelRequested, await self.log.submit(request))
-        return await interrupts.request_cancel(
+        request = await interrupts.request_cancel(
             self.log,
             self.runner.load,
             self.runner.forget,
@@ -345,6 +345,8 @@ class AgentSessions:
             actor=actor,
             producer=self.producer,
         )
+        self.runner.interrupt(session_id, request.version)  # a model call in flight here stops now
+        return request
 
     def _owns(self, session_id: str) -> bool:
         """Whether this process may append to the session (always, except on Kafka where the
@@ -364,8 +366,10 @@ class AgentSessions:
                 state = await self.runner.load(session_id)
                 if state.closed:
                     raise SessionClosedError(session_id, state.close_reason)
+                open_call = await usage.open_model_call(self.log, state)
+                prices = self.agents.get(state.agent_id).prices
                 w = SessionWriter(self.log, state, self.producer)
-                add_force_finish(w, reason, actor, self.runner.snapshots)
+                add_force_finish(w, reason, actor, self.runner.snapshots, open_call=open_call, prices=prices)
                 try:
                     await w.commit()
                 except ConcurrencyError:

@@ -15,9 +15,15 @@ size stays bounded on a long session and loading reads at most two snapshots. Fo
   order as in the ``*_FIELDS`` tuples below.
 * 2: as 1, plus the session's task state and archived count, the turn's memories, recalled
   text, context retries and budget pause, and each message's ``ref`` (context management).
+* 3: as 2, plus the session's ``origin_calls`` (a fork's calls its origin had started), each
+  message id's list of rows in RECORD_FIELDS order.
 
-A reader refuses formats it does not know (``SnapshotFormatError``); the loader then folds from
-the start, which is always correct. Changing a field of ``SessionState``, ``TurnProgress``,
+Every format is read (``READS``): fields a format lacks take their defaults. Format 1 messages
+carry no ``ref``; ``load_latest`` gives them the versions of the events they came from (one
+index read of the session's message events, ``EventLog.versions_of``), or folds from the
+start when that cannot be done exactly. A reader refuses formats it does not know
+(``SnapshotFormatError``); the loader then folds from the start, which is always correct.
+Changing a field of ``SessionState``, ``TurnProgress``,
 ``ToolCallProgress`` or ``InboundMessage`` means a new format number (tests/test_snapshots.py
 holds the current layout and fails when a dataclass drifts from it).
 """
@@ -28,7 +34,7 @@ import dataclasses
 import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from . import events as ev
 from .errors import SnapshotFormatError
@@ -40,7 +46,7 @@ from .states import SessionStatus
 from .tools.guards import CallRecord
 from .writer import SessionWriter
 
-FORMAT = 2
+FORMAT = 3
 DELTA_LIMIT = 128
 """Messages a delta snapshot may carry beyond its keyframe before the next one is a keyframe."""
 SESSION_FIELDS = (
@@ -62,6 +68,7 @@ SESSION_FIELDS = (
     "updated_ms",
     "task_state",
     "archived",
+    "origin_calls",
 )
 """SessionState's plain fields; ``messages``, ``inbox`` and ``turn`` are written separately."""
 INBOX_FIELDS = ("message_id", "text", "event_id", "version")
@@ -101,6 +108,27 @@ CALL_FIELDS = (
     "approval_note",
 )
 RECORD_FIELDS = ("call_id", "tool_name", "arguments_json", "iteration", "status", "result")
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What one snapshot format holds: its session and turn fields, in order, and whether each
+    message row ends with its ref."""
+
+    session: tuple[str, ...]
+    turn: tuple[str, ...]
+    refs: bool
+
+
+READS = {
+    1: Layout(SESSION_FIELDS[:16], TURN_FIELDS[:16], refs=False),
+    2: Layout(SESSION_FIELDS[:18], TURN_FIELDS, refs=True),
+    FORMAT: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True),
+}
+"""Every format this turnlog reads."""
+MESSAGE_TYPES = ("SessionForked", "UserMessageReceived", "AssistantMessage", "ToolCallFinished")
+"""The events a format-1 snapshot's messages came from (their ref is its version), and a fork's
+first event (whose messages came from none of this session's events)."""
 _DUMP = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
 
@@ -187,7 +215,7 @@ def encode_state(state: SessionState, parts: list[str] | None = None, *, base: i
     )
     head = _DUMP(
         {
-            "s": [str(state.status) if f == "status" else getattr(state, f) for f in SESSION_FIELDS],
+            "s": [_session_value(state, f) for f in SESSION_FIELDS],
             "i": [[getattr(m, f) for f in INBOX_FIELDS] for m in state.inbox],
             "t": doc_turn,
             "b": base,
@@ -201,23 +229,27 @@ def decode_state(
     text: str, state_format: int, *, where: str, base: list[ChatMessage] | None = None
 ) -> SessionState:
     """The state a snapshot holds; a delta needs ``base``, its keyframe's messages.
-    ``where`` names the record in errors."""
-    if state_format != FORMAT:
+    ``where`` names the record in errors. Format 1 messages get ref 0 (see ``load_latest``)."""
+    layout = READS.get(state_format)
+    if layout is None:
         raise SnapshotFormatError(
-            f"{where}: snapshot format {state_format} is not one this turnlog reads (it reads {FORMAT}); "
-            "upgrade turnlog. Loading folds the session from its first event instead."
+            f"{where}: snapshot format {state_format} is not one this turnlog reads (it reads "
+            f"{', '.join(map(str, READS))}); upgrade turnlog. Loading folds the session from its first "
+            "event instead."
         )
     try:
         doc = json.loads(text)
-        scalars = dict(zip(SESSION_FIELDS, doc["s"], strict=True))
+        scalars = dict(zip(layout.session, doc["s"], strict=True))
         scalars["status"] = SessionStatus(scalars["status"])
+        if "origin_calls" in scalars:
+            scalars["origin_calls"] = {
+                mid: [CallRecord(*r) for r in rows] for mid, rows in scalars["origin_calls"].items()
+            }
         state = SessionState(**scalars)
         state.inbox = deque(InboundMessage(*row) for row in doc["i"])
-        state.messages = _inherited(doc, base, where) + [
-            ChatMessage(role, content, tuple(ToolCallSpec(*c) for c in calls), call_id, name, ref)
-            for role, content, calls, call_id, name, ref in doc["m"]
-        ]
-        state.turn = None if doc["t"] is None else _turn(doc["t"])
+        own = [_decode_message(row, layout.refs) for row in doc["m"]]
+        state.messages = _inherited(doc, base, where) + own
+        state.turn = None if doc["t"] is None else _turn(doc["t"], layout.turn)
     except (ValueError, KeyError, TypeError) as exc:
         raise SnapshotFormatError(f"{where}: corrupt snapshot: {type(exc).__name__}: {exc}") from exc
     return state
@@ -233,15 +265,31 @@ def _inherited(doc: dict[str, Any], base: list[ChatMessage] | None, where: str) 
     return base[: doc["k"]]
 
 
+def _decode_message(row: list[Any], with_ref: bool) -> ChatMessage:
+    role, content, calls, call_id, name, *ref = row
+    if len(ref) != int(with_ref):
+        raise ValueError(f"a message row of {len(row)} fields")
+    return ChatMessage(role, content, tuple(ToolCallSpec(*c) for c in calls), call_id, name, *ref)
+
+
+def _session_value(state: SessionState, name: str) -> Any:
+    if name == "status":
+        return str(state.status)
+    if name == "origin_calls":
+        calls = state.origin_calls
+        return {mid: [[getattr(r, f) for f in RECORD_FIELDS] for r in rows] for mid, rows in calls.items()}
+    return getattr(state, name)
+
+
 def _turn_value(turn: TurnProgress, name: str) -> Any:
     if name == "history":
         return [[getattr(r, f) for f in RECORD_FIELDS] for r in turn.history]
     return getattr(turn, name)
 
 
-def _turn(row: list[Any]) -> TurnProgress:
+def _turn(row: list[Any], names: tuple[str, ...]) -> TurnProgress:
     *scalars, calls = row
-    fields = dict(zip(TURN_FIELDS, scalars, strict=True))
+    fields = dict(zip(names, scalars, strict=True))
     fields["history"] = [CallRecord(*r) for r in fields["history"]]
     turn = TurnProgress(**fields)
     for call in calls:
@@ -282,15 +330,46 @@ async def load_latest(log: EventLog, session_id: str) -> SessionState | None:
     if snapshot.keyframe_version:
         found = await log.latest_snapshot(session_id, at_or_before=snapshot.keyframe_version)
         keyframe = found if isinstance(found, ev.SnapshotTaken) else None
-    return restore(snapshot, keyframe)
+    state = restore(snapshot, keyframe)
+    if READS[snapshot.state_format].refs and (keyframe is None or READS[keyframe.state_format].refs):
+        return state
+    if keyframe is not None and keyframe.state_format != snapshot.state_format:
+        return None  # refs on some messages only: fold from the start
+    return _with_refs(state, await log.versions_of(session_id, MESSAGE_TYPES, snapshot.version))
+
+
+def _with_refs(state: SessionState, versions: Sequence[tuple[int, str]]) -> SessionState | None:
+    """A format-1 state with every message's ref: the version of the event it came from,
+    matched by role in log order (user messages skip the ones still waiting). None when the log
+    does not match the history exactly (a fork: its inherited messages have no events here)."""
+    waiting = {m.version for m in state.inbox}
+    by_role: dict[str, list[int]] = {"user": [], "assistant": [], "tool": []}
+    for version, kind in sorted(versions):
+        role = _ROLE_OF.get(kind)
+        if role is None:
+            return None  # a SessionForked: messages that came from no event of this session
+        if not (role == "user" and version in waiting):
+            by_role[role].append(version)
+    roles: list[str] = [m.role for m in state.messages]
+    if sorted(roles) != sorted(role for role, found in by_role.items() for _ in found):
+        return None  # not one event per message
+    queues = {role: iter(found) for role, found in by_role.items()}
+    state.messages = [dataclasses.replace(m, ref=next(queues[m.role])) for m in state.messages]
+    return state
+
+
+_ROLE_OF = {"UserMessageReceived": "user", "AssistantMessage": "assistant", "ToolCallFinished": "tool"}
 
 
 def restore_fork(state: SessionState, forked: ev.SessionForked) -> None:
     """Fold a SessionForked into an empty state: the origin's state, re-keyed to this session.
 
     Versions inside it (turn start, inbox arrivals) belong to the origin's numbering, so they
-    are reset to 0: everything inherited happened before the fork's first event. A fork is
-    open even if its origin was closed.
+    are reset: everything inherited happened before the fork's first event. With
+    ``refs_renumbered`` (every fork written now) the inherited messages, then the waiting ones,
+    take the refs -n..-1 in order (``inherited_refs``), so the fork's context events never name
+    an inherited message and one of its own alike; older forks keep the origin's refs and their
+    waiting messages version 0. A fork is open even if its origin was closed.
     """
     where = f"session {forked.session_id} v{forked.version} (fork of {forked.origin_session_id})"
     origin = decode_state(forked.state_json, forked.state_format, where=where)
@@ -299,10 +378,29 @@ def restore_fork(state: SessionState, forked: ev.SessionForked) -> None:
             setattr(state, f.name, getattr(origin, f.name))
     state.agent_id, state.model, state.created_ms = forked.agent_id, forked.model, forked.time_ms
     state.closed, state.close_reason = False, ""  # a fork is a new, open session
-    for message in state.inbox:
-        message.version = 0
+    renumbered = renumbers(forked)
+    refs = inherited_refs(len(state.messages), len(state.inbox)) if renumbered else None
+    if refs is not None:
+        state.messages = [dataclasses.replace(m, ref=r) for m, r in zip(state.messages, refs, strict=False)]
+    for i, message in enumerate(state.inbox):
+        message.version = refs[len(state.messages) + i] if refs is not None else 0
     if state.turn is not None:
         state.turn.started_version = 0
+    for row in json.loads(forked.origin_calls_json):
+        fields = (row["call_id"], row["tool_name"], row["arguments_json"], 0, row["status"], row["content"])
+        state.origin_calls.setdefault(row["message_id"], []).append(CallRecord(*fields))
+
+
+def renumbers(forked: ev.SessionForked) -> bool:
+    """Whether the fork's inherited messages take refs below 0 (every fork written now; a fork
+    of format 1 too: its messages had no refs, and nothing in it could have named one)."""
+    return forked.refs_renumbered or forked.state_format == 1
+
+
+def inherited_refs(messages: int, waiting: int) -> list[int]:
+    """The refs a renumbering fork gives its inherited messages, then its waiting messages."""
+    total = messages + waiting
+    return list(range(-total, 0))
 
 
 def last_tool(state: SessionState) -> str:
@@ -343,6 +441,8 @@ __all__ = [
     "last_tool",
     "load_latest",
     "restore",
+    "inherited_refs",
+    "renumbers",
     "restore_fork",
     "take",
 ]

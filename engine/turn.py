@@ -4,7 +4,8 @@
 folded state calls for: start a turn for the oldest waiting message, call the model, run the
 requested tools, or nothing. Because the next step is derived from the log alone, the same code
 continues a turn after a crash: recorded model answers and tool results are reused, a started
-idempotent tool is run again, a started non-idempotent one is reported as interrupted.
+idempotent or keyed tool is run again (with its key), a started one without either is reported
+as interrupted, and one started too often is abandoned (engine.tools.ledger).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, AsyncIterator, Callable
 import structlog
 
 from . import events as ev
-from . import interrupts
+from . import interrupts, usage
 from . import snapshots as _snapshots
 from .agent import Agent
 from .budget import BudgetStop, SpendLedger, check_budget, end_for_budget, pause_for_budget
@@ -38,13 +39,13 @@ from .events import ToolCallSpec
 from .fold import SessionState, ToolCallProgress, TurnProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
-from .model_call import CallOutcome, stream_call
+from .model_call import CallOutcome, LiveCalls, stream_call
 from .models.base import ModelRequest, ModelResponse
 from .states import Cause, SessionStatus
 from .stream import StreamItem
 from .tools import Tool, batch, guards, ledger
 from .tools import execute as tool_exec
-from .turn_records import add_tool_finished, add_turn_finished
+from .turn_records import add_tool_finished, add_turn_finished, drop_waiting
 from .writer import SessionWriter
 
 S = SessionStatus
@@ -71,12 +72,18 @@ class RunTools:
 
 
 @dataclass(frozen=True, slots=True)
+class DropWaiting:
+    """The session is closed and messages still wait in its inbox (they arrived after the
+    close): each is dropped with the reason, so none is left unanswered and unexplained."""
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     pass
 
 
 Stop = interrupts.Stop
-Step = StartTurn | CallModel | RunTools | Stop | Done
+Step = StartTurn | CallModel | RunTools | Stop | DropWaiting | Done
 REFOLDS = 8
 """Times a run folds again after a conflicting event slipped in, before giving up."""
 
@@ -85,8 +92,8 @@ def next_step(state: SessionState, agent: Agent) -> Step:
     """What the folded state calls for next; pure."""
     turn = state.turn
     if turn is None:
-        if state.inbox and not state.closed:
-            return StartTurn(state.inbox[0].message_id)
+        if state.inbox:
+            return DropWaiting() if state.closed else StartTurn(state.inbox[0].message_id)
         return Done()
     stop = interrupts.stop_for(state, agent)
     if stop is not None:  # also while paused: a cancel or an interrupting message ends the wait
@@ -139,6 +146,8 @@ class TurnRunner:
         # one lock per session while someone holds or waits for it; dropped after, so a worker
         # that sees millions of sessions does not keep millions of locks
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._live: LiveCalls = {}
+        """Each session's model call in flight in this process, with its turn's start version."""
         self.draining = False
         """Set when the process stops: every run returns at its next step boundary, with what it
         did committed, and leaves the rest of its turn on the log for a successor."""
@@ -233,16 +242,23 @@ class TurnRunner:
             yield event
 
     async def _perform(
-        self, step: StartTurn | CallModel | RunTools | Stop, w: SessionWriter, agent: Agent
+        self, step: StartTurn | CallModel | RunTools | Stop | DropWaiting, w: SessionWriter, agent: Agent
     ) -> AsyncIterator[StreamItem]:
         """One step. Events are folded as they are added and committed right before each side
         effect (calling the model, running tools) and when the loop ends."""
+        if isinstance(step, DropWaiting):
+            reason = w.state.close_reason
+            drop_waiting(w, "closed", f"the session was closed ({reason}) before this message arrived")
+            return
         if isinstance(step, StartTurn):
             self._start_turn(step, w)
             await self.context.start_turn(w, agent)
             return
         if isinstance(step, Stop):
-            interrupts.stop_turn(w, step, agent, self.snapshots)
+            open_call = await usage.open_model_call(self.log, w.state)
+            interrupts.stop_turn(
+                w, step, agent.model.name, self.snapshots, open_call=open_call, prices=agent.prices
+            )
             return
         steps = (
             self._run_tools(step, w, agent)
@@ -267,22 +283,16 @@ class TurnRunner:
     async def _call_model(self, step: CallModel, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
         turn = w.state.turn
         assert turn is not None
+        if turn.model_call_open:  # a worker stopped during the last call: it is recorded, then made again
+            started_before = await usage.open_model_call(self.log, w.state)
+            if started_before is not None:
+                reason = "the worker running it stopped before it answered; the call is made again"
+                usage.add_unfinished_call(w, started_before, "interrupted", reason, agent.prices)
         index = turn.model_calls_started
-        await self.context.fit(w, agent, index)
-        request = self._request(w.state, agent, step.closing)
-        estimated = await agent.model.estimate_input_tokens(request)
-        stop = self._budget_stop(w.state, agent, estimated)
-        if stop is not None and await self.context.fit(w, agent, index, force="budget"):
-            # a shorter context may fit what is left of the budget (seed §5.3)
-            request = self._request(w.state, agent, step.closing)
-            estimated = await agent.model.estimate_input_tokens(request)
-            stop = self._budget_stop(w.state, agent, estimated)
-        if stop is not None:
-            if agent.budget is not None and agent.budget.on_exceed == "pause":
-                pause_for_budget(w, stop)
-            else:
-                self._stop_for_budget(w, stop)
-            return
+        prepared = await self._fit_and_check(step, w, agent, index)
+        if prepared is None:
+            return  # a budget stopped the turn before the call
+        request, estimated = prepared
         w.mark_boundary()
         w.add(
             ev.ModelCallStarted,
@@ -299,23 +309,67 @@ class TurnRunner:
             yield event
         if interrupts.stop_for(w.state, agent) is not None:
             return  # a stop slipped in before the call could start: the next step is Stop
-        outcome = CallOutcome()
-        async for item in stream_call(w, agent, request, index, outcome):
+        call = CallOutcome(index, estimated)
+        async for item in stream_call(w, agent, request, call, self._live):
             yield item
-        error, latency = outcome.error, outcome.latency_ms
+        if call.stopped:  # a cancel stopped it: record what it cost, then meet the cancel on the log
+            self._record_stopped(w, agent, call)
+            for event in await w.commit():
+                yield event
+            return
+        await self._record_outcome(w, agent, step, call)
+
+    async def _fit_and_check(
+        self, step: CallModel, w: SessionWriter, agent: Agent, index: int
+    ) -> tuple[ModelRequest, int] | None:
+        """The request for model step ``index`` (the context fitted first) and its size, or None
+        when a cost budget stops or pauses the turn instead."""
+        await self.context.fit(w, agent, index)
+        request = self._request(w.state, agent, step.closing)
+        estimated = await agent.model.estimate_input_tokens(request)
+        stop = self._budget_stop(w.state, agent, estimated)
+        if stop is not None and await self.context.fit(w, agent, index, force="budget"):
+            # a shorter context may fit what is left of the budget (seed §5.3)
+            request = self._request(w.state, agent, step.closing)
+            estimated = await agent.model.estimate_input_tokens(request)
+            stop = self._budget_stop(w.state, agent, estimated)
+        if stop is None:
+            return request, estimated
+        if agent.budget is not None and agent.budget.on_exceed == "pause":
+            pause_for_budget(w, stop)
+        else:
+            self._stop_for_budget(w, stop)
+        return None
+
+    async def _record_outcome(
+        self, w: SessionWriter, agent: Agent, step: CallModel, call: CallOutcome
+    ) -> None:
+        turn = w.state.turn
+        assert turn is not None
+        error, response = call.error, call.response
         if isinstance(error, ContextLengthError) and turn.context_retries == 0:
             # the provider counts differently: compact and call once more, not a failed turn
-            self._record_call_failed(w, agent, index, latency, error, outcome.switches)
-            if await self.context.fit(w, agent, index + 1, force="context_length"):
+            self._record_call_failed(w, agent, call)
+            if await self.context.fit(w, agent, call.index + 1, force="context_length"):
                 return
             self._fail_turn(w, _failure_reason(error))
-        elif error is not None or outcome.response is None:
-            self._record_call_failed(w, agent, index, latency, error, outcome.switches)
+        elif error is not None or response is None:
+            self._record_call_failed(w, agent, call)
             self._fail_turn(w, _failure_reason(error))
         else:
-            self._record_model_answer(
-                w, agent, index, latency, outcome.response, step.closing, outcome.switches
-            )
+            closing, retries = step.closing, call.switches
+            self._record_model_answer(w, agent, call.index, call.latency_ms, response, closing, retries)
+
+    def interrupt(self, session_id: str, after_version: int) -> bool:
+        """Stop the session's model call now if it belongs to a turn that started before
+        ``after_version`` (a cancel's version: a cancel never stops a later turn). The call is
+        recorded cancelled with what it cost; the turn then stops at its step boundary."""
+        running = self._live.get(session_id)
+        if running is None or running[1] >= after_version:
+            return False
+        running[0].stop()
+        return True
+
 
     def _budget_stop(self, state: SessionState, agent: Agent, estimated_tokens: int) -> BudgetStop | None:
         if agent.budget is None or agent.prices is None:
@@ -334,27 +388,30 @@ class TurnRunner:
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
         return build_request(state, agent, closing)
 
-    def _record_call_failed(
-        self,
-        w: SessionWriter,
-        agent: Agent,
-        index: int,
-        latency: float,
-        error: Exception | None,
-        retries: int,
-    ) -> None:
+    def _record_call_failed(self, w: SessionWriter, agent: Agent, call: CallOutcome) -> None:
+        """A call that failed: what was sent and what streamed before it did, estimated."""
+        counter = agent.model.token_counter
+        spent = usage.unanswered(agent.prices, agent.model.name, call.sent_tokens, call.streamed, counter)
         tid = w.state.turn.turn_id if w.state.turn else ""
-        w.add(
-            ev.ModelCallFinished,
-            turn_id=tid,
-            step=index,
-            model=agent.model.name,
-            status="failed",
-            latency_ms=latency,
-            retries=retries,
-            error=_failure_reason(error),
-            correlation_id=tid,
-        )
+        usage.add_call_finished(
+            w, tid, call.index, agent.model.name, "failed", spent,
+            latency_ms=call.latency_ms, retries=call.switches, error=_failure_reason(call.error),
+        )  # fmt: skip
+
+    def _record_stopped(self, w: SessionWriter, agent: Agent, call: CallOutcome) -> None:
+        """A call a cancel stopped: the provider's usage if its answer had arrived anyway (it is
+        not used), else what was sent and what streamed before the stop, estimated."""
+        response = call.response
+        if response is not None:
+            spent = usage.priced(agent.prices, [response.model, agent.model.name], response.usage)
+        else:
+            counter = agent.model.token_counter
+            spent = usage.unanswered(agent.prices, agent.model.name, call.sent_tokens, call.streamed, counter)
+        tid = w.state.turn.turn_id if w.state.turn else ""
+        usage.add_call_finished(
+            w, tid, call.index, agent.model.name, "cancelled", spent,
+            latency_ms=call.latency_ms, retries=call.switches, error="stopped by a cancel while it ran",
+        )  # fmt: skip
 
     def _fail_turn(self, w: SessionWriter, reason: str) -> None:
         tid = w.state.turn.turn_id if w.state.turn else ""
@@ -383,22 +440,11 @@ class TurnRunner:
             opening = f"I stopped to avoid a loop ({reason})" if stopped else "The model wrote no answer"
             text = _gathered_summary(w.state, opening)
         iteration = turn.iterations + 1
-        usage = response.usage
-        w.add(
-            ev.ModelCallFinished,
-            turn_id=tid,
-            step=index,
-            model=response.model or agent.model.name,
-            status="ok",
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cached_input_tokens=usage.cached_input_tokens,
-            cost_micros=_call_cost(agent, response),
-            retries=retries,
-            latency_ms=latency,
-            finish_reason=response.finish_reason,
-            correlation_id=tid,
-        )
+        spent = usage.priced(agent.prices, [response.model, agent.model.name], response.usage)
+        usage.add_call_finished(
+            w, tid, index, response.model or agent.model.name, "ok", spent,
+            latency_ms=latency, retries=retries, finish_reason=response.finish_reason,
+        )  # fmt: skip
         w.add(
             ev.AssistantMessage,
             turn_id=tid,
@@ -438,7 +484,8 @@ class TurnRunner:
         turn = w.state.turn
         assert turn is not None
         tid = turn.turn_id
-        plan = batch.plan_batch(step.calls, builtins.session_tools(agent, w.state), turn.history)
+        origin = w.state.origin_calls.get(turn.message_id, ())  # a fork's: what its origin started
+        plan = batch.plan_batch(step.calls, builtins.session_tools(agent, w.state), turn.history, origin)
         if plan.approvals and plan.trip is None:
             batch.request_approvals(w, tid, plan.approvals)
             return
@@ -533,20 +580,6 @@ def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequ
     return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
 
 
-def _call_cost(agent: Agent, response: ModelResponse) -> int:
-    """Micro-dollars by the agent's price table: under the model the server says answered, else
-    under the configured name; 0 if neither is priced."""
-    if agent.prices is None:
-        return 0
-    usage = response.usage
-    for name in (response.model, agent.model.name):
-        if name and agent.prices.price_for(name) is not None:
-            return agent.prices.cost_micros(
-                name, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens
-            )
-    return 0
-
-
 def _gathered_summary(state: SessionState, opening: str) -> str:
     # this turn's results: everything after its user message (a batch may hold several calls)
     start = max((i for i, m in enumerate(state.messages) if m.role == "user"), default=-1) + 1
@@ -561,6 +594,7 @@ __all__ = [
     "CallModel",
     "build_request",
     "Done",
+    "DropWaiting",
     "RunTools",
     "StartTurn",
     "Stop",

@@ -6,8 +6,9 @@ through the inbox, engine.log.kafka_inbox)."""
 from __future__ import annotations
 
 from . import events as ev
-from . import snapshots
+from . import snapshots, usage
 from .fold import ToolCallProgress
+from .models.pricing import PriceTable
 from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
 from .writer import SessionWriter
@@ -58,12 +59,18 @@ def add_force_finish(
     encoder: snapshots.SnapshotEncoder | None,
     *,
     event_id: str | None = None,
+    open_call: ev.ModelCallStarted | None = None,
+    prices: PriceTable | None = None,
 ) -> None:
     """Stop whatever the session is doing and close it (seed §6.2 force_finish): FINISHED, the
     running turn finished as forced, SessionClosed (with ``event_id`` if given: the id of the
-    request it answers), then a snapshot if a turn was cut short."""
+    request it answers), every message still waiting dropped with the reason, then a snapshot
+    if a turn was cut short. A model call the turn had open (``open_call``) is recorded
+    cancelled with what was sent, priced by ``prices``."""
     state = w.state
     turn = state.turn
+    if turn is not None and turn.model_call_open and open_call is not None:
+        usage.add_unfinished_call(w, open_call, "cancelled", f"closed by {actor}: {reason}", prices)
     if state.status != SessionStatus.FINISHED:
         w.transition(SessionStatus.FINISHED, Cause.ADMIN, detail=reason)
     if turn is not None:
@@ -76,9 +83,18 @@ def add_force_finish(
             model_calls=turn.model_calls,
             input_tokens=turn.input_tokens,
             output_tokens=turn.output_tokens,
+            cost_micros=turn.cost_micros,
             correlation_id=turn.turn_id,
         )
     closing = {"event_id": event_id} if event_id is not None else {}
     w.add(ev.SessionClosed, reason=reason, actor=actor, **closing)
+    drop_waiting(w, "closed", f"the session was closed by {actor} ({reason}) before a turn took this message")
     if turn is not None and encoder is not None:
         snapshots.take(w, encoder)  # a forced turn end is a turn end too
+
+
+def drop_waiting(w: SessionWriter, reason: str, detail: str) -> None:
+    """A UserMessageDropped for every message waiting in the inbox: none of them will be
+    answered (the session is closed, or a fork rests), and the log says so."""
+    for message in list(w.state.inbox):
+        w.add(ev.UserMessageDropped, message_id=message.message_id, reason=reason, detail=detail)

@@ -4,18 +4,18 @@ a fork from one of them, a read-only replay, the analytics and the metrics."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.admin import SessionAdmin
-from engine.fold import SessionState
+from engine.admin import SessionAdmin, Unfinished
+from engine.fold import SessionState, fold
 from projections import queries
 
 from .access import appended, event_json, owned_state, pending_approvals, projected, session_json
 from .bodies import json_body
-from .http import HttpError, int_field, int_param, principal_of, string_field
+from .http import HttpError, int_field, int_param, optional_string, principal_of, string_field
 
 if TYPE_CHECKING:
     from .service import Gateway
@@ -60,7 +60,8 @@ class AdminRoutes:
 
     async def fork(self, request: Request) -> Response:
         """A new session (the origin's user owns it) from the snapshot at ``version``, optionally
-        with another agent; the origin is never touched."""
+        with another agent; the origin is never touched. A mid-turn snapshot needs
+        ``"unfinished": "continue" | "rest"`` (engine.admin); ``events`` is all the fork wrote."""
         state = await owned_state(self.gw, request)
         body = await json_body(request, self.gw.limits)
         version = int_field(body, "version", low=1)
@@ -72,13 +73,22 @@ class AdminRoutes:
                 known = ", ".join(sorted(a.agent_id for a in self.gw.api.agents)) or "none"
                 raise HttpError(422, "unknown_agent", f"no agent {agent_id!r}; known agents: {known}")
             model = self.gw.api.agents.get(agent_id).model.name
-        submitted = await self.admin.fork(state.session_id, version, agent_id=agent_id, model=model)
-        forked = await self.gw.api.on_log(submitted, "the fork")  # on Kafka: once its owner sequenced it
-        (written,) = await appended(self.gw, [forked])
-        fork_state = await self.gw.api.get_state(forked.session_id)
+        unfinished = optional_string(body, "unfinished", max_chars=20)
+        if unfinished not in ("", "continue", "rest"):
+            raise HttpError(422, "invalid_input", "'unfinished' must be 'continue' or 'rest'")
+        choice = cast(Unfinished, unfinished) if unfinished else None
+        events = await self.admin.fork_events(
+            state.session_id, version, unfinished=choice, agent_id=agent_id, model=model
+        )
+        if events[0].version == 0:  # submitted: on Kafka its owner writes it (and what settles it)
+            forked = await self.gw.api.on_log(events[0], "the fork")
+            events = await self.gw.log.read_session(forked.session_id)
+        written = await appended(self.gw, events)
+        fork_state = fold(events[0].session_id, events)  # as forked (a worker may carry it on already)
         return JSONResponse(
             {
-                **written,
+                **written[0],
+                "events": written,
                 "user_id": fork_state.user_id,
                 "status": str(fork_state.status),
                 "turn_running": fork_state.turn is not None,

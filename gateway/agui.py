@@ -98,6 +98,12 @@ class RunMapper:
                         }
                     ),
                 ]
+            if isinstance(event, ev.UserMessageDropped) and event.message_id == message_id:
+                self.done = True  # no turn will take it: the run ends with the log's reason
+                return [
+                    RunStartedEvent(thread_id=self.run.thread_id, run_id=self.run.run_id),
+                    RunErrorEvent(message=event.detail or event.reason, code=f"message_{event.reason}"),
+                ]
             return []
         handler = getattr(self, f"_{event.type}", None)
         return handler(event) if handler is not None else []

@@ -254,7 +254,8 @@ PATHS: dict[str, dict[str, Any]] = {
         "post": {
             "summary": "Fork a new session from the snapshot at `version`, maybe with another agent (admin)",
             "description": "The fork belongs to the origin's user and starts with its history and state at "
-            "the snapshot; the origin is not touched. A message posted to the fork continues it.",
+            "the snapshot; the origin is not touched. A mid-turn snapshot needs `unfinished`: `continue` "
+            "(a worker carries the turn on now) or `rest`. A message posted to the fork continues it.",
             "operationId": "forkSession",
             "parameters": [SESSION_ID],
             "requestBody": _body(ref("Fork")),

@@ -171,6 +171,12 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "version": {"type": "integer", "minimum": 1, "description": "a snapshot's version"},
             "agent": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL},
+            "unfinished": {
+                "type": "string",
+                "enum": ["continue", "rest"],
+                "description": "required for a snapshot with a turn running or messages waiting: carry "
+                "them on now (a call the origin started is never repeated) or close the turn and wait",
+            },
         },
     },
     "Forked": {
@@ -187,6 +193,7 @@ SCHEMAS: dict[str, Any] = {
                     "user_id": {"type": "string"},
                     "status": {"type": "string"},
                     "turn_running": {"type": "boolean"},
+                    "events": {"type": "array", "items": ref("AppendedEvent")},
                 },
             },
         ]

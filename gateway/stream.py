@@ -36,6 +36,7 @@ PHASES: dict[str, str] = {
     "ModelCallFinished": "model.end",
     "ToolCallStarted": "tool.start",
     "ToolCallFinished": "tool.end",
+    "UserMessageDropped": "message.dropped",
 }
 """Process hints (seed §5.2): which events mark a turn, a model step or a tool call beginning or ending."""
 

@@ -30,6 +30,7 @@ PROJECTED: frozenset[type[ev.Event]] = frozenset(
         ev.StateChanged,
         ev.ModelCallStarted,
         ev.ModelCallFinished,
+        ev.AuxiliaryModelCall,
         ev.AssistantMessage,
         ev.ToolCallRequested,
         ev.ToolCallStarted,
@@ -52,7 +53,9 @@ async def session_timeline(
     turn_started = {e.turn_id: e.version for e in events if isinstance(e, ev.TurnStarted)}
     for m in rows["model_calls"]:
         key = (m["turn_id"], m["step"])
-        m["version"], m["retries"] = started.get(key), retries.get(key, 0)
+        # the engine's own calls (summaries, memory extraction) are rows with step = -version
+        m["version"] = started.get(key) if m["step"] >= 0 else -m["step"]
+        m["retries"] = retries.get(key, 0)
         m["priced"] = priced(agents, agent_id, str(m["model_name"]))
     for c in rows["tool_calls"]:
         c["version"] = requested.get((c["turn_id"], c["call_id"]))

@@ -96,7 +96,7 @@ class Batch:
             counts["sessions"] += 1
         elif isinstance(event, ev.TurnFinished):
             counts["turns"] += 1
-        elif isinstance(event, ev.ModelCallFinished):
+        elif isinstance(event, ev.ModelCallFinished | ev.AuxiliaryModelCall):
             counts["model_calls"] += 1
             counts["model_errors"] += event.status != "ok"
             counts["input_tokens"] += event.input_tokens

@@ -151,6 +151,7 @@ def _model_finished(e: ev.ModelCallFinished, row: SessionRow) -> list[Change]:
             output_tokens=e.output_tokens,
             cached_input_tokens=e.cached_input_tokens,
             cost_micros=e.cost_micros,
+            estimated=int(e.estimated),
             latency_ms=e.latency_ms,
             finish_reason=e.finish_reason,
             error=e.error,
@@ -312,6 +313,36 @@ def _history_summarized(e: ev.HistorySummarized, row: SessionRow) -> list[Change
     return _archived(e, [(ref, f"summarized: {e.reason}") for ref in json.loads(e.removed_refs_json)])
 
 
+# -- the engine's own model calls (summaries, memory extraction): rows of model_calls too, so
+# cost per session, user and day is the sum over every call; ``step`` is minus the event's
+# version (unique, and apart from the turn's steps), ``purpose`` says what the call was for.
+
+
+def _auxiliary_call(e: ev.AuxiliaryModelCall, row: SessionRow) -> list[Change]:
+    row.add(input_tokens=e.input_tokens, output_tokens=e.output_tokens, cost_micros=e.cost_micros)
+    return [
+        insert(
+            "model_calls",
+            **_turn(e),
+            step=-e.version,
+            model_name=e.model,
+            status=e.status,
+            message_count=0,
+            input_tokens=e.input_tokens,
+            output_tokens=e.output_tokens,
+            cached_input_tokens=e.cached_input_tokens,
+            cost_micros=e.cost_micros,
+            day=utc_day(e.time_ms),
+            latency_ms=e.latency_ms,
+            error=e.error or None,
+            started_at_ms=e.time_ms,
+            finished_at_ms=e.time_ms,
+            purpose=e.purpose,
+            estimated=int(e.estimated),
+        )
+    ]
+
+
 Rule = Callable[[Any, SessionRow], list[Change]]
 
 _RULES: dict[type[ev.Event], Rule] = {
@@ -322,6 +353,7 @@ _RULES: dict[type[ev.Event], Rule] = {
     ev.StateChanged: _state_changed,
     ev.ModelCallStarted: _model_started,
     ev.ModelCallFinished: _model_finished,
+    ev.AuxiliaryModelCall: _auxiliary_call,
     ev.AssistantMessage: _assistant,
     ev.ToolCallRequested: _tool_requested,
     ev.ToolCallStarted: _tool_started,

@@ -99,6 +99,8 @@ TABLES: dict[str, str] = {
             error          TEXT,
             started_at_ms  BIGINT NOT NULL,
             finished_at_ms BIGINT,
+            purpose        TEXT NOT NULL DEFAULT 'turn',
+            estimated      BIGINT NOT NULL DEFAULT 0,
             PRIMARY KEY (session_id, turn_id, step)
         )""",
     "turns": """

@@ -1,10 +1,14 @@
 """The agent and the worker processes of the fault test (tests/test_fault.py) and the worker
 concurrency tests (tests/test_worker_concurrency.py).
 
-Every turn takes three model steps and two tool steps: ``lookup`` (idempotent, read-only) and
-then ``notify`` (NOT idempotent: it inserts a row into ``side_effects``, in PostgreSQL next to a
-Kafka log or in a SQLite file next to an embedded one, which the tests count to prove that no
-notification was sent twice).
+Every turn takes three model steps and two tool steps: ``lookup`` (idempotent, read-only), then
+``notify`` and ``alert`` in one batch. Neither is idempotent. ``notify`` takes its call's
+idempotency key and delivers through a service that deduplicates by it (a row in
+``deliveries``, whose primary key is the key): a kill mid-call runs it again with the same key,
+and the tests count one delivery per call (exactly once). ``alert`` takes no key: a kill
+mid-call leaves it "interrupted, outcome unknown" and it is never run again (at most once).
+Every tool run is a row in ``side_effects`` (the tests check the keys and count the alerts).
+The tables live in PostgreSQL next to a Kafka log, or in a SQLite file next to an embedded one.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import random
 import signal
 import sqlite3
+from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 import psycopg
@@ -40,7 +45,12 @@ SIDE_EFFECTS_DDL = (
     "CREATE TABLE IF NOT EXISTS side_effects "
     "(session_id TEXT, call_id TEXT, worker TEXT, tool TEXT, idempotency_key TEXT)"
 )
-"""Every tool run: notify's rows are its side effects, lookup's show which key each attempt got."""
+"""Every tool run: alert's rows are its side effects, the others' show which key each run got."""
+DELIVERIES_DDL = (
+    "CREATE TABLE IF NOT EXISTS deliveries "
+    "(idempotency_key TEXT PRIMARY KEY, session_id TEXT, call_id TEXT, worker TEXT)"
+)
+"""The notification service: it applies a request once per idempotency key."""
 
 
 def decide(request: ModelRequest) -> ModelResponse | str:
@@ -51,51 +61,88 @@ def decide(request: ModelRequest) -> ModelResponse | str:
     if not results:
         return reply("", call("lookup", {"session": request.session_id, "ref": ref}, f"lookup-{ref}"))
     if len(results) == 1:
-        return reply("", call("notify", {"session": request.session_id, "ref": ref}, f"notify-{ref}"))
+        args = {"session": request.session_id, "ref": ref}
+        return reply("", call("notify", args, f"notify-{ref}"), call("alert", args, f"alert-{ref}"))
     return f"done: {ref}"
 
 
-Record = Callable[[str, str, str, str], Awaitable[None]]
-"""Stores one tool run: (session, call id, tool name, idempotency key)."""
+Execute = Callable[[str, tuple[str, ...]], Awaitable[None]]
+"""Runs one statement written with ``?`` placeholders."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The systems behind the fleet's tools, as one worker writes to them."""
+
+    execute: Execute
+    worker_id: str
+
+    async def record(self, session: str, call_id: str, name: str, key: str) -> None:
+        """One tool run: (session, call id, tool name, the idempotency key it got)."""
+        await self.execute(
+            "INSERT INTO side_effects (session_id, call_id, worker, tool, idempotency_key) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (session, call_id, self.worker_id, name, key),
+        )
+
+    async def deliver(self, session: str, call_id: str, key: str) -> None:
+        """A notification, applied once per idempotency key (a repeat is recognised and ignored)."""
+        await self.execute(
+            "INSERT INTO deliveries (idempotency_key, session_id, call_id, worker) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (idempotency_key) DO NOTHING",
+            (key, session, call_id, self.worker_id),
+        )
 
 
 @contextlib.asynccontextmanager
-async def recorder(target: str, schema: str, worker_id: str) -> AsyncIterator[Record]:
-    """Where a worker's tool runs go: PostgreSQL (``target`` a DSN, in ``schema``) or a SQLite
-    file (``target`` its path; ``schema`` unused). The table is created if missing."""
-    insert = "INSERT INTO side_effects (session_id, call_id, worker, tool, idempotency_key) VALUES "
+async def recorder(target: str, schema: str, worker_id: str) -> AsyncIterator[Backend]:
+    """The tools' backend: PostgreSQL (``target`` a DSN, in ``schema``) or a SQLite file
+    (``target`` its path; ``schema`` unused). The tables are created if missing."""
     if target.startswith("postgresql://"):
         async with await psycopg.AsyncConnection.connect(
             target, autocommit=True, options=f"-c search_path={schema}"
         ) as conn:
-            await conn.execute(SIDE_EFFECTS_DDL)
+            for ddl in (SIDE_EFFECTS_DDL, DELIVERIES_DDL):
+                await conn.execute(ddl)
 
-            async def into_postgres(session: str, call_id: str, name: str, key: str) -> None:
-                await conn.execute(insert + "(%s, %s, %s, %s, %s)", (session, call_id, worker_id, name, key))
+            async def on_postgres(statement: str, params: tuple[str, ...]) -> None:
+                await conn.execute(statement.replace("?", "%s"), params)
 
-            yield into_postgres
+            yield Backend(on_postgres, worker_id)
         return
     db = sqlite3.connect(target, isolation_level=None, timeout=30)
     try:
-        db.execute(SIDE_EFFECTS_DDL)
+        for ddl in (SIDE_EFFECTS_DDL, DELIVERIES_DDL):
+            db.execute(ddl)
 
-        async def into_sqlite(session: str, call_id: str, name: str, key: str) -> None:
-            db.execute(insert + "(?, ?, ?, ?, ?)", (session, call_id, worker_id, name, key))
+        async def on_sqlite(statement: str, params: tuple[str, ...]) -> None:
+            db.execute(statement, params)
 
-        yield into_sqlite
+        yield Backend(on_sqlite, worker_id)
     finally:
         db.close()
 
 
-def side_effects(target: str, schema: str) -> list[tuple[str, str, str, str]]:
-    """Every tool run recorded so far: (session, call id, tool name, idempotency key)."""
-    query = "SELECT session_id, call_id, tool, idempotency_key FROM side_effects"
+def _rows(target: str, schema: str, query: str) -> list[tuple[str, ...]]:
     if target.startswith("postgresql://"):
         with psycopg.connect(target, options=f"-c search_path={schema}") as conn:
-            return [tuple(row) for row in conn.execute(query).fetchall()]  # type: ignore[misc]
+            for ddl in (SIDE_EFFECTS_DDL, DELIVERIES_DDL):
+                conn.execute(ddl)
+            return [tuple(row) for row in conn.execute(query).fetchall()]
     with sqlite3.connect(target) as db:
-        db.execute(SIDE_EFFECTS_DDL)
-        return db.execute(query).fetchall()
+        for ddl in (SIDE_EFFECTS_DDL, DELIVERIES_DDL):
+            db.execute(ddl)
+        return [tuple(row) for row in db.execute(query).fetchall()]
+
+
+def side_effects(target: str, schema: str) -> list[tuple[str, ...]]:
+    """Every tool run recorded so far: (session, call id, tool name, idempotency key)."""
+    return _rows(target, schema, "SELECT session_id, call_id, tool, idempotency_key FROM side_effects")
+
+
+def deliveries(target: str, schema: str) -> list[tuple[str, ...]]:
+    """Every notification the service applied: (session, call id, idempotency key)."""
+    return _rows(target, schema, "SELECT session_id, call_id, idempotency_key FROM deliveries")
 
 
 class PacedModel(FunctionModel):
@@ -112,26 +159,35 @@ class PacedModel(FunctionModel):
             yield chunk
 
 
-def fleet_agent(record: Record, *, jitter_s: float = 0.15, model_latency_s: float = 0.0) -> Agent:
+def fleet_agent(backend: Backend, *, jitter_s: float = 0.15, model_latency_s: float = 0.0) -> Agent:
     rng = random.Random()
 
     @tool(idempotent=True)
     async def lookup(session: str, ref: str, idempotency_key: str) -> dict:
         """Look a reference up (read-only)."""
-        await record(session, f"lookup-{ref}", "lookup", idempotency_key)
+        await backend.record(session, f"lookup-{ref}", "lookup", idempotency_key)
         await asyncio.sleep(rng.uniform(0, jitter_s))  # a kill here: retried, with the same key
         return {"ref": ref, "status": "delayed"}
 
     @tool(idempotent=False)
     async def notify(session: str, ref: str, idempotency_key: str) -> str:
-        """Send the customer a notice (a side effect: never twice)."""
+        """Send the customer a notice through a service that deduplicates by key."""
         await asyncio.sleep(rng.uniform(0, jitter_s))
-        await record(session, f"notify-{ref}", "notify", idempotency_key)
-        await asyncio.sleep(rng.uniform(0, jitter_s))  # a kill here: sent, but not on the log
+        await backend.record(session, f"notify-{ref}", "notify", idempotency_key)
+        await backend.deliver(session, f"notify-{ref}", idempotency_key)
+        await asyncio.sleep(rng.uniform(0, jitter_s))  # a kill here: run again, delivered once
         return "sent"
 
+    @tool(idempotent=False)
+    async def alert(session: str, ref: str) -> str:
+        """Page the on-call (a side effect with no key: never twice)."""
+        await asyncio.sleep(rng.uniform(0, jitter_s))
+        await backend.record(session, f"alert-{ref}", "alert", "")
+        await asyncio.sleep(rng.uniform(0, jitter_s))  # a kill here: paged, but not on the log
+        return "paged"
+
     model: Model = PacedModel(model_latency_s) if model_latency_s else FunctionModel(decide)
-    return Agent(AGENT, model, [lookup, notify])
+    return Agent(AGENT, model, [lookup, notify, alert])
 
 
 async def kafka_worker_main(
@@ -146,8 +202,8 @@ async def kafka_worker_main(
         except LogUnavailableError:
             await log.close()
             await asyncio.sleep(1.0)
-    async with recorder(dsn, schema, worker_id) as record:
-        agent = fleet_agent(record, model_latency_s=float(latency))
+    async with recorder(dsn, schema, worker_id) as backend:
+        agent = fleet_agent(backend, model_latency_s=float(latency))
         await run_until_signalled(TurnWorker(log, AgentDirectory([agent]), worker_id=worker_id))
     await log.close()
 
@@ -162,7 +218,7 @@ async def sqlite_worker_main(
     log_path: str, partitions: str, effects: str, worker_id: str, latency: str
 ) -> None:
     log = SqliteEventLog(log_path, partitions=int(partitions))
-    async with recorder(effects, "", worker_id) as record:
-        agent = fleet_agent(record, model_latency_s=float(latency))
+    async with recorder(effects, "", worker_id) as backend:
+        agent = fleet_agent(backend, model_latency_s=float(latency))
         await run_until_signalled(TurnWorker(log, AgentDirectory([agent]), worker_id=worker_id))
     await log.close()

@@ -14,6 +14,9 @@ python tests/procs.py kafka-worker BOOTSTRAP TOPIC PARTITIONS DSN SCHEMA WORKER_
 python tests/procs.py sqlite-fleet-worker LOG_PATH PARTITIONS EFFECTS_PATH WORKER_ID LATENCY_S
     (tests/test_worker_concurrency.py) the same agent and worker on the embedded log; side
     effects in the SQLite file EFFECTS_PATH.
+python tests/procs.py tool-crash BACKEND LOG TOPIC PARTITIONS TARGET SCHEMA TOOL POINT MAX_STARTS
+    (tests/test_tool_crashes.py) a turn worker that kills itself at one point of a tool call
+    (tests/keyed_crash.py).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from engine import (
 from engine.models.base import ModelChunk
 from tests.fleet import kafka_worker_main
 from tests.fleet import sqlite_worker_main as sqlite_fleet_worker_main
+from tests.keyed_crash import tool_crash_main
 
 # --- crash: tests/test_recovery.py -----------------------------------------------------------
 
@@ -69,13 +73,19 @@ def tool_name_from(request: ModelRequest) -> str:
 def recovery_agent(
     kind: str, model: Model, handler: Callable[[str, str], Any], *, timeout_s: float = 10.0
 ) -> Agent:
-    """The agent both processes run; only the model and the tool's body differ. The tool takes
-    its call's idempotency key (engine.tools.ledger) and hands it to ``handler``."""
+    """The agent both processes run; only the model and the tool's body differ. The lookup
+    takes its call's idempotency key (engine.tools.ledger) and hands it to ``handler``; the send
+    does not (its carrier cannot deduplicate), so it is at most once and ``handler`` gets ""."""
 
-    async def body(order_id: str, idempotency_key: str) -> str:
+    async def keyed(order_id: str, idempotency_key: str) -> str:
+        """Look an order up (read-only)."""
         return await handler(order_id, idempotency_key)
 
-    body.__doc__ = "Look an order up (read-only)." if kind != "send" else "Send the order to the carrier."
+    async def keyless(order_id: str) -> str:
+        """Send the order to the carrier."""
+        return await handler(order_id, "")
+
+    body = keyless if kind == "send" else keyed
     t = tool(body, name=tool_name(kind), idempotent=kind != "send", timeout_s=timeout_s)
     return Agent(AGENT, model, [t], first_token_timeout_s=600, model_timeout_s=600)
 
@@ -145,6 +155,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(kafka_worker_main(*args))
     elif command == "sqlite-fleet-worker":
         asyncio.run(sqlite_fleet_worker_main(*args))
+    elif command == "tool-crash":
+        asyncio.run(tool_crash_main(*args))
     else:
         raise SystemExit(f"unknown command {command!r}; see the docstring of tests/procs.py")
 

@@ -25,7 +25,7 @@ from engine import (
 )
 from engine import events as ev
 from engine.admin import SessionAdmin
-from engine.errors import SnapshotNotFoundError
+from engine.errors import InputError, SnapshotNotFoundError
 from engine.log.base import EventLog
 from projections import SqliteProjectionStore
 from tests.test_cli_demo import turnlog
@@ -93,7 +93,12 @@ async def test_fork_mid_turn_continues_with_another_model_and_leaves_the_origin_
     after_tool = (await SessionAdmin(log).snapshots(sid))[2]  # second turn, refund ran, no answer yet
     origin_at = fold(sid, [e for e in await log.read_session(sid) if e.version < after_tool.version])
 
-    forked = await SessionAdmin(log).fork(sid, after_tool.version, agent_id="b", model="model-b")
+    with pytest.raises(InputError, match="unfinished='continue'.*unfinished='rest'"):
+        await SessionAdmin(log).fork(sid, after_tool.version, agent_id="b")  # the admin must choose
+    forked = await SessionAdmin(log).fork(
+        sid, after_tool.version, agent_id="b", model="model-b", unfinished="continue"
+    )
+    assert forked.unfinished == "continue" and forked.refs_renumbered
     assert (forked.version, forked.origin_session_id, forked.origin_version) == (1, sid, after_tool.version)
     fork_state = await api.get_state(forked.session_id)
     assert fork_state.messages == origin_at.messages and fork_state.turn is not None
@@ -180,7 +185,7 @@ def test_cli_snapshots_fork_replay(tmp_path: Path) -> None:
     assert "send_notification" in listed.stdout and "FINISHED" in listed.stdout
     assert all(str(r["version"]) in listed.stdout for r in snaps)
 
-    forked = turnlog(home, "fork", sid, str(snaps[1]["version"]))
+    forked = turnlog(home, "fork", sid, str(snaps[1]["version"]), "--unfinished", "rest")
     assert forked.returncode == 0, forked.stderr
     fork_id = forked.stdout.split()[1]
     shown = turnlog(home, "show", fork_id)

@@ -198,7 +198,9 @@ def test_the_printed_hints_run_as_printed_and_a_fork_is_continued(tmp_path: Path
     sid = show[-3]
     mid_turn = versions[1]  # after the first tool step: the fork inherits a running turn
 
-    forked = turnlog(home, "fork", sid, str(mid_turn))
+    refused = turnlog(home, "fork", sid, str(mid_turn))  # mid-turn: the admin must say what happens
+    assert refused.returncode == 2 and "unfinished='continue'" in refused.stdout
+    forked = turnlog(home, "fork", sid, str(mid_turn), "--unfinished", "continue")
     assert forked.returncode == 0, forked.stderr
     assert "It inherited a turn that had not finished" in forked.stdout
     [go_on, show_fork] = _next_commands(forked.stdout)

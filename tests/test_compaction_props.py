@@ -74,7 +74,7 @@ def test_compaction_keeps_calls_with_results_and_the_current_turn(
               history_tokens_before=total, history_tokens_after=0, history_budget=budget)  # fmt: skip
     counts = [len(m.content) // 4 + 3 for m in state.messages]
     current = compaction.current_input_index(state.messages, True)
-    cut = compaction.summary_cut(state.messages, counts, protected_from=current)
+    cut = compaction.summary_cut(state.messages, counts, protected_from=current, target=budget // 3)
     if cut:
         refs = [m.ref for m in state.messages[:cut]]
         apply(state, ev.HistorySummarized, turn_id="t", step=0, removed_refs_json=json.dumps(refs),

@@ -20,10 +20,12 @@ from engine.context.assemble import RECALL_HEADER
 from engine.context.compaction import is_small_talk
 from engine.context.summarize import FALLBACK_NOTE
 from engine.fold import fold
+from engine.log.base import EventLog
 from engine.models.base import ModelRequest, ModelResponse
 from engine.models.pricing import PriceTable
 from engine.models.tokens import count_chat_tokens
 from engine.turn import TurnRunner
+from tests import tool_harness
 from tests.context_support import last_user_text, open_session, provider_problems, section_tokens
 
 FACTS = [  # (planted by the user, a probe question or None, what the probe must find)
@@ -332,8 +334,12 @@ async def test_a_budget_that_would_stop_the_call_first_compacts_the_context(tmp_
     long_answer = "The delivery report lists every late parcel with its carrier and the delay. " * 30
     model = CountingModel(lambda r: long_answer, name="counted")
     # a call costs 2.5 micros per input token plus up to 10_000 for its output: 20_000 a turn
-    # holds about 4,000 tokens of context, which ten turns of these answers pass
-    agent = Agent("b", model, prices=prices, budget=Budget(per_turn_micros=20_000))
+    # holds about 4,000 tokens of context, which ten turns of these answers pass. The summaries
+    # are written by a cheap model (unpriced here): a summary by the priced one would itself cost
+    # most of a turn's budget, and it counts (test_costs.py)
+    cheap = CountingModel(lambda r: "Late parcels were listed for earlier batches.", name="cheap")
+    budget, context = Budget(per_turn_micros=20_000), ContextPolicy(summarizer=cheap)
+    agent = Agent("b", model, prices=prices, budget=budget, context=context)
     log = SqliteEventLog(tmp_path / "log.db")
     api = AgentSessions(log, AgentDirectory([agent]))
     sid = (await api.create_session("b", "u")).session_id
@@ -343,6 +349,10 @@ async def test_a_budget_that_would_stop_the_call_first_compacts_the_context(tmp_
     summaries = [e for e in events if isinstance(e, ev.HistorySummarized)]
     assert summaries and {e.reason for e in summaries} == {"budget"}
     assert [e.reason for e in events if isinstance(e, ev.TurnFinished)] == ["answered"] * 14
+    summarizer_calls = [e for e in events if isinstance(e, ev.AuxiliaryModelCall)]
+    assert [(c.purpose, c.model, c.cost_micros) for c in summarizer_calls] == [("summary", "cheap", 0)] * len(
+        summaries
+    )
     for started in (e for e in events if isinstance(e, ev.ModelCallStarted)):
         assert started.estimated_input_tokens * 2.5 + 10_000 <= 20_000
 
@@ -370,3 +380,37 @@ async def test_the_archive_projection_keeps_every_cut_message_with_what_cut_it(t
     assert rows[0]["content"] == "My order number is A-555." and rows[0]["role"] == "user"
     assert {r["archive_reason"] for r in rows} >= {"removed: small_talk", "summarized: tokens"}
     store.close()
+
+
+async def test_a_steady_conversation_calls_the_summariser_at_most_once_per_n_turns(log: EventLog) -> None:
+    """Each summary cuts the history down to ``summarize_to`` (50 %) of its budget, not just
+    below the 90 % threshold, so the next one waits until the history has grown back by 40 %:
+    N = (summarize_at - summarize_to) * history budget / tokens a turn adds (docs)."""
+    from engine.context.tally import message_tokens
+    from engine.messages import ChatMessage
+
+    summaries: list[ModelRequest] = []
+
+    def summariser(request: ModelRequest) -> str:
+        summaries.append(request)
+        return "Earlier: batches were checked; two parcels late in each."
+
+    policy = ContextPolicy(window=4096, summarizer=FunctionModel(summariser, name="summariser"))
+    model = FunctionModel(lambda r: ANSWER, name="rule-model")
+    s = await tool_harness.open_session(log, model, context=policy)
+    turns = 120
+    for i in range(turns):
+        await s.send(f"Check batch {i:03d} for late parcels.")
+    started = await s.of(ev.ModelCallStarted)
+    counter = s.model.token_counter
+    question, answer = ChatMessage.user("Check batch 000 for late parcels."), ChatMessage("assistant", ANSWER)
+    per_turn = message_tokens(counter, question) + message_tokens(counter, answer)
+    budget = policy.budgets(s.model).history
+    n = int((policy.summarize_at - policy.summarize_to) * budget / per_turn)
+    turn_of = {e.turn_id: i for i, e in enumerate(await s.of(ev.TurnStarted))}
+    summarised = [turn_of[e.turn_id] for e in await s.of(ev.HistorySummarized)]
+    assert len(summaries) == len(summarised) >= 3, "the conversation ran long enough to summarise often"
+    gaps = [b - a for a, b in zip(summarised, summarised[1:], strict=False)]
+    print(f"summaries at turns {summarised}; N = {n} ({per_turn} tokens a turn, history budget {budget})")
+    assert min(gaps) >= n - 1, f"summaries at turns {summarised}; N = {n} ({per_turn} tokens a turn)"
+    assert all(section_tokens(e)["history"] <= 0.9 * budget + per_turn for e in started)

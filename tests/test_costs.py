@@ -225,7 +225,11 @@ async def test_session_budget_counts_earlier_turns(tmp_path: Path) -> None:
     await log.close()
     assert _turn_end(first).reason == "answered"
     assert _turn_end(second).reason == "budget"
-    assert state.cost_micros == 1250
+    # before stopping, the turn tried a shorter context: the summary the agent's own (priced)
+    # model wrote for it was a paid call, and it counts like the first turn's
+    (summary,) = [e for e in second if isinstance(e, ev.AuxiliaryModelCall)]
+    assert (summary.purpose, summary.cost_micros) == ("summary", 1250)
+    assert state.cost_micros == 1250 + 1250 == _turn_end(first).cost_micros + _turn_end(second).cost_micros
 
 
 async def test_daily_user_budget_spans_sessions_through_the_projection(tmp_path: Path) -> None:

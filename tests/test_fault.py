@@ -5,8 +5,9 @@ and (when this run started the broker with scripts/kafka.sh) a broker restart mi
 
 Afterwards, for every session: each accepted message entered the history once and in order and
 had exactly one turn, answered; each tool call finished once; no non-idempotent tool ran twice
-(it counts its side effects in PostgreSQL); every tool run got its call's logged key; and the
-projections kept live by a projector equal a rebuild from offset 0.
+(it counts its side effects in PostgreSQL), and each keyed one ran again after a kill and took
+effect exactly once (its service deduplicates by the key); every tool run got its call's logged
+key; and the projections kept live by a projector equal a rebuild from offset 0.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from engine import events as ev
 from engine.log.kafka import KafkaEventLog
 from projections import PostgresProjectionStore, rebuild
 from projections.schema import READ_MODELS
-from tests.fleet import AGENT, SIDE_EFFECTS_DDL
+from tests.fleet import AGENT, SIDE_EFFECTS_DDL, deliveries, side_effects
 from tests.services import fresh_topic, kafka_log, need_service, postgres_store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -199,9 +200,9 @@ async def check_outcome(
     rebuilt: PostgresProjectionStore,
     dsn: str,
 ) -> None:
-    with psycopg.connect(dsn, options=f"-c search_path={live.schema}") as conn:
-        runs = conn.execute("SELECT session_id, call_id, tool, idempotency_key FROM side_effects").fetchall()
-    effects = Counter((sid, call_id) for sid, call_id, name, _ in runs if name == "notify")
+    runs = side_effects(dsn, live.schema)
+    effects = Counter((sid, call_id) for sid, call_id, name, _ in runs if name == "alert")
+    delivered = Counter((sid, call_id) for sid, call_id, _ in deliveries(dsn, live.schema))
     outcomes: Counter[str] = Counter()
     for sid, texts in expected.items():
         events = await producer.read_session(sid)
@@ -215,31 +216,34 @@ async def check_outcome(
         answers = [e.text for e in events if isinstance(e, ev.AssistantMessage) and e.text.startswith("done")]
         assert answers == [f"done: {t}" for t in texts], sid
         for text in texts:
-            for tool in ("lookup", "notify"):
+            for tool in ("lookup", "notify", "alert"):
                 finished = [
                     e for e in events if isinstance(e, ev.ToolCallFinished) and e.call_id == f"{tool}-{text}"
                 ]
                 assert len(finished) == 1, (sid, tool, text)
-            notified = next(
-                e for e in events if isinstance(e, ev.ToolCallFinished) and e.call_id == f"notify-{text}"
+                if tool == "notify":  # keyed: run again after a kill, delivered once
+                    assert finished[0].status == "success", (sid, text, finished[0].content)
+                    assert delivered[(sid, f"notify-{text}")] == 1, (sid, text)
+            paged = next(
+                e for e in events if isinstance(e, ev.ToolCallFinished) and e.call_id == f"alert-{text}"
             )
-            sent = effects[(sid, f"notify-{text}")]
-            outcomes[notified.status] += 1
-            if notified.status == "success":
-                assert sent == 1, (sid, text)  # sent once, recorded once
-            else:  # killed between the send and its record: reported, never sent again
-                assert notified.status == "interrupted" and sent <= 1, (sid, text, sent)
-    assert max(effects.values()) == 1  # no notification was ever sent twice
+            sent = effects[(sid, f"alert-{text}")]
+            outcomes[paged.status] += 1
+            if paged.status == "success":
+                assert sent == 1, (sid, text)  # paged once, recorded once
+            else:  # killed between the page and its record: reported, never paged again
+                assert paged.status == "interrupted" and sent <= 1, (sid, text, sent)
+    assert max(effects.values()) == 1  # no alert was ever sent twice
     await check_ledger(producer, runs)
     assert sum(outcomes.values()) == 2 * SESSIONS
-    print(f"notify outcomes: {dict(outcomes)}")
+    print(f"alert outcomes: {dict(outcomes)}")
     await Projector(producer, live).catch_up()
     assert await rebuild(producer, rebuilt) > 0
     for name in READ_MODELS:
         assert live.table(name) == rebuilt.table(name), name
 
 
-async def check_ledger(producer: KafkaEventLog, runs: list[tuple[str, str, str, str]]) -> None:
+async def check_ledger(producer: KafkaEventLog, runs: list[tuple[str, ...]]) -> None:
     """Every tool run got the key its ToolCallStarted put on the log before it ran; a lookup
     retried after a kill got the same key again; no two calls share a key."""
     logged: dict[tuple[str, str], set[str]] = {}
@@ -248,9 +252,10 @@ async def check_ledger(producer: KafkaEventLog, runs: list[tuple[str, str, str, 
             if isinstance(e, ev.ToolCallStarted):
                 logged.setdefault((sid, e.call_id), set()).add(e.idempotency_key)
     assert all(len(keys) == 1 for keys in logged.values())  # one key per call, over all attempts
-    for sid, call_id, _, key in runs:
-        assert logged[(sid, call_id)] == {key}, (sid, call_id)
+    for sid, call_id, name, key in runs:
+        if name != "alert":  # alert takes no key; every other run got the key logged for its call
+            assert logged[(sid, call_id)] == {key}, (sid, call_id)
     assert len({k for keys in logged.values() for k in keys}) == len(logged)
-    retried = Counter((sid, call_id) for sid, call_id, name, _ in runs if name == "lookup")
-    again = sum(n > 1 for n in retried.values())
-    print(f"ledger: {len(runs)} tool runs, {again} lookups run again after a kill, each with its first key")
+    retried = Counter((sid, call_id, name) for sid, call_id, name, _ in runs if name != "alert")
+    again = Counter(name for (_, _, name), n in retried.items() if n > 1)
+    print(f"ledger: {len(runs)} tool runs, run again after a kill with their first key: {dict(again)}")

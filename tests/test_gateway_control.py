@@ -309,8 +309,14 @@ async def test_fork_a_snapshot_continue_the_fork_and_replay(running: RunningGate
         assert (await log_events(running, sid)) == events  # the origin was not touched
 
         # a fork from the mid-turn snapshot, with another agent, inherits the running turn
-        other = await client.post(
+        choose = await client.post(
             f"{admin_url}/fork", json={"version": mid["version"], "agent": "troubled"}, headers=auth("root")
+        )
+        assert choose.status_code == 422 and "unfinished='continue'" in choose.json()["detail"]
+        other = await client.post(
+            f"{admin_url}/fork",
+            json={"version": mid["version"], "agent": "troubled", "unfinished": "continue"},
+            headers=auth("root"),
         )
         assert other.status_code == 201, other.text
         assert (other.json()["agent_id"], other.json()["model"], other.json()["turn_running"]) == (

@@ -6,6 +6,7 @@ second AgentSessions on the same log plays the other producer (a gateway, a seco
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from engine import (
 )
 from engine import events as ev
 from engine.errors import NoTurnRunningError
-from engine.models.base import ModelChunk
+from engine.models.base import ModelChunk, Usage
 from engine.states import Cause, SessionStatus
 from engine.writer import SessionWriter
 
@@ -237,10 +238,11 @@ class GatedModel(Model):
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         self.requests.append(request)
         await self.gate.pass_through("model")
-        yield reply("", call("send_notices", {"batch": "b"}, "call-b"))
+        answer = reply("", call("send_notices", {"batch": "b"}, "call-b"))
+        yield dataclasses.replace(answer, usage=Usage(120, 30))
 
 
-async def test_a_cancel_racing_a_model_step_discards_the_decision_and_the_worker_decides_again(
+async def test_a_cancel_racing_a_model_step_discards_the_decision_but_records_the_call(
     log: SqliteEventLog,
 ) -> None:
     model_gate, tool_gate = Gate(), Gate()
@@ -257,7 +259,9 @@ async def test_a_cancel_racing_a_model_step_discards_the_decision_and_the_worker
     assert of(events, ev.ToolCallRequested) == [] and tool_tool_never_ran(tool_gate)
     finished = of(events, ev.ModelCallFinished)
     assert [(f.status, f.error) for f in finished] == [("cancelled", "cancelled by admin: too slow")]
-    assert finished[0].basis_version >= cancel.version, "decided again from a state that has the cancel"
+    # the call was made and paid for: its record keeps the provider's usage, put after the cancel
+    assert (finished[0].input_tokens, finished[0].output_tokens, finished[0].estimated) == (120, 30, False)
+    assert finished[0].basis_version < cancel.version < finished[0].version
     assert path(events)[-1] == ("PROCESSING", "CANCELLED", str(Cause.ADMIN))
     assert [e.version for e in events] == list(range(1, len(events) + 1))
 

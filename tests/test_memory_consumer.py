@@ -108,7 +108,7 @@ async def test_notes_are_stored_and_tasks_are_distilled(
     extractor = ScriptedModel([FACTS])
     consumer = MemoryConsumer(event_log, memories, extractor)
 
-    assert await consumer.catch_up() == 6
+    assert await consumer.catch_up() == 7  # the task's 6 events and the extraction call's record
 
     stored = {m.text: m for m in await memories.search("u1", "shipping and orders", limit=10)}
     assert set(stored) == {
@@ -122,19 +122,26 @@ async def test_notes_are_stored_and_tasks_are_distilled(
     assert sent[0].role == "system" and "JSON" in sent[0].content
     assert "User: Order 1042 never came" in sent[1].content
     assert "Assistant: The carrier lost order 1042" in sent[1].content
+    (recorded,) = [e for e in await event_log.read_session("s1") if isinstance(e, ev.AuxiliaryModelCall)]
+    assert (recorded.purpose, recorded.turn_id, recorded.model, recorded.status) == (
+        "memory_extraction",
+        "turn-s1",
+        extractor.name,
+        "ok",
+    )
 
 
 async def test_a_restart_resumes_where_it_stopped(
     event_log: SqliteEventLog, memories: QdrantMemoryStore
 ) -> None:
     await write_task(event_log, "s1")
-    assert await MemoryConsumer(event_log, memories, ScriptedModel([FACTS])).catch_up() == 5
+    assert await MemoryConsumer(event_log, memories, ScriptedModel([FACTS])).catch_up() == 6
 
     extractor = ScriptedModel([FACTS])
     restarted = MemoryConsumer(event_log, memories, extractor)
     assert await restarted.catch_up() == 0
     await write_task(event_log, "s2", user_id="u2")
-    assert await restarted.catch_up() == 5
+    assert await restarted.catch_up() == 6
     assert [r.session_id for r in extractor.requests] == ["s2"]
     assert await memories.count("u1") == 2
     assert await memories.count("u2") == 2
@@ -147,9 +154,10 @@ async def test_a_rerun_over_the_same_events_writes_nothing_twice(
     await MemoryConsumer(event_log, memories, ScriptedModel([FACTS])).catch_up()
     before = await memories.count("u1", current_only=False)
 
-    # a new group starts at offset 0: every event is handled again
+    # a new group starts at offset 0: every event is handled again (the extraction is asked
+    # again, a call that costs and is recorded: the first record and the new one are read)
     rerun = MemoryConsumer(event_log, memories, ScriptedModel([FACTS]), group=f"{GROUP}-rerun")
-    assert await rerun.catch_up() == 6
+    assert await rerun.catch_up() == 8
     assert await memories.count("u1", current_only=False) == before == 3
     assert await memories.count("u1") == 3
 
@@ -169,7 +177,10 @@ async def test_unusable_extraction_is_skipped_not_a_crash(
     await write_task(event_log, "s1", note="Refund orders that are more than 5 days late")
     await write_task(event_log, "s2")
     consumer = MemoryConsumer(event_log, memories, ScriptedModel([answer, FACTS]))
-    assert await consumer.catch_up() == 11
+    assert await consumer.catch_up() == 13  # two tasks and their extraction calls' records
+    (first,) = [e for e in await event_log.read_session("s1") if isinstance(e, ev.AuxiliaryModelCall)]
+    assert first.status == ("failed" if isinstance(answer, Exception) else "ok")
+    assert first.estimated == isinstance(answer, Exception), "a call that failed is what was sent, estimated"
     texts = {m.text for m in await memories.search("u1", "orders", limit=10)}
     assert "Refund orders that are more than 5 days late" in texts
     assert "The user prefers DHL for shipping" in texts

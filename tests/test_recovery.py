@@ -221,6 +221,7 @@ async def test_killed_during_the_model_call_the_call_is_made_again(log_path: Pat
 
     new = events[len(before) :]
     assert types(new) == [
+        "ModelCallFinished",  # the cut-off call: recorded with what was sent, then made again
         "ModelCallStarted",
         "ModelCallFinished",
         "AssistantMessage",
@@ -229,6 +230,10 @@ async def test_killed_during_the_model_call_the_call_is_made_again(log_path: Pat
         "ToolCallStarted",
         *after_tools(),
     ]
+    cut_off, opened = new[0], before[-1]
+    assert isinstance(cut_off, ev.ModelCallFinished) and isinstance(opened, ev.ModelCallStarted)
+    assert (cut_off.step, cut_off.status, cut_off.estimated) == (0, "interrupted", True)
+    assert cut_off.input_tokens == opened.estimated_input_tokens and cut_off.output_tokens == 0
     assert len(successor.model.requests) == 2 and successor.tool_calls == ["A-17"]
     assert [e.version for e in events] == list(range(1, len(events) + 1))
     assert state.status == "FINISHED" and state.turn is None
@@ -242,4 +247,4 @@ async def test_killed_during_the_model_call_the_call_is_made_again(log_path: Pat
         calls = [(m["step"], m["status"]) for m in store.rows_of("model_calls", SID)]
     finally:
         store.close()
-    assert calls == [(0, "abandoned"), (1, "ok"), (2, "ok")]
+    assert calls == [(0, "interrupted"), (1, "ok"), (2, "ok")]

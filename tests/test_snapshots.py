@@ -304,3 +304,50 @@ async def test_the_snapshots_projection_lists_what_happened_at_each(
         assert store.session(sid)["state_version"] == snaps[-1].version  # type: ignore[index]
     finally:
         store.close()
+
+
+def as_format_1(state_json: str) -> str:
+    """A current snapshot body rewritten as format 1 wrote it: no task state, archived count or
+    origin calls, the turn without its context and budget fields, messages without refs."""
+    doc = json.loads(state_json)
+    doc["s"] = doc["s"][:16]
+    if doc["t"] is not None:
+        doc["t"] = [*doc["t"][:16], doc["t"][-1]]
+    doc["m"] = [row[:5] for row in doc["m"]]
+    return json.dumps(doc)
+
+
+async def test_a_format_1_snapshot_is_read_with_the_refs_of_its_messages(log: SqliteEventLog) -> None:
+    """Sessions written before context management keep loading from their snapshot (not from
+    their first event), and their messages get the refs a fold from the start gives them."""
+    api, sid = await long_session(log, 10)
+    await api.post_user_message(sid, "waiting while the snapshot is taken")
+    events = await log.read_session(sid)
+    state = fold(sid, events)
+    assert state.inbox and len(state.messages) > 30
+    old = ev.SnapshotTaken(
+        session_id=sid, version=state.version + 1, state_format=1, status=str(state.status), last_tool="",
+        turns=state.turns_finished, input_tokens=0, output_tokens=0, message_count=len(state.messages),
+        keyframe_version=0, state_json=as_format_1(snapshots.encode_state(state)),
+    )  # fmt: skip
+    await log.append([old], expected_version=state.version)
+
+    loaded = await snapshots.load_latest(log, sid)
+    assert loaded is not None, "read, not refused"
+    assert loaded == fold(sid, events), "the state as of the version before the snapshot, refs and all"
+    assert [m.ref for m in loaded.messages] == [m.ref for m in state.messages] and loaded.messages[0].ref > 0
+    async for _ in api.run_pending(sid):  # and the session goes on from it
+        pass
+    assert not (await api.get_state(sid)).inbox
+
+
+def test_format_1_bodies_decode_with_the_defaults_of_later_fields() -> None:
+    from engine import ChatMessage
+
+    state = SessionState("s", 9, "a", "u", messages=[ChatMessage("user", "hi", ref=3)])
+    state.turn = TurnProgress("t", "m", 2, iterations=1)
+    back = snapshots.decode_state(as_format_1(snapshots.encode_state(state)), 1, where="old")
+    assert back.turn == state.turn and back.messages == [ChatMessage.user("hi")]  # ref unknown: 0
+    assert back.task_state == {} and back.archived == 0 and back.origin_calls == {}
+    with pytest.raises(SnapshotFormatError, match="reads 1, 2, 3"):
+        snapshots.decode_state("{}", 4, where="new")

@@ -3,6 +3,8 @@ the three guards stopping a real turn with its own event, reason, cause and clos
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import itertools
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 from engine import Agent, FunctionModel, ModelRequest, ToolFailure, ToolStatus, call, reply, tool
 from engine import events as ev
 from engine.errors import ConfigurationError
+from engine.tools import execute
 from engine.tools.guards import CallRecord, canonical_arguments, near_equal, repeated_call, unchanged_result
 from tests.tool_harness import of, open_session, path, since_user, tool_results
 
@@ -83,6 +86,22 @@ def test_unchanged_result_needs_three_steps_in_a_row_and_ignores_one_step() -> N
     assert unchanged_result(changed) is None
     gap = [same[0], same[1], rec("x", "{}", 3), rec("w", '{"p": 4}', 4, "same")]
     assert unchanged_result(gap) is None, "step 3 did not call w: not in a row"
+
+
+def test_outcomes_the_engine_wrote_are_never_one_result() -> None:
+    """Three different calls each interrupted by a crash read alike (the text names only the
+    tool); they are three calls whose results nobody saw, not an unchanged result."""
+    text = execute.interrupted("cancel_reservation").content
+    calls = [
+        CallRecord(f"c{i}", "cancel_reservation", f'{{"id": "R-{i}"}}', i, "interrupted", text)
+        for i in (1, 2, 3)
+    ]
+    assert unchanged_result(calls) is None
+    for status in ("timeout", "abandoned", "cancelled", "rejected", "declined"):
+        same = [dataclasses.replace(c, status=status, result=f"{status}:same text") for c in calls]
+        assert unchanged_result(same) is None, status
+    failed = [dataclasses.replace(c, status="failed", result="failed:[FAILED] not found") for c in calls]
+    assert unchanged_result(failed) is not None, "a tool's own failure answer is a result like any"
 
 
 # --- the guards in a real turn -----------------------------------------------------------------
@@ -250,3 +269,25 @@ async def test_a_final_tool_that_fails_does_not_end_the_loop(log: Any) -> None:
 def test_final_tools_must_be_tools_of_the_agent() -> None:
     with pytest.raises(ConfigurationError, match=r"final_tools names tools it does not have: \['publish'\]"):
         Agent("a", FunctionModel(lambda r: "x"), [search], final_tools={"publish"})
+
+
+async def test_distinct_calls_that_time_out_do_not_trip_the_unchanged_result_guard(log: Any) -> None:
+    @tool(timeout_s=0.05)
+    async def cancel_reservation(reservation: str) -> str:
+        """Cancel a reservation (its service never answers here)."""
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    s = await open_session(
+        log,
+        model_calling(lambda n: {"reservation": f"R-{n}"}, "cancel_reservation"),
+        [cancel_reservation],
+        max_tool_iterations=4,
+    )
+    await s.send("cancel my four reservations")
+    events = await s.events()
+    finished = of(events, ev.ToolCallFinished)
+    assert [f.status for f in finished] == ["timeout"] * 4
+    assert len({f.content for f in finished}) == 1, "the four failures read alike"
+    assert [g.guard for g in of(events, ev.LoopGuardTriggered)] == ["iteration_cap"]
+    assert of(events, ev.TurnFinished)[0].reason == "iteration_cap"

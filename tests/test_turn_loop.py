@@ -824,8 +824,16 @@ async def test_force_finish_with_a_queued_message_closes_the_session(log: Sqlite
     await h.api.force_finish(h.sid, "abuse report", actor="ops")
 
     events = await h.events()
-    assert types(events) == ["SessionCreated", "UserMessageReceived", "StateChanged", "SessionClosed"]
+    assert types(events) == [
+        "SessionCreated",
+        "UserMessageReceived",
+        "StateChanged",
+        "SessionClosed",
+        "UserMessageDropped",  # accepted, never answered: the log says why
+    ]
     assert path(events) == [("IDLE", "FINISHED", "admin")]
+    (dropped,), (received,) = of(events, ev.UserMessageDropped), of(events, ev.UserMessageReceived)
+    assert (dropped.message_id, dropped.reason) == (received.message_id, "closed")
     assert of(events, ev.StateChanged)[0].detail == "abuse report"
     (closed,) = of(events, ev.SessionClosed)
     assert (closed.reason, closed.actor) == ("abuse report", "ops")
@@ -834,7 +842,7 @@ async def test_force_finish_with_a_queued_message_closes_the_session(log: Sqlite
         await h.api.post_user_message(h.sid, "hello?")
     with pytest.raises(SessionClosedError):
         await h.api.force_finish(h.sid, "again")
-    assert types(await h.events())[-1] == "SessionClosed"
+    assert types(await h.events())[-1] == "UserMessageDropped"
 
 
 async def test_force_finish_after_an_answered_turn_only_closes(log: SqliteEventLog) -> None:

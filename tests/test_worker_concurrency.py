@@ -1,8 +1,9 @@
 """A turn worker runs many sessions' turns at once, each session's strictly in order (issue 14):
 a slow model call of one session never delays another's turn; a worker SIGKILLed with 50 turns
-in flight is continued by its successor with every turn finished once, no tool run twice and the
-projections equal to a rebuild; a worker stopped with SIGTERM ends each turn at a step boundary
-(no tool left "interrupted") and its successor finishes them. Both backends; timings are never
+in flight is continued by its successor with every turn finished once, no keyless tool run twice
+(a keyed one killed mid-call runs again and is delivered once) and the projections equal to a
+rebuild; a worker stopped with SIGTERM ends each turn at a step boundary (no tool left
+"interrupted") and its successor finishes them. Both backends; timings are never
 asserted (bench/production.py measures them)."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from engine.models.base import ModelChunk
 from projections import rebuild
 from projections.schema import READ_MODELS
 from projections.store import ProjectionStore, SqliteProjectionStore
-from tests.fleet import AGENT, fleet_agent, recorder, side_effects
+from tests.fleet import AGENT, deliveries, fleet_agent, recorder, side_effects
 from tests.services import delete_topics, fresh_topic, kafka_log, need_service, postgres_store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -195,8 +196,8 @@ def worker_process(fleet: Fleet, worker_id: str, latency_s: float) -> Iterator[s
 async def finish_with_a_successor(fleet: Fleet, sids: list[str]) -> None:
     """A successor worker (in this process) runs whatever the log says is left."""
     async with fleet.successor() as log:
-        async with recorder(fleet.effects, fleet.schema, "successor") as record:
-            agent = fleet_agent(record, jitter_s=0.0)
+        async with recorder(fleet.effects, fleet.schema, "successor") as backend:
+            agent = fleet_agent(backend, jitter_s=0.0)
             successor = TurnWorker(log, AgentDirectory([agent]), worker_id="successor")
 
             async def all_done() -> bool:
@@ -207,10 +208,12 @@ async def finish_with_a_successor(fleet: Fleet, sids: list[str]) -> None:
 
 
 async def check_every_turn_once(fleet: Fleet, sids: list[str]) -> Counter[str]:
-    """Each message had exactly one turn, answered; each tool call finished once; no notify ran
-    twice; return the notify outcomes."""
+    """Each message had exactly one turn, answered; each tool call finished once; every notify
+    (keyed: run again after a kill) was delivered exactly once; no alert (no key) ran twice;
+    return the alert outcomes."""
     runs = side_effects(fleet.effects, fleet.schema)
-    sent = Counter((sid, call_id) for sid, call_id, name, _ in runs if name == "notify")
+    paged = Counter((sid, call_id) for sid, call_id, name, _ in runs if name == "alert")
+    delivered = Counter((sid, call_id) for sid, call_id, _ in deliveries(fleet.effects, fleet.schema))
     outcomes: Counter[str] = Counter()
     for sid in sids:
         events = await fleet.producer.read_session(sid)
@@ -218,18 +221,19 @@ async def check_every_turn_once(fleet: Fleet, sids: list[str]) -> Counter[str]:
         assert [e.message_id for e in events if isinstance(e, ev.TurnStarted)] == [f"{sid}-m1"], sid
         (finished,) = turns_finished(events)
         assert finished.reason == "answered", sid
-        for call_id in ("lookup-m1", "notify-m1"):
-            done = [e for e in events if isinstance(e, ev.ToolCallFinished) and e.call_id == call_id]
-            assert len(done) == 1, (sid, call_id)
-        (notified,) = [e for e in events if isinstance(e, ev.ToolCallFinished) and e.call_id == "notify-m1"]
-        outcomes[notified.status] += 1
-        if notified.status == "success":
-            assert sent[(sid, "notify-m1")] == 1, sid
-        else:  # killed between the send and its record: reported, never sent again
-            assert notified.status == "interrupted" and sent[(sid, "notify-m1")] <= 1, sid
+        done = {e.call_id: e for e in events if isinstance(e, ev.ToolCallFinished)}
+        assert sorted(done) == ["alert-m1", "lookup-m1", "notify-m1"], sid
+        assert len([e for e in events if isinstance(e, ev.ToolCallFinished)]) == 3, sid
+        assert done["notify-m1"].status == "success" and delivered[(sid, "notify-m1")] == 1, sid
+        alert = done["alert-m1"]
+        outcomes[alert.status] += 1
+        if alert.status == "success":
+            assert paged[(sid, "alert-m1")] == 1, sid
+        else:  # killed between the page and its record: reported, never paged again
+            assert alert.status == "interrupted" and paged[(sid, "alert-m1")] <= 1, sid
         state = fold(sid, events)
         assert not state.inbox and state.turn is None, sid
-    assert max(sent.values(), default=0) <= 1
+    assert max(paged.values(), default=0) <= 1 and max(delivered.values(), default=0) <= 1
     return outcomes
 
 

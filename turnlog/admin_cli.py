@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from rich.console import Console
 from rich.table import Table
 
 from engine import events as ev
-from engine.admin import SessionAdmin
+from engine.admin import SessionAdmin, Unfinished
 from engine.fold import fold
 
 from .app import EmbeddedApp
@@ -49,11 +50,19 @@ async def list_snapshots(console: Console, home: Path, session_id: str, hint: In
 
 
 async def fork(
-    console: Console, home: Path, session_id: str, version: int, agent: str | None, hint: Invocation
+    console: Console,
+    home: Path,
+    session_id: str,
+    version: int,
+    agent: str | None,
+    hint: Invocation,
+    unfinished: str | None = None,
 ) -> int:
     app_ = EmbeddedApp(home)
     try:
-        forked = await SessionAdmin(app_.log, producer="cli").fork(session_id, version, agent_id=agent)
+        admin = SessionAdmin(app_.log, producer="cli")
+        choice = cast(Unfinished, unfinished) if unfinished else None
+        forked = await admin.fork(session_id, version, agent_id=agent, unfinished=choice)
         state = fold(forked.session_id, await app_.log.read_session(forked.session_id))
         waiting = state.turn is not None or bool(state.inbox)
         go_on = (

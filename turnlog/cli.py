@@ -361,9 +361,16 @@ def fork(
     version: Annotated[int, typer.Argument(help="Version of a snapshot (see `turnlog snapshots`).")],
     home: HomeOption = None,
     agent: Annotated[str | None, typer.Option(help="Agent for the fork (default: the origin's).")] = None,
+    unfinished: Annotated[
+        str | None,
+        typer.Option(
+            help="For a snapshot taken mid-turn: 'continue' the turn in the fork now, or 'rest' "
+            "(close it and drop waiting messages)."
+        ),
+    ] = None,
 ) -> None:
     """Start a new session from a snapshot of another; the origin is never changed."""
-    _run(admin_cli.fork(console, home_dir(home), session_id, version, agent, invocation(home)))
+    _run(admin_cli.fork(console, home_dir(home), session_id, version, agent, invocation(home), unfinished))
 
 
 @app.command()

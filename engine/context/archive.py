@@ -9,6 +9,7 @@ points at something said before ("what did I say at the start?", "我之前说�
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -49,10 +50,27 @@ class ArchivedMessage:
 
 
 async def load_archive(log: EventLog, session_id: str) -> list[ArchivedMessage]:
-    """The originals of every message cut from the session's context, oldest first."""
+    """The originals of every message cut from the session's context, oldest first. A fork's
+    archive holds what its origin had archived by the fork (labelled below the fork's own
+    refs) and the originals of inherited messages the fork cut."""
+    originals, archived = await _archive(log, session_id, None)
+    return [originals[ref] for ref in sorted(archived) if ref in originals]
+
+
+Archive = tuple[dict[int, ArchivedMessage], set[int]]
+"""(every message's original by ref, the refs cut from the context), in one session's refs."""
+
+
+async def _archive(log: EventLog, session_id: str, upto: int | None) -> Archive:
+    """The session's archive as of version ``upto`` (all of it if None)."""
+    events = await log.read_session(session_id)
+    if upto is not None:
+        events = [e for e in events if e.version <= upto]
     originals: dict[int, ArchivedMessage] = {}
     archived: set[int] = set()
-    for e in await log.read_session(session_id):
+    if events and isinstance(events[0], ev.SessionForked):
+        originals, archived = await _inherited(log, events[0])
+    for e in events:
         if isinstance(e, ev.UserMessageReceived):
             originals[e.version] = ArchivedMessage(e.version, "user", e.text)
         elif isinstance(e, ev.AssistantMessage):
@@ -65,7 +83,31 @@ async def load_archive(log: EventLog, session_id: str) -> list[ArchivedMessage]:
             archived.update(item["ref"] for item in json.loads(e.items_json))
         elif isinstance(e, ev.HistorySummarized):
             archived.update(json.loads(e.removed_refs_json))
-    return [originals[ref] for ref in sorted(archived) if ref in originals]
+    return originals, archived
+
+
+async def _inherited(log: EventLog, forked: ev.SessionForked) -> Archive:
+    """What a fork inherits of its origin's archive, in the fork's refs: the origin's archived
+    messages (shifted below every inherited ref, oldest first), and the originals of the
+    messages it inherited (by their renumbered refs), so the fork can archive those too."""
+    from ..snapshots import decode_state, inherited_refs, renumbers  # snapshots builds on the fold
+
+    origin_originals, origin_archived = await _archive(log, forked.origin_session_id, forked.origin_version)
+    where = f"session {forked.session_id} v1 (fork of {forked.origin_session_id})"
+    state = decode_state(forked.state_json, forked.state_format, where=where)
+    count = len(state.messages) + len(state.inbox)
+    shift = count + forked.origin_version + 1  # origin refs are at most its version: all end below -count
+    originals = {ref - shift: dataclasses.replace(m, ref=ref - shift) for ref, m in origin_originals.items()}
+    archived = {ref - shift for ref in origin_archived}
+    if renumbers(forked):
+        fork_refs = inherited_refs(len(state.messages), len(state.inbox))
+        sources = [(m.ref, m.role, m.content, m.name or "") for m in state.messages]
+        sources += [(m.version, "user", m.text, "") for m in state.inbox]
+        for ref, (origin_ref, role, text, name) in zip(fork_refs, sources, strict=True):
+            known = origin_originals.get(origin_ref)
+            original = ArchivedMessage(ref, role, text, name) if known is None else known
+            originals[ref] = dataclasses.replace(original, ref=ref)
+    return originals, archived
 
 
 def terms(text: str) -> list[str]:

@@ -6,8 +6,11 @@ Three moves, cheapest loss first:
   small talk (a greeting or a thanks and its answer, removed as a pair), then the details of tool
   calls that a later call superseded or whose error a later call corrected (the result is
   shortened to a note; the call and its result stay together).
-* ``summary_cut`` (at 90 %, or past the agent's verbatim-turn limit): the oldest third of the
-  history, in whole exchanges, to be replaced by one summary message.
+* ``summary_cut`` (at 90 %, or past the agent's verbatim-turn limit): the oldest exchanges, as
+  many as bring the rest of the history down to a target (``ContextPolicy.summarize_to``, half
+  the history budget by default, less room for the summary), to be replaced by one summary
+  message. Cutting well below the threshold, not just under it, is what keeps the summariser
+  rare: the next summary waits until the history has grown back by the difference.
 * ``plan_oversized`` (still over budget, e.g. huge tool results in the current turn): each tool
   result is cut down to a share of the budget, head kept, with a note.
 
@@ -141,10 +144,12 @@ def summary_cut(
     counts: Sequence[int],
     *,
     protected_from: int,
+    target: int,
     keep_turns: int | None = None,
 ) -> int:
-    """How many leading messages to summarise: the oldest third of the history's tokens, or
-    (with ``keep_turns``) all but that many earlier exchanges, whichever is more; always a whole
+    """How many leading messages to summarise: the fewest whole exchanges after which the rest
+    of the history (before the current input) takes at most ``target`` tokens, or (with
+    ``keep_turns``) all but that many earlier exchanges, whichever is more; always a whole
     number of exchanges (the cut is at a user message) and never into the current turn.
     0 means nothing can be summarised."""
     starts = [i for i in range(1, min(protected_from, len(messages)) + 1) if _starts_exchange(messages, i)]
@@ -152,10 +157,10 @@ def summary_cut(
         return 0
     total = sum(counts[:protected_from]) if protected_from else sum(counts)
     cut, taken = 0, 0
-    for i in starts:  # by tokens: the smallest cut holding a third
+    for i in starts:  # by tokens: the smallest cut that leaves at most the target
         taken = sum(counts[:i])
         cut = i
-        if taken * 3 >= total:
+        if total - taken <= target:
             break
     if keep_turns is not None:
         users = [i for i in range(min(protected_from, len(messages))) if messages[i].role == "user"]

@@ -2,8 +2,9 @@
 
 ``start_turn`` adds what a new turn is told beyond the history (the user's memories, archived
 messages the user refers back to). ``fit`` runs before every model call: trim at 60 % of the
-history budget, summarise the oldest third at 90 % (or past the verbatim-turn limit), and cut
-oversized tool results if the history still does not fit. Every change is an event added to
+history budget, summarise the oldest exchanges at 90 % (or past the verbatim-turn limit) down to
+``summarize_to`` (50 %) with the summary, and cut oversized tool results if the history still
+does not fit. Every change is an event added to
 the step's batch, so the log shows what each call was sent and why anything was left out.
 """
 
@@ -15,14 +16,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import events as ev
+from .. import usage
 from ..log.base import EventLog
-from ..messages import summary_message
+from ..messages import SUMMARY_HEADER, summary_message
 from ..models.base import Model, ModelRequest
 from ..tools import ToolRegistry
 from . import archive, builtins, compaction, memory
 from .assemble import system_blocks, turn_blocks
 from .summarize import summarize
 from .tally import TokenTally, message_tokens, within_budget
+
+SUMMARY_SHARE = 8
+"""A summary takes at most 1/8 of the history budget."""
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -171,10 +176,16 @@ class ContextManager:
         self, w: SessionWriter, agent: Agent, step: int, size: HistorySize, reason: str, budget: int
     ) -> bool:
         policy = agent.context
+        room = budget // SUMMARY_SHARE  # what the summary itself may take
         cut = compaction.summary_cut(
             w.state.messages,
             size.counts,
             protected_from=size.current,
+            # at the threshold: down to summarize_to of the budget; forced (a cost budget, the
+            # provider's length limit): down to that share of what the history holds now
+            target=self._earlier_target(
+                w.state, size, budget if reason in ("tokens", "turns") else size.tokens, policy.summarize_to
+            ),
             # the provider measured it too long: keep only the last exchange word for word
             keep_turns=1 if reason == "context_length" else policy.verbatim_turns,
         )
@@ -184,7 +195,7 @@ class ContextManager:
         summary = await summarize(
             _summarizer(agent),
             removed,
-            max_chars=budget // 8 * 4,
+            max_chars=room * 4,  # about 4 characters a token
             first_token_s=agent.first_token_timeout_s,
             response_s=agent.model_timeout_s,
         )
@@ -204,7 +215,28 @@ class ContextManager:
             tokens_after=size.tokens - sum(size.counts[:cut]) + summary_tokens,
             correlation_id=turn_id or None,
         )
+        if summary.call is not None:  # the summariser's call counts like any (tokens, cost, budgets)
+            made = summary.call
+            if made.usage is not None:
+                spent = usage.priced(agent.prices, [made.model], made.usage)
+            else:
+                counter = agent.model.token_counter
+                spent = usage.unanswered(agent.prices, made.model, made.sent_tokens, made.streamed, counter)
+            usage.add_auxiliary_call(w, turn_id, "summary", made.model, spent, made.latency_ms, made.error)
         return True
+
+    @staticmethod
+    def _earlier_target(state: SessionState, size: HistorySize, budget: int, share: float) -> int:
+        """Tokens the earlier turns may keep so that, with the new summary and this turn's own
+        calls and results (never cut), the history is at most ``share`` of its budget. The new
+        summary is taken to be as large as the one it replaces (it restates it; capped at 1/8
+        of the budget), or 1/8 of the budget for a first summary."""
+        earlier = sum(size.counts[: size.current])
+        this_turn = size.tokens - earlier
+        first = state.messages[0] if state.messages else None
+        is_summary = first is not None and first.role == "system" and first.content.startswith(SUMMARY_HEADER)
+        summary = size.counts[0] if is_summary else budget // SUMMARY_SHARE
+        return max(0, int(share * budget) - this_turn - summary)
 
     def section_tokens(self, state: SessionState, agent: Agent, request: ModelRequest) -> dict[str, int]:
         """Tokens each section of ``request`` takes (recorded on ModelCallStarted)."""

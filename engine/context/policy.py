@@ -49,7 +49,12 @@ class ContextPolicy:
     trim_at: float = 0.6
     """Share of the history budget at which the lowest-value messages are cut."""
     summarize_at: float = 0.9
-    """Share of the history budget at which the oldest third is summarised."""
+    """Share of the history budget at which the oldest exchanges are summarised."""
+    summarize_to: float = 0.5
+    """Share of the history budget a summary cuts the history down to (the summary included).
+    The summariser then runs again only after the history grows back by ``summarize_at -
+    summarize_to`` of its budget: every ``(summarize_at - summarize_to) * history budget /
+    tokens a turn adds`` turns in a steady conversation (docs/architecture.md, bench §9)."""
     summarizer: Model | str | None = None
     """The model that writes summaries (typically a cheaper one); None uses the agent's model;
     ``"extractive"`` picks lines by rule, no model."""
@@ -64,6 +69,8 @@ class ContextPolicy:
             raise ConfigurationError(f"context shares add up to {shares:.2f}; they must be in (0, 1]")
         if not 0 < self.trim_at <= self.summarize_at <= 1:
             raise ConfigurationError("context thresholds need 0 < trim_at <= summarize_at <= 1")
+        if not 0 < self.summarize_to < self.summarize_at:
+            raise ConfigurationError("summarize_to must be above 0 and below summarize_at")
         if self.verbatim_turns is not None and self.verbatim_turns < 1:
             raise ConfigurationError("verbatim_turns must be at least 1 (or None for no limit)")
         if isinstance(self.summarizer, str) and self.summarizer != "extractive":

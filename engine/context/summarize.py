@@ -10,11 +10,12 @@ and says so.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from ..messages import SUMMARY_HEADER, ChatMessage, calls_text
-from ..models.base import Model, ModelRequest, ModelResponse
+from ..models.base import Model, ModelRequest, ModelResponse, TextDelta, Usage
 from ..models.limits import stream_within
 
 EXTRACTIVE = "extractive"
@@ -37,11 +38,28 @@ SENTENCE = re.compile(r"(?<=[.!?。！？;；])\s*|\n+")
 
 
 @dataclass(frozen=True, slots=True)
+class SummaryCall:
+    """The summariser's model call, as the log records it (an AuxiliaryModelCall)."""
+
+    model: str
+    usage: Usage | None
+    """The provider's usage if an answer arrived; None if the call failed before one."""
+    sent_tokens: int
+    """The request's size counted before sending."""
+    streamed: str
+    """Text streamed back before the answer (or the failure)."""
+    latency_ms: float
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     text: str
     summarizer: str
     fallback: bool = False
     error: str = ""
+    call: SummaryCall | None = None
+    """The model call that was made (None for the extractive summary alone)."""
 
 
 def transcript(messages: Sequence[ChatMessage]) -> str:
@@ -75,20 +93,35 @@ async def summarize(
     request = ModelRequest(
         [ChatMessage.system(PROMPT), ChatMessage.user(transcript(messages))], session_id="", turn_id=""
     )
+    sent = await model.estimate_input_tokens(request)
+    started = time.perf_counter()
+    streamed: list[str] = []
+    response: ModelResponse | None = None
     error = ""
     try:
-        response = None
         async for chunk in stream_within(model, request, first_token_s, response_s):
             if isinstance(chunk, ModelResponse):
                 response = chunk
+            elif isinstance(chunk, TextDelta):
+                streamed.append(chunk.text)
         text = response.text.strip() if response is not None else ""
-        if text and not response.tool_calls:  # type: ignore[union-attr]
-            return Summary(text[:max_chars], model.name)
-        error = "the summariser gave no summary text"
+        if not (text and response is not None and not response.tool_calls):
+            error = "the summariser gave no summary text"
     except Exception as exc:  # any failure falls back; the session must go on
         error = f"{type(exc).__name__}: {exc}"
+    latency = round((time.perf_counter() - started) * 1000, 3)
+    made = SummaryCall(
+        (response.model if response is not None else "") or model.name,
+        response.usage if response is not None else None,
+        sent,
+        "".join(streamed),
+        latency,
+        error[:500],
+    )
+    if not error:
+        return Summary(text[:max_chars], model.name, call=made)
     text = FALLBACK_NOTE + "\n" + extractive_summary(messages, max_chars - len(FALLBACK_NOTE) - 1)
-    return Summary(text, EXTRACTIVE, fallback=True, error=error[:500])
+    return Summary(text, EXTRACTIVE, fallback=True, error=error[:500], call=made)
 
 
 def extractive_summary(messages: Sequence[ChatMessage], max_chars: int) -> str:

@@ -174,6 +174,15 @@ class EventLog(abc.ABC):
                 return event
         return None
 
+    async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
+        """(version, type) of the session's events of ``types`` below version ``before``, in order.
+
+        For old snapshots that do not say which event each message came from. This default
+        reads the session; the SQLite log answers from its table without decoding an event."""
+        wanted = set(types)
+        events = await self.read_session(session_id)
+        return [(e.version, e.type) for e in events if e.type in wanted and e.version < before]
+
     async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
         """A session's events with version > after_version, with their log positions, in order.
 

@@ -1,8 +1,9 @@
 """How a Kafka partition's owner takes inbox records: each becomes its session's next event
-(a force-finish request: the events that close the session), is recognised as a submission the
-session already holds (skipped: ``engine.log.submissions``), or is refused with a reason (and
-goes to the dead-letter topic); an undecodable record moves the resting session it names to
-ERROR (``kafka_poison.poisoned``)."""
+(a force-finish request: the events that close the session; a user message to a closed session:
+the message and its UserMessageDropped, since its sender may already have been answered 202),
+is recognised as a submission the session already holds (skipped: ``engine.log.submissions``),
+or is refused with a reason (and goes to the dead-letter topic); an undecodable record moves the
+resting session it names to ERROR (``kafka_poison.poisoned``)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,25 @@ from ..errors import (
     SessionClosedError,
     SessionNotFoundError,
 )
-from ..events import ApprovalDecided, BudgetDecided, CancelRequested, Event, SessionClosed
+from ..events import (
+    ApprovalDecided,
+    AuxiliaryModelCall,
+    BudgetDecided,
+    CancelRequested,
+    Event,
+    SessionClosed,
+    SessionForked,
+    UserMessageReceived,
+)
 from ..fold import fold
 from .base import EventLog
 from .kafka_index import PartitionIndex
 from .submissions import DECISIONS, NEW_SESSIONS, SUBMITTABLE, submission_keys
 
 log = structlog.get_logger("turnlog.kafka")
+AFTER_CLOSE = (UserMessageReceived, AuxiliaryModelCall)
+"""Submissions a closed session still takes: a message (dropped at once, its sender told why)
+and a model call's usage (it was made and paid for)."""
 
 
 @dataclass
@@ -71,13 +84,20 @@ def admit(
     if (error := _refusal(part, event, versions, pending)) is not None:
         return Admission(event_id=event.event_id, refused=error)
     sid = event.session_id
+    earlier = [e for e in pending if e.session_id == sid]
     if isinstance(event, SessionClosed):
-        admitted = _close(part, event, [e for e in pending if e.session_id == sid], writer_log)
+        admitted = _close(part, event, earlier, writer_log)
     elif isinstance(event, DECISIONS):
         try:
-            admitted = _decided(part, event, [e for e in pending if e.session_id == sid], writer_log)
+            admitted = _decided(part, event, earlier, writer_log)
         except (ApprovalError, NotAwaitingBudgetError, InputError) as exc:  # decided meanwhile
             return Admission(event_id=event.event_id, refused=exc)
+    elif isinstance(event, UserMessageReceived) and _is_closed(part, sid, versions, pending):
+        admitted = _after_close(part, event, earlier, writer_log)
+    elif isinstance(event, SessionForked) and event.unfinished:
+        from ..admin import forked_with_settlement  # builds on the log package
+
+        admitted = forked_with_settlement(writer_log, event)
     else:
         admitted = [dataclasses.replace(event, version=versions.get(sid, part.version(sid)) + 1)]
     versions[sid] = admitted[-1].version
@@ -106,15 +126,17 @@ def _refusal(
         return ConcurrencyError(sid, 0, current) if current != 0 else None
     if current == 0:
         return SessionNotFoundError(sid)
-    if sid in part.closed or (sid in versions and _closed_in(pending, sid)):
+    if _is_closed(part, sid, versions, pending) and not isinstance(event, AFTER_CLOSE):
         return SessionClosedError(sid, f"closed before this {event.type} was sequenced")
     if isinstance(event, CancelRequested) and part.states[sid].turn is None:
         return NoTurnRunningError(sid, str(part.states[sid].status))
     return None
 
 
-def _closed_in(pending: list[Event], sid: str) -> bool:
-    return any(isinstance(e, SessionClosed) and e.session_id == sid for e in pending)
+def _is_closed(part: PartitionIndex, sid: str, versions: dict[str, int], pending: list[Event]) -> bool:
+    return sid in part.closed or (
+        sid in versions and any(isinstance(e, SessionClosed) and e.session_id == sid for e in pending)
+    )
 
 
 def _close(
@@ -124,12 +146,21 @@ def _close(
     code: turn_records.add_force_finish); its SessionClosed keeps the request's event id."""
     from ..snapshots import SnapshotEncoder  # these build on the log package
     from ..turn_records import add_force_finish
+    from ..usage import find_open_call
     from ..writer import SessionWriter
 
     sid = request.session_id
-    w = SessionWriter(writer_log, fold(sid, [*part.session_after(sid, 0), *earlier]), request.producer)
+    events = [*part.session_after(sid, 0), *earlier]
+    state = fold(sid, events)
+    open_call = find_open_call(events, state)  # recorded with its tokens; unpriced here (no agents)
+    w = SessionWriter(writer_log, state, request.producer)
     add_force_finish(
-        w, request.reason, request.actor, SnapshotEncoder(cache_size=1), event_id=request.event_id
+        w,
+        request.reason,
+        request.actor,
+        SnapshotEncoder(cache_size=1),
+        event_id=request.event_id,
+        open_call=open_call,
     )
     return w.take_pending()
 
@@ -165,3 +196,21 @@ def _decided(
     if decided.decision == "stop":
         add_turn_finished(w, "budget", snapshots.SnapshotEncoder(cache_size=1))
     return w.take_pending()
+
+
+def _after_close(
+    part: PartitionIndex, message: UserMessageReceived, earlier: list[Event], writer_log: EventLog
+) -> list[Event]:
+    """A user message that reached a closed session: its submitter may have been answered
+    already (a process that does not own the partition answers once the inbox has it), so it
+    is taken, and dropped at once with the reason (turn_records.drop_waiting)."""
+    from ..turn_records import drop_waiting  # builds on the log package
+    from ..writer import SessionWriter
+
+    sid = message.session_id
+    state = fold(sid, [*part.session_after(sid, 0), *earlier])
+    received = dataclasses.replace(message, version=state.version + 1)
+    state.apply(received)
+    w = SessionWriter(writer_log, state, message.producer)
+    drop_waiting(w, "closed", f"the session was closed ({state.close_reason}) before this message arrived")
+    return [received, *w.take_pending()]

@@ -183,6 +183,15 @@ class SqliteEventLog(EventLog):
         ).fetchone()
         return None if row is None else _decode(*row)
 
+    async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
+        marks = ",".join("?" * len(types))
+        rows = self._db.execute(
+            f"SELECT version, type FROM events WHERE session_id = ? AND version < ? AND type IN ({marks}) "
+            "ORDER BY version",
+            (session_id, before, *types),
+        ).fetchall()
+        return [(int(v), str(t)) for v, t in rows]
+
     async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
         rows = self._db.execute(
             "SELECT partition, position, value FROM events WHERE session_id = ? AND version > ? "

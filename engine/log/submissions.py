@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..events import (
     ApprovalDecided,
+    AuxiliaryModelCall,
     BudgetDecided,
     CancelRequested,
     Event,
@@ -28,10 +29,18 @@ NEW_SESSIONS = (SessionCreated, SessionForked)
 DECISIONS = (ApprovalDecided, BudgetDecided)
 """A user's decision on a paused turn, checked by its submitter (an edit against the tools) and
 applied by the owner with the events the API writes (engine.log.kafka_inbox)."""
-SUBMITTABLE = (*NEW_SESSIONS, UserMessageReceived, CancelRequested, SessionClosed, *DECISIONS)
+SUBMITTABLE = (
+    *NEW_SESSIONS,
+    UserMessageReceived,
+    CancelRequested,
+    SessionClosed,
+    *DECISIONS,
+    AuxiliaryModelCall,
+)
 """What producers may submit; everything else is written by the session's writer. A submitted
 SessionClosed is a force-finish request: the owner writes the whole close; a decision, the
-decision and what it moves (the resume transition, or the end of a turn stopped on its budget)."""
+decision and what it moves (the resume transition, or the end of a turn stopped on its budget).
+An AuxiliaryModelCall is a consumer's model call (memory extraction) recorded on its session."""
 
 SUBMITTED_TYPES = tuple(cls.type for cls in SUBMITTABLE)
 

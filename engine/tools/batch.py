@@ -10,7 +10,7 @@ Not imported by ``engine.tools`` itself: it needs the writer and the fold, which
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from .. import events as ev
 from ..fold import ToolCallProgress
@@ -35,14 +35,20 @@ class BatchPlan:
 
 
 def plan_batch(
-    calls: tuple[ToolCallProgress, ...], registry: ToolRegistry, history: list[guards.CallRecord]
+    calls: tuple[ToolCallProgress, ...],
+    registry: ToolRegistry,
+    history: list[guards.CallRecord],
+    origin_calls: Sequence[guards.CallRecord] = (),
 ) -> BatchPlan:
     """Decide per call, in the order asked: refuse, stop by the repeated-call guard, wait for
-    approval, or run. Pure over the folded state, so a resumed turn decides the same."""
+    approval, or run. Pure over the folded state, so a resumed turn decides the same.
+    ``origin_calls``: in a fork, what its origin had started answering this turn's message."""
     plan = BatchPlan({}, [])
     seen = list(history)
     for call in calls:
         prepared = precheck(call, registry)
+        if not isinstance(prepared, tool_exec.ToolOutcome):
+            prepared = ran_in_origin(call, prepared, origin_calls) or prepared
         if not isinstance(prepared, tool_exec.ToolOutcome):
             trip = guards.repeated_call(seen, call.tool_name, call.arguments_json)
             if trip is not None:
@@ -109,13 +115,36 @@ def after_batch(w: SessionWriter, tid: str, count: int, trip: guards.Trip | None
         )
 
 
+def ran_in_origin(
+    call: ToolCallProgress, prepared: tuple[Tool, dict[str, Any]], origin_calls: Sequence[guards.CallRecord]
+) -> tool_exec.ToolOutcome | None:
+    """In a fork, a call of a tool that is not idempotent which its origin had already started
+    with near-equal arguments for the same message: not run again (its effect happened there, or
+    may have); the model is told what the origin got."""
+    if prepared[0].idempotent:
+        return None
+    for done in origin_calls:
+        if done.tool_name == call.tool_name and guards.near_equal(done.arguments_json, call.arguments_json):
+            got = done.result[:500] if done.status != "started" else "no result: it was still running"
+            return tool_exec.rejected(
+                f"{call.tool_name} was not run: the session this one was forked from already ran it with "
+                f"these arguments (call {done.call_id}, {done.status}; it got: {got}). A fork never repeats "
+                "a side effect of its origin; answer from that result.",
+                f"ran in the fork's origin as call {done.call_id}",
+            )
+    return None
+
+
 def precheck(call: ToolCallProgress, registry: ToolRegistry) -> Prepared:
     """The tool and arguments of a call that may run now, or the outcome that replaces running it.
 
     ``registry`` is the session role's view: a tool outside it is unknown, whatever the route."""
     t = registry.get(call.tool_name)
-    if t is not None and call.status == "started" and not t.idempotent:
-        return tool_exec.interrupted(call.tool_name)
+    if t is not None and call.status == "started":  # a worker stopped while it ran
+        if not t.resumable:
+            return tool_exec.interrupted(call.tool_name)
+        if call.attempts >= t.max_starts:
+            return tool_exec.abandoned(call.tool_name, call.attempts)
     if t is not None and call.approval == "rejected":
         return tool_exec.declined(call.tool_name, call.approval_note)
     return tool_exec.prepare(registry, call.tool_name, call.arguments_json)

@@ -27,11 +27,15 @@ class ToolStatus(StrEnum):
     REJECTED = "rejected"
     """Never executed: unknown tool or invalid arguments."""
     INTERRUPTED = "interrupted"
-    """Started before a crash, not idempotent, so not run again: outcome unknown."""
+    """Started before a crash; neither idempotent nor given an idempotency key, so not run
+    again: outcome unknown."""
     DECLINED = "declined"
     """The user rejected the call when asked to approve it; never executed."""
     CANCELLED = "cancelled"
     """Never run: its turn was stopped (a user interrupt or cancel) before it started."""
+    ABANDONED = "abandoned"
+    """Started ``Tool.max_starts`` times, and every time its worker stopped before it returned
+    (a tool that kills its process would crash-loop every worker): not started again."""
 
 
 MARKERS = {
@@ -41,7 +45,20 @@ MARKERS = {
     ToolStatus.INTERRUPTED: "[FAILED: INTERRUPTED, OUTCOME UNKNOWN]",
     ToolStatus.DECLINED: "[DECLINED BY USER]",
     ToolStatus.CANCELLED: "[CANCELLED]",
+    ToolStatus.ABANDONED: "[FAILED: ABANDONED AFTER REPEATED CRASHES]",
 }
+ENGINE_OUTCOMES = frozenset(
+    {
+        ToolStatus.REJECTED,
+        ToolStatus.INTERRUPTED,
+        ToolStatus.DECLINED,
+        ToolStatus.CANCELLED,
+        ToolStatus.ABANDONED,
+        ToolStatus.TIMEOUT,
+    }
+)
+"""Statuses whose text the engine wrote, not the tool: they say nothing about what the tool
+would return (the loop guards never count two of them as the same result)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +90,17 @@ def interrupted(t_name: str) -> ToolOutcome:
         "not safe to repeat; it may or may not have taken effect. Tell the user, or check before retrying.",
         attempts=0,
         error="interrupted by worker restart",
+    )
+
+
+def abandoned(t_name: str, starts: int) -> ToolOutcome:
+    return ToolOutcome(
+        ToolStatus.ABANDONED,
+        f"{MARKERS[ToolStatus.ABANDONED]} {t_name} was started {starts} times and each time the worker "
+        "running it stopped before it returned, so it is not started again. It may or may not have "
+        "taken effect. Tell the user it could not be completed.",
+        attempts=0,
+        error=f"abandoned after {starts} starts without a result",
     )
 
 

@@ -6,7 +6,10 @@
    run: it is answered as rejected by the guard.
 3. ``unchanged_result``: a tool's result did not change from one tool step to the next, twice in
    a row (three consecutive steps that call the tool and get the same result). Equal results of
-   calls in the *same* step do not count: parallel calls are independent, not a loop.
+   calls in the *same* step do not count: parallel calls are independent, not a loop. Nor do
+   outcomes the engine wrote instead of a result (interrupted by a crash, timed out, refused,
+   declined, cancelled, abandoned): their text names only the tool, so three different calls
+   would read alike; each counts as a result of its own call.
 
 Near-equal arguments: equal after ``canonical_arguments``: JSON parsed, object keys sorted,
 strings stripped, inner whitespace runs collapsed to one space and case-folded, numbers compared
@@ -23,6 +26,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Sequence
+
+from .execute import ENGINE_OUTCOMES
 
 REPEAT_LIMIT = 3
 """Calls of one tool with near-equal arguments in a row that trip ``repeated_call``."""
@@ -117,7 +122,7 @@ def unchanged_result(history: Sequence[CallRecord]) -> Trip | None:
         per_step: dict[int, list[str]] = {}
         for r in history:
             if r.tool_name == name:
-                per_step.setdefault(r.iteration, []).append(r.result)
+                per_step.setdefault(r.iteration, []).append(_compared(r))
         steps = [last_step - k for k in range(UNCHANGED_LIMIT + 1)]
         if not all(s in per_step for s in steps):
             continue
@@ -130,6 +135,14 @@ def unchanged_result(history: Sequence[CallRecord]) -> Trip | None:
                 name,
             )
     return None
+
+
+def _compared(record: CallRecord) -> str:
+    """What ``unchanged_result`` compares: the result, or for an outcome the engine wrote (no
+    result from the tool) the call itself, so distinct calls never count as one result."""
+    if record.status in ENGINE_OUTCOMES:
+        return f"{record.status}:{record.call_id}"
+    return record.result
 
 
 def superseded(history: Sequence[CallRecord], latest: CallRecord) -> list[str]:

@@ -1,17 +1,26 @@
 """The tool-call ledger (DESIGN.md "crash recovery"; issue 3 item 4).
 
 Before a tool runs, its intent is on the log: ``ToolCallRequested`` holds the call id and the
-arguments, and ``ToolCallStarted`` (committed right before the call, one per attempt) holds the
-call's idempotency key. After a crash the successor folds the log: a call started without a
-result is run again if its tool is idempotent, else finished as "interrupted, outcome unknown"
-and never run again (``engine.turn`` recovery, ``execute.interrupted``).
+arguments, and ``ToolCallStarted`` (committed right before the call, one per start) holds the
+call's idempotency key. After a crash the successor folds the log and decides per call started
+without a result (``batch.precheck``):
+
+* the tool is idempotent, or takes the key: it is run again, with the same key;
+* otherwise it is finished as "interrupted, outcome unknown" and never run again
+  (``execute.interrupted``): at most once;
+* a call already started ``Tool.max_starts`` times (5 by default) is finished as abandoned
+  (``execute.abandoned``) instead of being started again: a tool that kills its worker would
+  otherwise crash-loop every worker that takes the session over.
 
 The key is derived from the call's place in the log (session, turn, call id), so every attempt
 of one call, in any process, before or after a crash, gets the same key, and two calls never
 share one. A tool receives it by declaring a parameter named ``idempotency_key: str``: the
-engine fills it, and the model never sees it (it is not in the tool's schema). Pass it to the
-external system (an ``Idempotency-Key`` header, a unique request id) so that a retry the
-engine makes is recognised there as the same request.
+engine fills it, and the model never sees it (it is not in the tool's schema). Declaring it is
+a promise: the tool passes the key to the external system (an ``Idempotency-Key`` header, a
+unique request id, a unique index) and that system applies a request with a key it has seen
+once only. The engine relies on it: a keyed call a crash interrupted is run again, and its
+effect lands exactly once. A tool whose backend cannot deduplicate must not take the key (it
+is then at most once, and a crash mid-call leaves its outcome unknown).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ Handler = Callable[..., Any | Awaitable[Any]]
 Formatter = Callable[[Any], str]
 
 DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_STARTS = 5
+"""Times one call may be started (by successive workers after crashes) before it is abandoned."""
 DEFAULT_MAX_RESULT_CHARS = 4000
 """Longest result text the model reads; longer ones are cut with a note (the log keeps it all)."""
 
@@ -66,12 +68,20 @@ class Tool:
     """Extra attempts after a timeout or crash; None means one for idempotent tools, else none."""
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
     takes_idempotency_key: bool = False
-    """The handler takes ``idempotency_key=``: the engine passes the call's key (engine.tools.ledger)."""
+    """The handler takes ``idempotency_key=``: the engine passes the call's key (engine.tools.ledger).
+    That tells the engine the system behind the tool recognises a repeat of the key, so a call
+    a crash interrupted is run again with the same key (exactly-once effect), never reported
+    "outcome unknown"."""
+    max_starts: int = DEFAULT_MAX_STARTS
+    """Starts of one call (each ``ToolCallStarted``: the first, and one per worker that resumed
+    it after a crash) before a call that is re-run after crashes is finished as abandoned."""
     validator: jsonschema.protocols.Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "roles", frozenset(self.roles))
         object.__setattr__(self, "sensitivity", Sensitivity(self.sensitivity))
+        if self.max_starts < 1:
+            raise ConfigurationError(f"tool {self.name}: max_starts must be >= 1")
         if self.retries is not None and self.retries < 0:
             raise ConfigurationError(f"tool {self.name}: retries must be >= 0")
         if self.max_result_chars < 500:
@@ -94,6 +104,12 @@ class Tool:
             raise ConfigurationError(f"tool {self.name}: parameters must be an object schema")
         object.__setattr__(self, "validator", cls(schema, format_checker=cls.FORMAT_CHECKER))
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
+
+    @property
+    def resumable(self) -> bool:
+        """A call a crash interrupted may run again: the tool is idempotent, or the system behind
+        it deduplicates by the call's idempotency key."""
+        return self.idempotent or self.takes_idempotency_key
 
     @property
     def max_attempts(self) -> int:
@@ -120,6 +136,7 @@ def tool(
     requires_approval: bool = False,
     retries: int | None = None,
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+    max_starts: int = DEFAULT_MAX_STARTS,
 ) -> Any:
     """Make a Tool from a typed function; usable as ``@tool`` or ``@tool(idempotent=True)``."""
 
@@ -144,6 +161,7 @@ def tool(
             requires_approval=requires_approval,
             retries=retries,
             max_result_chars=max_result_chars,
+            max_starts=max_starts,
             takes_idempotency_key=KEY_PARAMETER in inspect.signature(func).parameters,
         )
 
