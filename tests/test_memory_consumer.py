@@ -259,8 +259,14 @@ async def test_a_task_is_read_from_its_user_message_not_from_the_start(
         ]  # fmt: skip
         await log.append(second, expected_version=5)
         extractor = ScriptedModel([FACTS, FACTS])
-        assert await MemoryConsumer(log, memories, extractor).catch_up() == 9
-        assert log.reads == [("s1", 1), ("s1", 5)]  # from each turn's user message (versions 2 and 6)
+        # the 9 events written, then the 2 extraction calls the consumer recorded on the same log
+        assert await MemoryConsumer(log, memories, extractor).catch_up() == 11
+        recorded = [e for e in await log.read_session("s1", 9) if isinstance(e, ev.AuxiliaryModelCall)]
+        assert [(e.purpose, e.turn_id) for e in recorded] == [
+            ("memory_extraction", "turn-s1"),
+            ("memory_extraction", "t2"),
+        ]
+        assert log.reads[:2] == [("s1", 1), ("s1", 5)]  # from each turn's user message (versions 2 and 6)
         assert extractor.requests[1].messages[1].content == "User: Use SF Express now.\nAssistant: SF it is."
     finally:
         await log.close()
