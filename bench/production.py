@@ -342,9 +342,12 @@ async def create_sessions(client: httpx.AsyncClient, count: int) -> list[str]:
 
 async def post(client: httpx.AsyncClient, sid: str, message_id: str) -> None:
     for _ in range(200):  # on Kafka a just-created session is sequenced by its owner first
-        response = await client.post(
-            f"/v1/sessions/{sid}/messages", json={"text": "Where is order A-1?", "message_id": message_id}
-        )
+        try:
+            response = await client.post(
+                f"/v1/sessions/{sid}/messages", json={"text": "Where is order A-1?", "message_id": message_id}
+            )
+        except httpx.TransportError:  # a kept-alive connection the gateway closed as it was reused:
+            continue  # the message id makes the retry safe
         if response.status_code != 404:
             response.raise_for_status()
             return
@@ -376,7 +379,8 @@ async def drive(case: Case, port: int, sessions: int, turns: int, latency: float
     watcher, sampler = LogWatcher(case), ProjectionSampler(case)
     key = (case.home / "key.txt").read_text().strip()
     headers = {"Authorization": f"Bearer {key}"}
-    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
+    # idle connections expire before the gateway's keep-alive (5 s) closes them under a request
+    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions, keepalive_expiry=2.0)
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=120, limits=limits
     ) as client:
@@ -489,9 +493,10 @@ def _ms(p: dict[str, float]) -> str:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="turnlog-bench-") as tmp, process(
-        "model-server", "--port", str(port), "--latency", str(args.latency), name="model"
-    ) as model:
+    with (
+        tempfile.TemporaryDirectory(prefix="turnlog-bench-") as tmp,
+        process("model-server", "--port", str(port), "--latency", str(args.latency), name="model") as model,
+    ):
         await wait_accepting(port, model, "the model server")
         for case in cases(args.cases.split(","), Path(tmp)):
             results[case.name] = await run_case(case, f"http://127.0.0.1:{port}/v1", args)
