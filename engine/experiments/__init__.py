@@ -8,8 +8,8 @@ One module per concept: ``namespace`` (experiment ids and session ids on the log
 
 from .compare import ExperimentReport, SessionDiff, TurnDiff, compare_session, summarize
 from .namespace import EXPERIMENT_PREFIX, is_experiment_session
-from .recording import Recording, RecordedCall, RecordedTurn, load_recording
-from .runner import ExperimentRunner, ExperimentSpec, load_spec, list_experiments
+from .recording import RecordedCall, RecordedTurn, Recording, load_recording
+from .runner import ExperimentRunner, ExperimentSpec, list_experiments, load_spec
 from .selection import Selection, select_sessions
 from .tool_server import UNMATCHED_ERROR, RecordedTools
 

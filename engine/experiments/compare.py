@@ -91,7 +91,10 @@ def compare_session(
 ) -> SessionDiff:
     """``planned`` (the recorded turns the replay was to replay) against the replay's turns."""
     done = replay.turns if replay is not None else []
-    turns = [_turn(i, turn, done[i] if i < len(done) and done[i].finished else None) for i, turn in enumerate(planned)]
+    turns = [
+        _turn(i, turn, done[i] if i < len(done) and done[i].finished else None)
+        for i, turn in enumerate(planned)
+    ]
     return SessionDiff(
         original.session_id,
         replay.session_id if replay is not None else "",
@@ -201,6 +204,8 @@ def summarize(sessions: list[SessionDiff]) -> dict[str, Any]:
         "calls_unmatched": sum(len(t.unmatched) for t in replayed),
         "answers_differ": sum(1 for t in replayed if t.answer_differs),
         "outcomes_differ": sum(1 for t in replayed if t.outcome_differs),
-        "mean_similarity": round(sum(t.similarity for t in replayed) / len(replayed), 4) if replayed else None,
+        "mean_similarity": round(sum(t.similarity for t in replayed) / len(replayed), 4)
+        if replayed
+        else None,
         **deltas,
     }

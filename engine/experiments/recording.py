@@ -127,34 +127,8 @@ def recording_of(session_id: str, events: list[ev.Event]) -> Recording:
             status = e.to_state
             if turn is not None and e.to_state == SessionStatus.ERROR:
                 turn.errors.append(f"{e.cause}: {e.detail}")
-        elif turn is None:
-            continue
-        elif isinstance(e, ev.ToolCallRequested):
-            call = RecordedCall(e.call_id, e.tool_name, e.arguments_json)
-            calls[(turn.turn_id, e.call_id)] = call
-            turn.calls.append(call)
-        elif isinstance(e, ev.ApprovalDecided) and (found := calls.get((turn.turn_id, e.call_id))):
-            found.arguments_json = e.arguments_json or found.arguments_json
-        elif isinstance(e, ev.ToolCallFinished) and (found := calls.get((turn.turn_id, e.call_id))):
-            found.status, found.content, found.output_json, found.error = (
-                e.status,
-                e.content,
-                e.output_json,
-                e.error,
-            )
-        elif isinstance(e, ev.AssistantMessage) and e.text.strip():
-            turn.answer = e.text
-        elif isinstance(e, ev.ModelCallFinished):
-            turn.model_calls += 1
-            turn.model_latency_ms += e.latency_ms
-            if e.status not in ("ok", "cancelled") and e.error:
-                turn.errors.append(f"model {e.status}: {e.error}")
-        elif isinstance(e, ev.LoopGuardTriggered):
-            turn.guards.append(e.guard)
-        elif isinstance(e, ev.TurnFinished):
-            turn.reason = e.reason
-            turn.input_tokens, turn.output_tokens = e.input_tokens, e.output_tokens
-            turn.cost_micros, turn.finished_ms = e.cost_micros, e.time_ms
+        elif turn is not None:
+            _apply(turn, calls, e)
     return Recording(
         session_id,
         agent_id,
@@ -166,6 +140,36 @@ def recording_of(session_id: str, events: list[ev.Event]) -> Recording:
         status,
         role,
     )
+
+
+def _apply(turn: RecordedTurn, calls: dict[tuple[str, str], RecordedCall], e: ev.Event) -> None:
+    """One event of a running turn."""
+    if isinstance(e, ev.ToolCallRequested):
+        call = RecordedCall(e.call_id, e.tool_name, e.arguments_json)
+        calls[(turn.turn_id, e.call_id)] = call
+        turn.calls.append(call)
+    elif isinstance(e, ev.ApprovalDecided) and (found := calls.get((turn.turn_id, e.call_id))):
+        found.arguments_json = e.arguments_json or found.arguments_json
+    elif isinstance(e, ev.ToolCallFinished) and (found := calls.get((turn.turn_id, e.call_id))):
+        found.status, found.content, found.output_json, found.error = (
+            e.status,
+            e.content,
+            e.output_json,
+            e.error,
+        )
+    elif isinstance(e, ev.AssistantMessage) and e.text.strip():
+        turn.answer = e.text
+    elif isinstance(e, ev.ModelCallFinished):
+        turn.model_calls += 1
+        turn.model_latency_ms += e.latency_ms
+        if e.status not in ("ok", "cancelled") and e.error:
+            turn.errors.append(f"model {e.status}: {e.error}")
+    elif isinstance(e, ev.LoopGuardTriggered):
+        turn.guards.append(e.guard)
+    elif isinstance(e, ev.TurnFinished):
+        turn.reason = e.reason
+        turn.input_tokens, turn.output_tokens = e.input_tokens, e.output_tokens
+        turn.cost_micros, turn.finished_ms = e.cost_micros, e.time_ms
 
 
 def _json_object(text: str) -> dict[str, Any]:

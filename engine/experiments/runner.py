@@ -185,7 +185,9 @@ class ExperimentRunner:
                 skipped = await self._replay(api, spec, origin)
             done += 1
             if self.on_progress is not None:
-                self.on_progress(Progress(done, len(spec.sessions), origin, replay_id(spec.experiment_id, origin), skipped))
+                self.on_progress(
+                    Progress(done, len(spec.sessions), origin, replay_id(spec.experiment_id, origin), skipped)
+                )
 
         await asyncio.gather(*(one(origin) for origin in spec.sessions))
         return await self.report(spec)
@@ -260,7 +262,12 @@ class ExperimentRunner:
         if fork_at:
             model = api.agents.get(agent_id).model.name
             forked = await SessionAdmin(self.log, producer=self.producer).fork(
-                recording.session_id, fork_at, new_session_id=rid, agent_id=agent_id, model=model, unfinished="rest"
+                recording.session_id,
+                fork_at,
+                new_session_id=rid,
+                agent_id=agent_id,
+                model=model,
+                unfinished="rest",
             )
             await api.on_log(forked, "the replay")
             return

@@ -69,7 +69,9 @@ class RecordedTools:
         for every idempotent tool. A tool that is not idempotent never runs live."""
 
     def may_run_live(self, t: Tool) -> bool:
-        return t.idempotent and (self.live is True or (not isinstance(self.live, bool) and t.name in self.live))
+        return t.idempotent and (
+            self.live is True or (not isinstance(self.live, bool) and t.name in self.live)
+        )
 
     def wrap(self, agent: Agent) -> Agent:
         return dataclasses.replace(agent, tools=ToolRegistry(self.wrap_tool(t) for t in agent.tools))
