@@ -212,8 +212,12 @@ class Gateway:
         """Run ``work`` in this process until it ends or the gateway stops (an experiment)."""
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.append(task)
-        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+        task.add_done_callback(self._forget)
         return task
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
 
     async def stop(self) -> None:
         self._stop.set()

@@ -19,7 +19,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,10 +36,11 @@ from engine.experiments import (
     list_experiments,
     load_spec,
 )
+from engine.experiments.compare import ExperimentReport
 from engine.experiments.namespace import replay_id
 from engine.experiments.report import report_json
 from engine.experiments.runner import Progress
-from engine.log.base import EventLog
+from engine.log.base import EventLog, LogRecord
 from examples.logistics import TASK, LogisticsBackend, build_agent
 from projections import SqliteProjectionStore, queries
 from projections.analytics import AnalyticsStore
@@ -67,14 +70,14 @@ async def record(log: EventLog, n: int = SESSIONS) -> dict[str, list[str]]:
     return asked
 
 
-async def experiment(log: EventLog, target: str, **options: object) -> tuple[ExperimentRunner, object]:
+async def experiment(log: EventLog, target: str, **options: Any) -> tuple[ExperimentRunner, ExperimentReport]:
     runner = ExperimentRunner(log, getattr(candidates, target)())
-    spec = await runner.define(Selection(), candidate=f"tests.agentpkg.experiments:{target}", **options)  # type: ignore[arg-type]
+    spec = await runner.define(Selection(), candidate=f"tests.agentpkg.experiments:{target}", **options)
     return runner, await runner.run(spec)
 
 
 @pytest.fixture
-async def sqlite_log(tmp_path: Path):  # type: ignore[no-untyped-def]
+async def sqlite_log(tmp_path: Path) -> AsyncIterator[SqliteEventLog]:
     log = SqliteEventLog(tmp_path / "log.db", partitions=4)
     try:
         yield log
@@ -85,7 +88,7 @@ async def sqlite_log(tmp_path: Path):  # type: ignore[no-untyped-def]
 async def test_same_agent_reports_zero_divergences(sqlite_log: SqliteEventLog, tmp_path: Path) -> None:
     asked = await record(sqlite_log)
     runner, report = await experiment(sqlite_log, "same", concurrency=6)
-    summary = report.summary()  # type: ignore[attr-defined]
+    summary = report.summary()
     assert summary["sessions"] == SESSIONS and summary["sessions_complete"] == SESSIONS
     assert summary["turns_replayed"] == sum(len(t) for t in asked.values())
     assert summary["sessions_divergent"] == summary["turns_divergent"] == 0
@@ -93,14 +96,14 @@ async def test_same_agent_reports_zero_divergences(sqlite_log: SqliteEventLog, t
     assert summary["input_tokens"]["delta"] == summary["output_tokens"]["delta"] == 0
     # every replay is a session of its own in the experiment namespace, with the recorded messages
     for origin, texts in asked.items():
-        rid = replay_id(report.experiment_id, origin)  # type: ignore[attr-defined]
+        rid = replay_id(report.experiment_id, origin)
         events = await sqlite_log.read_session(rid)
         assert is_experiment_session(rid)
         assert [e.text for e in events if isinstance(e, ev.UserMessageReceived)] == texts
         assert [e.reason for e in events if isinstance(e, ev.TurnFinished)] == ["answered"] * len(texts)
     # listed by the log, with its definition; its replays kept out of production reads
     listed = await list_experiments(sqlite_log)
-    assert [s.experiment_id for s in listed] == [report.experiment_id]  # type: ignore[attr-defined]
+    assert [s.experiment_id for s in listed] == [report.experiment_id]
     assert sorted(listed[0].sessions) == sorted(asked)
     store = SqliteProjectionStore(tmp_path / "projections.db")
     try:
@@ -108,7 +111,7 @@ async def test_same_agent_reports_zero_divergences(sqlite_log: SqliteEventLog, t
         assert {r["session_id"] for r in store.sessions(1000)} == set(asked)
         assert {r["session_id"] for r in queries.list_sessions(store, limit=1000)} == set(asked)
         assert sum(queries.state_counts(store).values()) == SESSIONS
-        replay = replay_id(report.experiment_id, next(iter(asked)))  # type: ignore[attr-defined]
+        replay = replay_id(report.experiment_id, next(iter(asked)))
         assert store.session(replay) is not None and store.rows_of("messages", replay)  # inspectable
         analytics = AnalyticsStore(store)
         await analytics.apply_async(await _all_records(sqlite_log))
@@ -116,11 +119,11 @@ async def test_same_agent_reports_zero_divergences(sqlite_log: SqliteEventLog, t
     finally:
         store.close()
     # the report is made again from the log alone, identical
-    again = await ExperimentRunner(sqlite_log).report(await load_spec(sqlite_log, report.experiment_id))  # type: ignore[attr-defined]
-    assert report_json(again) == report_json(report)  # type: ignore[arg-type]
+    again = await ExperimentRunner(sqlite_log).report(await load_spec(sqlite_log, report.experiment_id))
+    assert report_json(again) == report_json(report)
 
 
-async def _all_records(log: EventLog) -> list:  # type: ignore[type-arg]
+async def _all_records(log: EventLog) -> list[LogRecord]:
     records = []
     for p in range(log.partitions):
         records += await log.read_partition(p, 0, 100_000)
@@ -131,10 +134,10 @@ async def test_a_model_that_skips_a_notice_changes_exactly_the_task_turns(sqlite
     asked = await record(sqlite_log)
     _, report = await experiment(sqlite_log, "skips_notice")
     expected = {(sid, i) for sid, texts in asked.items() for i, text in enumerate(texts) if text == TASK}
-    found = {(s.origin_session_id, t.index) for s in report.sessions for t in s.divergent_turns}  # type: ignore[attr-defined]
+    found = {(s.origin_session_id, t.index) for s in report.sessions for t in s.divergent_turns}
     assert found == expected
-    assert {s.origin_session_id for s in report.divergent_sessions} == {sid for sid, _ in expected}  # type: ignore[attr-defined]
-    for s in report.sessions:  # type: ignore[attr-defined]
+    assert {s.origin_session_id for s in report.divergent_sessions} == {sid for sid, _ in expected}
+    for s in report.sessions:
         for t in s.divergent_turns:
             assert [name for name, _ in t.missing] == ["send_notification"]
             assert t.added == []
@@ -143,7 +146,7 @@ async def test_a_model_that_skips_a_notice_changes_exactly_the_task_turns(sqlite
             assert t.answer_original.startswith("Last week had") and t.answer_replay != t.answer_original
             assert 0 < t.similarity < 1
             assert t.outcome_original == t.outcome_replay == "answered"
-    summary = report.summary()  # type: ignore[attr-defined]
+    summary = report.summary()
     assert summary["turns_divergent"] == len(expected)
     assert summary["calls_missing"] == summary["calls_changed"] == summary["calls_unmatched"] == len(expected)
     assert (
@@ -159,7 +162,7 @@ async def test_a_write_tool_with_other_arguments_is_never_run_and_is_reported(
     asked = await record(sqlite_log, 4)
     _, report = await experiment(sqlite_log, "other_message")
     assert candidates.BACKEND.outbox == []  # no notice was sent by the experiment
-    task_turns = [t for s in report.sessions for t in s.turns if t.user_text == TASK]  # type: ignore[attr-defined]
+    task_turns = [t for s in report.sessions for t in s.turns if t.user_text == TASK]
     assert len(task_turns) == sum(texts.count(TASK) for texts in asked.values())
     for t in task_turns:
         changed = [(name, json.loads(old), json.loads(new)) for name, old, new in t.changed]
@@ -168,12 +171,12 @@ async def test_a_write_tool_with_other_arguments_is_never_run_and_is_reported(
         assert all(new["message"].startswith("Apologies") for _, _, new in notices)
         assert [n for n, _ in t.unmatched].count("send_notification") == len(notices)
         assert t.divergent
-    for s in report.sessions:  # type: ignore[attr-defined]
+    for s in report.sessions:
         for e in await sqlite_log.read_session(s.replay_session_id):
             if isinstance(e, ev.ToolCallFinished) and e.tool_name == "send_notification":
                 assert e.status == "failed" and (e.error or "").startswith(UNMATCHED_ERROR)
                 assert UNMATCHED_ERROR in e.content  # the model reads the marker
-    rendered = report_json(report)  # type: ignore[arg-type]
+    rendered = report_json(report)
     first = next(s for s in rendered["sessions"] if s["turn_diffs"])
     assert first["turn_diffs"][0]["tool_calls"]["unmatched"][0]["tool"] == "send_notification"
 
@@ -298,12 +301,12 @@ async def test_replay_on_kafka_with_postgres_projections() -> None:
         asked = await record(log, 8)
         _, report = await experiment(log, "skips_notice", concurrency=4)
         expected = {(sid, i) for sid, texts in asked.items() for i, text in enumerate(texts) if text == TASK}
-        found = {(s.origin_session_id, t.index) for s in report.sessions for t in s.divergent_turns}  # type: ignore[attr-defined]
+        found = {(s.origin_session_id, t.index) for s in report.sessions for t in s.divergent_turns}
         assert found == expected
-        assert report.summary()["sessions_complete"] == 8  # type: ignore[attr-defined]
+        assert report.summary()["sessions_complete"] == 8
         with postgres_store(dsn) as store:
             await Projector(log, store).catch_up()
             assert {r["session_id"] for r in queries.list_sessions(store, limit=1000)} == set(asked)
             assert {r["session_id"] for r in store.costliest_sessions(1000)} == set(asked)
-            replay = replay_id(report.experiment_id, next(iter(asked)))  # type: ignore[attr-defined]
+            replay = replay_id(report.experiment_id, next(iter(asked)))
             assert store.session(replay) is not None  # inspectable in the viewer
