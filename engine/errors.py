@@ -179,9 +179,7 @@ class ExperimentNotFoundError(InputError):
     """No experiment with this id on the log (``turnlog experiment list`` names them)."""
 
     def __init__(self, experiment_id: str) -> None:
-        super().__init__(
-            f"no experiment {experiment_id!r} on this log; list the experiments with `turnlog experiment list`"
-        )
+        super().__init__(f"no experiment {experiment_id!r} on this log; `turnlog experiment list` lists them")
         self.experiment_id = experiment_id
 
 

@@ -175,6 +175,11 @@ class ExperimentRunner:
     async def run(self, spec: ExperimentSpec) -> ExperimentReport:
         """Replay every session of ``spec`` not replayed yet (``spec.concurrency`` at once), then
         report. Running it again (``resume``) repeats nothing that finished."""
+        await self.replay(spec)
+        return await self.report(spec)
+
+    async def replay(self, spec: ExperimentSpec) -> None:
+        """``run`` without the report."""
         api = AgentSessions(self.log, self._replay_agents(spec), producer=self.producer)
         gate = asyncio.Semaphore(spec.concurrency)
         done = 0
@@ -190,7 +195,6 @@ class ExperimentRunner:
                 )
 
         await asyncio.gather(*(one(origin) for origin in spec.sessions))
-        return await self.report(spec)
 
     async def resume(self, experiment_id: str) -> ExperimentReport:
         return await self.run(await load_spec(self.log, experiment_id))

@@ -99,8 +99,10 @@ def _decide(today: dt.date, request: ModelRequest) -> ModelResponse:
 
 def _listing(orders: list[tuple[str, str, str]]) -> str:
     listed = ", ".join(f"{oid} (customer {cust}) {status.replace('_', ' ')}" for oid, cust, status in orders)
-    return f"Last week had {len(orders)} orders with logistics anomalies: {listed}." if orders else (
-        "Last week had no orders with logistics anomalies."
+    return (
+        f"Last week had {len(orders)} orders with logistics anomalies: {listed}."
+        if orders
+        else ("Last week had no orders with logistics anomalies.")
     )
 
 
