@@ -288,6 +288,17 @@ async def test_an_experiment_killed_midway_resumes_without_repeating_finished_se
     )
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["summary"]["sessions_complete"] == SESSIONS
+    for args, expected in ((["report", spec.experiment_id], "sessions divergent"), (["list"], "hangs")):
+        table = subprocess.run(
+            [sys.executable, "-m", "turnlog", "experiment", *args, "--home", str(home)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+            cwd=REPO,
+            timeout=120,
+        )
+        assert table.returncode == 0, table.stderr
+        assert spec.experiment_id in table.stdout and expected in table.stdout  # the terminal tables
 
 
 def _done(events: list[ev.Event], texts: list[str]) -> bool:
@@ -310,3 +321,22 @@ async def test_replay_on_kafka_with_postgres_projections() -> None:
             assert {r["session_id"] for r in store.costliest_sessions(1000)} == set(asked)
             replay = replay_id(report.experiment_id, next(iter(asked)))
             assert store.session(replay) is not None  # inspectable in the viewer
+
+
+async def test_turn_workers_leave_experiment_sessions_to_their_runner(
+    sqlite_log: SqliteEventLog,
+) -> None:
+    """A message waiting in a replay (its runner died before it ran the turn) is not run by a turn
+    worker, which has the real tools; a production session's message is."""
+    from consumers import TurnWorker
+
+    api = AgentSessions(sqlite_log, candidates.same(), producer="test")
+    replay = await api.create_session("logistics-assistant", "u", session_id="exp-0123456789ab-00")
+    production = await api.create_session("logistics-assistant", "u")
+    for sid in (replay.session_id, production.session_id):
+        await api.post_user_message(sid, LOOKUP)
+    await TurnWorker(sqlite_log, candidates.same()).poll_once()
+    waiting = await api.get_state(replay.session_id)
+    assert len(waiting.inbox) == 1 and waiting.turns_finished == 0
+    assert (await api.get_state(production.session_id)).turns_finished == 1
+    assert candidates.BACKEND.outbox == []  # a lookup sends nothing either way
