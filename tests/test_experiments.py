@@ -340,3 +340,33 @@ async def test_turn_workers_leave_experiment_sessions_to_their_runner(
     assert len(waiting.inbox) == 1 and waiting.turns_finished == 0
     assert (await api.get_state(production.session_id)).turns_finished == 1
     assert candidates.BACKEND.outbox == []  # a lookup sends nothing either way
+
+
+async def test_selection_by_user_agent_time_ids_and_a_seeded_sample(sqlite_log: SqliteEventLog) -> None:
+    from engine.errors import InputError
+    from engine.experiments import select_sessions
+
+    asked = list(await record(sqlite_log, 8))
+    heads = {sid: (await sqlite_log.read_session(sid))[0] for sid in asked}
+    assert await select_sessions(sqlite_log, Selection()) == asked  # oldest first
+    by_user = await select_sessions(sqlite_log, Selection(user_id="user-1"))
+    assert by_user == [sid for sid in asked if heads[sid].user_id == "user-1"] and by_user
+    assert await select_sessions(sqlite_log, Selection(agent_id="logistics-assistant")) == asked
+    middle = heads[asked[4]].time_ms
+    assert await select_sessions(sqlite_log, Selection(since_ms=middle)) == [
+        sid for sid in asked if heads[sid].time_ms >= middle
+    ]
+    assert await select_sessions(sqlite_log, Selection(session_ids=(asked[2], asked[0]))) == [
+        asked[0],
+        asked[2],
+    ]
+    sample = await select_sessions(sqlite_log, Selection(sample=3, seed=7))
+    assert len(sample) == 3 and set(sample) < set(asked)
+    assert await select_sessions(sqlite_log, Selection(sample=3, seed=7)) == sample  # the seed decides
+    with pytest.raises(InputError, match="no recorded session matches"):
+        await select_sessions(sqlite_log, Selection(until_ms=heads[asked[0]].time_ms))
+    _, report = await experiment(sqlite_log, "same", experiment_id="0123456789ab")
+    replay = report.sessions[0].replay_session_id
+    with pytest.raises(InputError, match="an experiment's own session"):
+        await select_sessions(sqlite_log, Selection(session_ids=(replay,)))
+    assert await select_sessions(sqlite_log, Selection()) == asked  # replays are never selected
