@@ -370,3 +370,23 @@ async def test_selection_by_user_agent_time_ids_and_a_seeded_sample(sqlite_log: 
     with pytest.raises(InputError, match="an experiment's own session"):
         await select_sessions(sqlite_log, Selection(session_ids=(replay,)))
     assert await select_sessions(sqlite_log, Selection()) == asked  # replays are never selected
+
+
+async def test_a_replay_from_the_snapshot_at_the_end_of_the_first_turn(sqlite_log: SqliteEventLog) -> None:
+    """from_turn=1: each replay is a fork of its origin at the snapshot taken when turn 1 ended,
+    and only the later turns are replayed (and compared)."""
+    asked = await record(sqlite_log, 4)
+    _, report = await experiment(sqlite_log, "skips_notice", from_turn=1)
+    assert {s.origin_session_id for s in report.divergent_sessions} == {
+        sid for sid, texts in asked.items() if texts == [LOOKUP, TASK]
+    }
+    for s in report.sessions:
+        texts = asked[s.origin_session_id]
+        assert [t.user_text for t in s.turns] == texts[1:]
+        events = await sqlite_log.read_session(s.replay_session_id)
+        forked = events[0]
+        assert isinstance(forked, ev.SessionForked) and forked.origin_session_id == s.origin_session_id
+        origin = await sqlite_log.read_session(s.origin_session_id)
+        first_end = next(e.version for e in origin if isinstance(e, ev.TurnFinished))
+        assert forked.origin_version == first_end + 1  # the turn-end snapshot, in the same commit
+        assert [e.text for e in events if isinstance(e, ev.UserMessageReceived)] == texts[1:]
