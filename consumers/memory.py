@@ -47,6 +47,7 @@ from engine.events import (
     TurnFinished,
     UserMessageReceived,
 )
+from engine.experiments.namespace import is_experiment_session
 from engine.fold import fold
 from engine.log.base import EventLog, LogRecord
 from engine.memory.base import MemoryStore, MemoryTag
@@ -168,7 +169,11 @@ class MemoryConsumer:
             _remember(self._agents, event.session_id, event.agent_id)
         elif isinstance(event, UserMessageReceived):
             _remember(self._messages, (event.session_id, event.message_id), (event.version, event.user_id))
-        if not isinstance(event, (MemoryNoted, TurnFinished)) or not await self._serves(event.session_id):
+        if (
+            not isinstance(event, (MemoryNoted, TurnFinished))
+            or is_experiment_session(event.session_id)  # a replay never writes a user's memories
+            or not await self._serves(event.session_id)
+        ):
             return
         try:
             if isinstance(event, MemoryNoted):

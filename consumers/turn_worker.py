@@ -19,6 +19,7 @@ import structlog
 
 from engine import events as ev
 from engine.agent import AgentDirectory
+from engine.experiments.namespace import is_experiment_session
 from engine.log.base import EventLog, LogRecord
 from engine.stream import StreamItem
 from engine.turn import TurnRunner
@@ -75,6 +76,8 @@ class TurnWorker:
         event = record.event
         if isinstance(event, ev.CancelRequested):
             self.runner.interrupt(event.session_id, event.version)
+        if is_experiment_session(event.session_id):
+            return False  # replays run only in their experiment runner (tools answer from the recording)
         return resumes(record)
 
     async def handle(self, record: LogRecord) -> None:

@@ -175,6 +175,14 @@ class InputError(TurnlogError):
     """A caller's input cannot be accepted as it is."""
 
 
+class ExperimentNotFoundError(InputError):
+    """No experiment with this id on the log (``turnlog experiment list`` names them)."""
+
+    def __init__(self, experiment_id: str) -> None:
+        super().__init__(f"no experiment {experiment_id!r} on this log; `turnlog experiment list` lists them")
+        self.experiment_id = experiment_id
+
+
 class MessageTooLargeError(InputError):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engine.errors import (
     ApprovalError,
     ConcurrencyError,
+    ExperimentNotFoundError,
     InputError,
     InvalidArgumentsError,
     LogUnavailableError,
@@ -114,6 +115,7 @@ def not_found(session_id: str) -> HttpError:
 ENGINE_ERRORS: tuple[tuple[type[TurnlogError], int, str], ...] = (
     (MessageTooLargeError, 413, "message_too_large"),
     (InvalidArgumentsError, 422, "invalid_arguments"),
+    (ExperimentNotFoundError, 404, "experiment_not_found"),
     (InputError, 422, "invalid_input"),
     (SessionClosedError, 409, "session_closed"),
     (NoTurnRunningError, 409, "no_turn_running"),

@@ -36,6 +36,7 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 
 SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
+EXPERIMENT_ID = {"name": "experiment_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
 def _limit(default: int, high: int) -> dict[str, Any]:
@@ -282,6 +283,52 @@ PATHS: dict[str, dict[str, Any]] = {
             "responses": {"200": _json(ref("Replay"), "one page of steps"), **_errors(403, 404, 422)},
         }
     },
+    "/v1/admin/experiments": {
+        "get": {
+            "summary": "The experiments on the log (admin)",
+            "operationId": "listExperiments",
+            "responses": {"200": _json(ref("ExperimentList"), "experiments, oldest first"), **_errors(403)},
+        },
+        "post": {
+            "summary": "Replay recorded sessions against one of this gateway's agents; what changes (admin)",
+            "description": "Selects the sessions (`select`), writes the experiment's definition to the log "
+            "and replays them in this process in the background, tools answered from the recording (a tool "
+            "that is not idempotent is never run). Read the report at `report` while it runs.",
+            "operationId": "startExperiment",
+            "requestBody": _body(ref("ExperimentStart")),
+            "responses": {
+                "202": _json(ref("ExperimentStarted"), "defined and running"),
+                **_errors(400, 403, 413, 422, 503),
+            },
+        },
+    },
+    "/v1/admin/experiments/{experiment_id}": {
+        "get": {
+            "summary": "An experiment's report from the log: per session and turn, what differs (admin)",
+            "operationId": "experimentReport",
+            "parameters": [
+                EXPERIMENT_ID,
+                {
+                    "name": "all_turns",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
+                },
+            ],
+            "responses": {"200": _json(ref("ExperimentReport"), "the report"), **_errors(403, 404, 422)},
+        }
+    },
+    "/v1/admin/experiments/{experiment_id}/resume": {
+        "post": {
+            "summary": "Carry on a stopped experiment; finished sessions are not replayed again (admin)",
+            "operationId": "resumeExperiment",
+            "parameters": [EXPERIMENT_ID],
+            "responses": {
+                "202": _json(ref("ExperimentStarted"), "running"),
+                **_errors(403, 404, 409, 503),
+            },
+        }
+    },
     "/v1/admin/analytics/daily": {
         "get": {
             "summary": "Daily aggregates from the analytics consumer (admin)",
@@ -354,7 +401,7 @@ def document(agents: Sequence[str] = ()) -> dict[str, Any]:
     """The document; ``agents`` (the configured agent ids) become the enum of ``agent``."""
     schemas = copy.deepcopy(SCHEMAS)
     if agents:
-        for name in ("CreateSession", "Fork"):
+        for name in ("CreateSession", "Fork", "ExperimentStart"):
             schemas[name]["properties"]["agent"]["enum"] = sorted(agents)
     return {
         "openapi": "3.1.0",

@@ -19,6 +19,7 @@ from .agui import AguiRoute
 from .auth import ROLES
 from .bodies import json_body
 from .control import ControlRoutes
+from .experiment_routes import ExperimentRoutes
 from .http import HttpError, int_param, principal_of, string_field, whole_number
 from .model_request import sent_messages
 from .stream import SessionStream
@@ -40,6 +41,8 @@ class Routes:
         wrap = self.gw.guard.wrap
         control = ControlRoutes(self.gw)
         admin = AdminRoutes(self.gw)
+        experiments = ExperimentRoutes(self.gw)
+        experiment = "/v1/admin/experiments/{experiment_id}"
         session = "/v1/sessions/{session_id}"
         admin_session = "/v1/admin/sessions/{session_id}"
         return [
@@ -80,6 +83,15 @@ class Routes:
                 wrap(admin.analytics, admin=True, query=("days",)),
                 methods=["GET"],
             ),
+            Route(
+                "/v1/admin/experiments",
+                _by_method(
+                    {"GET": wrap(experiments.list, admin=True), "POST": wrap(experiments.start, admin=True)}
+                ),
+                methods=["GET", "POST"],
+            ),
+            Route(experiment, wrap(experiments.report, admin=True, query=("all_turns",)), methods=["GET"]),
+            Route(f"{experiment}/resume", wrap(experiments.resume, admin=True), methods=["POST"]),
             Route("/v1/agui/{agent}", wrap(AguiRoute(self.gw).run), methods=["POST"]),
             Route("/metrics", wrap(admin.metrics, admin=True), methods=["GET"]),
             Route("/openapi.json", wrap(self.openapi), methods=["GET"]),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Protocol, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Protocol, Sequence
 
 import structlog
 from opentelemetry.trace import TracerProvider
@@ -207,6 +207,17 @@ class Gateway:
                 log.exception("gateway.consumer_failed", consumer=getattr(catch_up, "__qualname__", "?"))
             await self.log.wait_for_append(self.config.idle_wait_s)
             await asyncio.sleep(self.config.linger_s)
+
+    def background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` in this process until it ends or the gateway stops (an experiment)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.append(task)
+        task.add_done_callback(self._forget)
+        return task
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
 
     async def stop(self) -> None:
         self._stop.set()

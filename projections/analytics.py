@@ -17,6 +17,7 @@ from functools import partial
 from typing import Iterable
 
 from engine import events as ev
+from engine.experiments.namespace import is_experiment_session
 from engine.log.base import LogRecord
 
 from .batch import Group
@@ -169,7 +170,8 @@ def _count(records: list[LogRecord], writer: Writer) -> int:
     for record in records:
         if record.offset < ends.get(record.partition, 0):
             continue  # counted already (a stale or replayed batch)
-        batch.add(record.event)
+        if not is_experiment_session(record.event.session_id):  # experiments are not production traffic
+            batch.add(record.event)
         ends[record.partition] = record.offset + 1
         count += 1
     days = [(day, *(counts[c] for c in DAILY_COUNTERS)) for day, counts in batch.days.items()]

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.experiments.namespace import sql_exclusion
+
 from .store import ProjectionStore, Row
+
+PRODUCTION = sql_exclusion()
+"""Listings and counts leave experiment sessions out (engine.experiments.namespace); a session's
+own reads (timeline, messages) do not, so every replay stays inspectable."""
 
 HISTORY_TABLES = ("messages", "turns", "model_calls", "tool_calls", "state_changes")
 
@@ -18,12 +24,12 @@ def list_sessions(
     limit: int = 50,
 ) -> list[Row]:
     """Sessions newest first, optionally of one user, in one state, of one agent."""
-    where, params = [], []
+    where, params = [PRODUCTION], []
     for column, value in (("user_id", user_id), ("current_state", state), ("agent_id", agent_id)):
         if value is not None:
             where.append(f"{column} = ?")
             params.append(value)
-    clause = f"WHERE {' AND '.join(where)} " if where else ""
+    clause = f"WHERE {' AND '.join(where)} "
     sql = f"SELECT * FROM sessions {clause}ORDER BY start_time_ms DESC, session_id LIMIT ?"
     return store._query(sql, [*params, limit])
 
@@ -31,7 +37,9 @@ def list_sessions(
 def state_counts(store: ProjectionStore) -> dict[str, int]:
     """Open sessions by current state."""
     rows = store._query(
-        "SELECT current_state, COUNT(*) AS n FROM sessions WHERE closed = ? GROUP BY current_state", [False]
+        f"SELECT current_state, COUNT(*) AS n FROM sessions WHERE closed = ? AND {PRODUCTION} "
+        "GROUP BY current_state",
+        [False],
     )
     return {str(r["current_state"]): int(r["n"]) for r in rows}
 

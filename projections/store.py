@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, TypeVa
 
 from engine.errors import OutOfOrderError
 from engine.events import Event
+from engine.experiments.namespace import sql_exclusion
 from engine.log.base import LogRecord
 
 from .batch import Group, NewRows, load_rows, plan_batch
@@ -34,6 +35,8 @@ from .changes import insert_sql
 from .schema import ORDER_BY, READ_MODELS, SCHEMA_ID, SCHEMA_TABLE, TABLES
 
 Row = dict[str, Any]
+PRODUCTION = sql_exclusion()
+"""Leaves experiment sessions out of listings, spend and cost reports (engine.experiments)."""
 T = TypeVar("T")
 
 OFFSETS_UPSERT = (
@@ -145,7 +148,10 @@ class ProjectionStore(abc.ABC):
         return self._query(f"SELECT * FROM {name} ORDER BY {ORDER_BY[name]}")
 
     def sessions(self, limit: int = 50) -> list[Row]:
-        return self._query("SELECT * FROM sessions ORDER BY start_time_ms DESC, session_id LIMIT ?", (limit,))
+        return self._query(
+            f"SELECT * FROM sessions WHERE {PRODUCTION} ORDER BY start_time_ms DESC, session_id LIMIT ?",
+            (limit,),
+        )
 
     def session(self, session_id: str) -> Row | None:
         rows = self._query("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
@@ -164,7 +170,8 @@ class ProjectionStore(abc.ABC):
         """What a user's model calls cost on a UTC day (the engine's SpendLedger for daily budgets)."""
         rows = self._query(
             "SELECT COALESCE(SUM(m.cost_micros), 0) AS spent FROM model_calls m "
-            "JOIN sessions s ON s.session_id = m.session_id WHERE s.user_id = ? AND m.day = ?",
+            f"JOIN sessions s ON s.session_id = m.session_id WHERE s.user_id = ? AND m.day = ? "
+            f"AND {sql_exclusion('s.session_id')}",
             (user_id, day.isoformat()),
         )
         return int(rows[0]["spent"])
@@ -172,21 +179,21 @@ class ProjectionStore(abc.ABC):
     def costliest_sessions(self, limit: int = 10) -> list[Row]:
         return self._query(
             "SELECT session_id, user_id, agent_id, cost_micros, input_tokens, output_tokens FROM sessions "
-            "ORDER BY cost_micros DESC, session_id LIMIT ?",
+            f"WHERE {PRODUCTION} ORDER BY cost_micros DESC, session_id LIMIT ?",
             (limit,),
         )
 
     def costliest_users(self, limit: int = 10) -> list[Row]:
         return self._query(
             "SELECT user_id, SUM(cost_micros) AS cost_micros, COUNT(*) AS sessions FROM sessions "
-            "GROUP BY user_id ORDER BY SUM(cost_micros) DESC, user_id LIMIT ?",
+            f"WHERE {PRODUCTION} GROUP BY user_id ORDER BY SUM(cost_micros) DESC, user_id LIMIT ?",
             (limit,),
         )
 
     def cost_by_day(self) -> list[Row]:
         return self._query(
             "SELECT day, SUM(cost_micros) AS cost_micros, COUNT(*) AS calls FROM model_calls "
-            "GROUP BY day ORDER BY day"
+            f"WHERE {PRODUCTION} GROUP BY day ORDER BY day"
         )
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ class Setup:
     turn_id: str = ""
     call_id: str = ""
     snapshot: int = 0
+    experiment_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,15 @@ ROUTES = [
         needs="answered",
     ),
     RouteCase("GET", "/v1/admin/sessions/{session_id}/replay", "admin-owner"),
+    RouteCase("GET", "/v1/admin/experiments", "admin"),
+    RouteCase(
+        "POST",
+        "/v1/admin/experiments",
+        "admin",
+        lambda done: {"agent": "support", "select": {"session_ids": [done.sid]}},
+    ),
+    RouteCase("GET", "/v1/admin/experiments/{experiment_id}", "admin", needs="experiment"),
+    RouteCase("POST", "/v1/admin/experiments/{experiment_id}/resume", "admin", needs="experiment"),
 ]
 CALLERS = {
     "owner": auth("alice"),
@@ -109,7 +119,12 @@ async def call(
 ) -> tuple[int, Any]:
     """Status and body; an event stream is opened, its status read, and closed."""
     url = case.path.format(
-        session_id=done.sid, agent="support", turn_id=done.turn_id, step=0, call_id=done.call_id
+        session_id=done.sid,
+        agent="support",
+        turn_id=done.turn_id,
+        step=0,
+        call_id=done.call_id,
+        experiment_id=done.experiment_id,
     )
     body = case.body(done) if callable(case.body) else case.body
     async with client.stream(case.method, url, json=body, headers=headers) as response:
@@ -129,6 +144,10 @@ async def prepare(client: httpx.AsyncClient, needs: str) -> Setup:
     sid = created.json()["session_id"]
     if needs == "idle":
         return Setup(sid)
+    if needs == "experiment":  # an experiment (of this idle session: nothing to replay) to read or resume
+        body = {"agent": "support", "select": {"session_ids": [sid]}}
+        started = await client.post("/v1/admin/experiments", json=body, headers=auth("root"))
+        return Setup(sid, experiment_id=started.json()["experiment_id"])
     await client.post(f"/v1/sessions/{sid}/messages", json={"text": "Where is A-17?"}, headers=auth("alice"))
     for _ in range(600):
         timeline = (await client.get(f"/v1/sessions/{sid}/timeline", headers=auth("alice"))).json()

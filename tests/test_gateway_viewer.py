@@ -9,6 +9,7 @@ example. The page is checked to fit at 1280 px (no column of the list cut off); 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator
@@ -396,3 +397,83 @@ async def test_the_owner_approves_edits_rejects_and_cancels_refunds_of_the_examp
             await assert_the_list_fits(page)
             await shoot(page, "viewer-owner-actions")
     assert errors == []
+
+
+async def test_an_experiment_started_over_http_and_read_in_the_viewer(tmp_path: Path) -> None:
+    """Sessions recorded by a model that skipped a notice, replayed over the admin route against
+    the gateway's example agent (which sends every notice): the report shows the task turns
+    differing, the notice the recording has no answer for is never sent, the answers stand side by
+    side in the viewer, and the replay opens as a session of its own."""
+    import datetime as dt
+
+    from engine import AgentDirectory, AgentSessions, FunctionModel
+    from examples.logistics import TASK, LogisticsBackend, build_agent, demo_model
+    from tests.agentpkg.experiments import _response, _skip_first_notice
+
+    decide = demo_model().fn
+    skipping = FunctionModel(lambda r: _skip_first_notice(_response(decide(r))), name="scripted-demo")
+    recorded = build_agent(
+        skipping, LogisticsBackend(today=dt.date.today(), reports_dir=tmp_path / "recorded")
+    )
+    log = open_log(tmp_path / "log.db")
+    try:
+        api = AgentSessions(log, AgentDirectory([recorded]))
+        origins = []
+        for user in ("alice", "bob"):
+            session = await api.create_session("logistics-assistant", user)
+            async for _ in api.send_user_message(session.session_id, TASK):
+                pass
+            origins.append(session.session_id)
+    finally:
+        await log.close()
+    with serve_gateway(tmp_path) as running:
+        async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
+            body = {
+                "agent": "logistics-assistant",
+                "select": {"session_ids": origins},
+                "name": "full notices",
+            }
+            denied = await client.post("/v1/admin/experiments", json=body, headers=auth("alice"))
+            assert denied.status_code == 403
+            started = await client.post("/v1/admin/experiments", json=body, headers=auth("root"))
+            assert started.status_code == 202, started.text
+            eid = started.json()["experiment_id"]
+            for _ in range(2400):  # until the background run is over
+                report = (await client.get(f"/v1/admin/experiments/{eid}", headers=auth("root"))).json()
+                if not report["running"]:
+                    break
+                await asyncio.sleep(0.05)
+            summary = report["summary"]
+            assert (
+                summary["sessions_complete"],
+                summary["sessions_divergent"],
+                summary["turns_divergent"],
+            ) == (2, 2, 2)
+            for s in report["sessions"]:
+                [turn] = s["turn_diffs"]
+                assert [c["tool"] for c in turn["tool_calls"]["added"]] == ["send_notification"]
+                assert {c["tool"] for c in turn["tool_calls"]["unmatched"]} == {
+                    "send_notification",
+                    "save_report",
+                }
+            assert running.gateway.api.agents.get("logistics-assistant")  # the candidate
+            listed = (await client.get("/v1/admin/sessions?limit=500", headers=auth("root"))).json()[
+                "sessions"
+            ]
+            assert {s["session_id"] for s in listed} == set(origins)  # replays stay out of the listing
+        async with viewer(running) as (page, errors):
+            await page.fill("#key", KEYS["root"])
+            await page.click("#load")
+            await page.click(f'#experiments tr[data-experiment="{eid}"]')
+            await page.wait_for_selector("#experiment-summary")
+            assert "2 sessions differ" in await page.inner_text("#timeline")
+            recorded_answer = await page.inner_text(".answer-recorded >> nth=0")
+            replayed_answer = await page.inner_text(".answer-replayed >> nth=0")
+            assert recorded_answer.startswith("Last week had") and replayed_answer != recorded_answer
+            changes = await page.inner_text(".call-change >> nth=0")
+            assert changes.startswith("+ send_notification")
+            await shoot(page, "experiment")
+            await page.click(".open-replay >> nth=0")
+            await page.wait_for_selector("#session-meta")
+            assert (await page.inner_text("#timeline h2")).startswith("Session exp-")
+            assert errors == []

@@ -5,6 +5,9 @@ last week's anomalous orders (first with a malformed date, to show the engine's 
 correction), notify each affected customer in one parallel step, save a report, then answer,
 reporting the failed notification honestly because the tool result says [FAILED].
 
+Asked only which orders had anomalies ("which orders had anomalies last week?"), it looks them
+up and lists them, sending nothing.
+
 Asked for a refund ("refund 40 on order O-1003"), it calls ``refund``, which waits for a
 person's approval, and then reports what the approval led to.
 """
@@ -22,6 +25,14 @@ from .backend import last_week
 ORDER_LINE = re.compile(r"- (O-\d+) \(customer (C-\d+), [^)]*\): (\w+)")
 ORDER_ID = re.compile(r"\bO-\d+\b")
 AMOUNT = re.compile(r"(?<![\w.\-])\d+(?:\.\d{1,2})?(?![\w.\-])")
+LOOKUP = re.compile(r"\b(which|what|list|show)\b.*\borders?\b", re.IGNORECASE | re.DOTALL)
+NOTIFY = re.compile(r"notif|notice|apolog|report", re.IGNORECASE)
+
+
+def lookup_only(asked: str) -> bool:
+    """A question about the orders that asks for no notices or report ("which orders had
+    anomalies last week?"): look them up and answer, nothing else."""
+    return bool(LOOKUP.search(asked)) and not NOTIFY.search(asked)
 
 
 def _decide(today: dt.date, request: ModelRequest) -> ModelResponse:
@@ -53,6 +64,8 @@ def _decide(today: dt.date, request: ModelRequest) -> ModelResponse:
                 "call_query_2",
             ),
         )
+    if last.name == "query_orders" and lookup_only(asked):
+        return reply(_listing(ORDER_LINE.findall(last.content)))
     if last.name == "query_orders":
         orders = ORDER_LINE.findall(last.content)
         return reply(
@@ -82,6 +95,15 @@ def _decide(today: dt.date, request: ModelRequest) -> ModelResponse:
             ),
         )
     return reply(_answer(results))
+
+
+def _listing(orders: list[tuple[str, str, str]]) -> str:
+    listed = ", ".join(f"{oid} (customer {cust}) {status.replace('_', ' ')}" for oid, cust, status in orders)
+    return (
+        f"Last week had {len(orders)} orders with logistics anomalies: {listed}."
+        if orders
+        else ("Last week had no orders with logistics anomalies.")
+    )
 
 
 def _refund(asked: str, results: list[ChatMessage]) -> ModelResponse:
