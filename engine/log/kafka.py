@@ -265,7 +265,8 @@ class KafkaEventLog(EventLog):
                     part.next_offset = part.base = index.watermark
                     live = {sid: e for sid, e in index.entries.items() if e.live}
                     await self._load_locked(reader, part, live)
-                    reader.pause(tp)
+                    if tp in reader.assignment():
+                        reader.pause(tp)
             except (KafkaError, TimeoutError, LogError) as exc:
                 log.warning("kafka.session_index_failed", partition=p, error=repr(exc), then="full read")
                 part.reset()
