@@ -111,6 +111,7 @@ async def test_cost_per_session_user_and_day_is_the_sum_of_every_call_made(
         await MemoryConsumer(log, memory, extractor, prices=PRICES).catch_up()
     finally:
         await memory.close()
+
     def extractions(events: list[ev.Event]) -> int:
         return sum(1 for e in of(events, ev.AuxiliaryModelCall) if e.purpose == "memory_extraction")
 
