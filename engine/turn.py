@@ -370,7 +370,6 @@ class TurnRunner:
         running[0].stop()
         return True
 
-
     def _budget_stop(self, state: SessionState, agent: Agent, estimated_tokens: int) -> BudgetStop | None:
         if agent.budget is None or agent.prices is None:
             return None

@@ -764,22 +764,37 @@ class KafkaEventLog(EventLog):
             await self._catch_up(part, until=end)
         return part
 
-    async def _history(self, part: PartitionIndex) -> PartitionIndex:
-        """The partition before ``part.base`` (a takeover from the session index skipped it),
-        read in full the first time a reader asks for it; a read cut short continues."""
+    async def _before_base(self, part: PartitionIndex, offset: int, limit: int) -> list[LogRecord]:
+        """Up to ``limit`` records from ``offset`` below ``part.base`` (a takeover from the session
+        index skipped them): read from Kafka, each kept if its session's fold took it (the
+        sessions they belong to are loaded first), so a consumer behind the watermark reads what
+        a full read would give it, at the cost of its range and of the sessions in it."""
         reader = self._reader
         assert reader is not None, "call start() first"
         tp = TopicPartition(self.topics.events, part.partition)
+        found: list[LogRecord] = []
         async with self._reader_lock:
-            if part.history is None:
-                part.history = PartitionIndex(part.partition)
-            history = part.history
             try:
                 async with asyncio.timeout(OPERATION_TIMEOUT_S):
-                    await self._read_until(reader, history, tp, part.base)
+                    if reader.assignment() != {tp}:
+                        reader.assign([tp])
+                    reader.resume(tp)
+                    reader.seek(tp, offset)
+                    position = offset
+                    while position < part.base and len(found) < limit:
+                        batch = (await reader.getmany(tp, timeout_ms=50, max_records=limit)).get(tp, [])
+                        position = await reader.position(tp)
+                        decoded = [decode_record(part.partition, m) for m in batch if m.offset < part.base]
+                        records = [r for r in decoded if isinstance(r, LogRecord)]
+                        sids = {r.event.session_id for r in records}
+                        if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:
+                            await self._load_locked(reader, part, entries)
+                            reader.seek(tp, position)
+                        found += [taken for r in records if (taken := part.taken(r)) is not None]
+                    reader.pause(tp)
             except (KafkaError, TimeoutError) as exc:
                 raise LogUnavailableError(f"reading partition {part.partition} failed: {exc!r}") from exc
-        return history
+        return found[:limit]
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         part = await self._fresh(self.partition_of(session_id))
@@ -800,8 +815,7 @@ class KafkaEventLog(EventLog):
         part = await self._fresh(partition)
         if offset >= part.base:
             return part.read(offset, limit)
-        history = await self._history(part)
-        older = [r for r in history.read(offset, limit) if r.offset < part.base]
+        older = await self._before_base(part, offset, limit)
         return older + part.read(part.base, limit - len(older))
 
     async def end_offset(self, partition: int) -> int:

@@ -8,8 +8,8 @@ up from Kafka before answering a read.
 
 A partition taken over through the session index (``kafka_sessions``) starts at the index's
 watermark (``base``): sessions the index names are ``unloaded`` until the owner folds their
-records on demand (``load``), and the records before ``base`` are read only if a consumer asks
-for them (``history``, a full index of the partition up to ``base``).
+records on demand (``load``); a consumer that asks for records before ``base`` gets the ones
+their sessions' folds took (``taken``).
 """
 
 from __future__ import annotations
@@ -80,8 +80,6 @@ class PartitionIndex:
     """Sessions the session index names whose records are not read yet (``load``)."""
     base: int = 0
     """``records`` holds the partition from this offset (the index's watermark at takeover)."""
-    history: PartitionIndex | None = None
-    """The partition before ``base``, read in full the first time a reader asks for it."""
 
     def reset(self) -> None:
         """Forget everything read (a takeover from the session index that failed half-way)."""
@@ -90,7 +88,7 @@ class PartitionIndex:
             setattr(self, name, getattr(fresh, name))
         self.submissions, self.runs, self.dirty, self.unloaded = {}, {}, set(), {}
         self.next_offset = self.base = 0
-        self.own_marker, self.history = False, None
+        self.own_marker = False
 
     def version(self, session_id: str) -> int:
         if (entry := self.unloaded.get(session_id)) is not None:
@@ -198,6 +196,12 @@ class PartitionIndex:
             return f"{event.type} v{event.version} breaks session {sid}'s fold: {exc}"
         self.states[sid] = state
         return None
+
+    def taken(self, record: LogRecord) -> LogRecord | None:
+        """The indexed record at ``record``'s offset if its (loaded) session's fold took it."""
+        indexed = self.session_records.get(record.event.session_id, [])
+        i = bisect.bisect_left(indexed, record.offset, key=lambda r: r.offset)
+        return indexed[i] if i < len(indexed) and indexed[i].offset == record.offset else None
 
     def read(self, offset: int, limit: int) -> list[LogRecord]:
         start = bisect.bisect_left(self.offsets, offset)
