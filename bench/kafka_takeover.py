@@ -95,7 +95,7 @@ def live_session_events(log: KafkaEventLog, sid: str, turns: int, encoder: Snaps
 
 async def write_partition(bootstrap: str, topic: str, sessions: int, turns: int, live_every: int) -> int:
     """Fill the topic's one partition; the writer's close writes the session index."""
-    writer = KafkaEventLog(bootstrap, topic=topic, partitions=1, session_timeout_ms=6000)
+    writer = KafkaEventLog(bootstrap, topic=topic, partitions=1, session_timeout_ms=30000)  # a busy machine
     await writer.start()
     await writer.wait_owned()
     encoder = SnapshotEncoder()
@@ -129,7 +129,7 @@ async def until_read(log: KafkaEventLog, sid: str) -> list[ev.Event]:
 async def takeover(bootstrap: str, topic: str, *, session_index: bool, probe: str) -> dict[str, float]:
     """A fresh owner takes the partition over; then reads one session it did not load."""
     owner = KafkaEventLog(
-        bootstrap, topic=topic, partitions=1, session_timeout_ms=6000, session_index=session_index
+        bootstrap, topic=topic, partitions=1, session_timeout_ms=30000, session_index=session_index
     )
     from_index = owner._from_index
     index_s: list[float] = []
