@@ -236,7 +236,8 @@ class KafkaEventLog(EventLog):
                 await self._catch_up(part)
                 part.dead_sources = await self._dead_sources(part.partition)
                 part.producer = producer
-                part.owned = True
+                part.owned, part.lost = True, ""
+                part.indexed_at = asyncio.get_running_loop().time()  # the first index write: in a second
                 for key in [k for k in self._committed if k[1] == part.partition]:
                     del self._committed[key]
         except BaseException:
@@ -326,6 +327,7 @@ class KafkaEventLog(EventLog):
     def _lost(self, part: PartitionIndex, reason: str) -> PartitionNotOwnedError:
         """The partition's producer was fenced: drop it (a newer owner writes now)."""
         producer, part.producer, part.owned = part.producer, None, False
+        part.lost = reason
         if producer is not None:
             self._spawn(_quiet_stop(producer))
         log.warning("kafka.partition_fenced", partition=part.partition, reason=reason)
@@ -342,7 +344,7 @@ class KafkaEventLog(EventLog):
         session_id = check_batch(events, expected_version)
         part = self._parts[self.partition_of(session_id)]
         if not part.owned:
-            raise PartitionNotOwnedError(part.partition)
+            raise PartitionNotOwnedError(part.partition, part.lost)
         append = PendingAppend(session_id, list(events), expected_version)
         part.appends.append(append)
         if part.committer is None:
@@ -359,7 +361,7 @@ class KafkaEventLog(EventLog):
             while part.appends:
                 async with part.lock:
                     if not part.owned:
-                        fail_group(part.appends, PartitionNotOwnedError(part.partition))
+                        fail_group(part.appends, PartitionNotOwnedError(part.partition, part.lost))
                         part.appends = []
                         break
                     try:  # every session in the group read (kafka_sessions) before it is checked

@@ -58,6 +58,8 @@ class PartitionIndex:
     own_marker: bool = False
     """The owner's last transaction ended with events here: its commit marker is at next_offset."""
     owned: bool = False
+    lost: str = ""
+    """Why this process last lost the partition (fenced), for the errors of appends after it."""
     producer: AIOKafkaProducer | None = None
     """The transactional producer whose id is this partition's: holding it fences older owners."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
