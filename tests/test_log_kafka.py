@@ -78,7 +78,7 @@ async def _read_topic_once(bootstrap: str, topic: str, partition: int) -> list:
         await consumer.stop()
 
 
-async def test_topics_are_created_with_infinite_retention_but_the_live_one(
+async def test_topics_are_created_with_infinite_retention_but_the_live_one_and_the_index(
     owner: KafkaEventLog, bootstrap: str
 ) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -97,6 +97,11 @@ async def test_topics_are_created_with_infinite_retention_but_the_live_one(
         (live,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, owner.topics.live)])
         live_configs = {name: value for name, value, *_ in live.resources[0][4]}
         assert live_configs["retention.ms"] == "60000"  # token deltas matter for seconds, not forever
+        (index,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, owner.topics.sessions)]
+        )
+        index_configs = {name: value for name, value, *_ in index.resources[0][4]}
+        assert index_configs["cleanup.policy"] == "compact"  # a session's newest entry is what counts
     finally:
         await admin.close()
 

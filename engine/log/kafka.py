@@ -14,7 +14,9 @@ Kafka has no conditional append, so one process owns each partition: the member 
 ``<topic>.owners`` consumer group that is assigned inbox partition ``p`` is the only writer of
 events partition ``p``. On assignment it starts a transactional producer whose id is the
 partition's (``<topic>.owner.<p>``) — which fences any previous owner still alive (a zombie) —
-and then reads events partition ``p`` to its end with read_committed to index its sessions.
+and then indexes its sessions: from the session index its predecessor wrote (``kafka_sessions``:
+the live sessions at once, the others when first asked for, then the events after the index's
+watermark), or, without one, by reading events partition ``p`` to its end with read_committed.
 Every append is one Kafka transaction checked against that index (the expected-version lock);
 the owner sequences inbox records into events in a transaction that also commits the inbox
 offsets (``send_offsets_to_transaction``), so a message is sequenced exactly once.
@@ -25,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from typing import Any, Coroutine, Sequence
+from typing import Any, Coroutine, Iterable, Sequence
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -35,6 +37,7 @@ from .. import codec
 from ..errors import (
     ConfigurationError,
     DuplicateSubmissionError,
+    EventError,
     LogError,
     LogUnavailableError,
     PartitionNotOwnedError,
@@ -48,11 +51,21 @@ from .kafka_offsets import DirectOffsets
 from .kafka_poison import (
     Poison,
     dead_letter_sources,
+    decode_record,
     index_consumed,
     own_poison,
     poison_of,
     poisoned,
     settle,
+)
+from .kafka_sessions import (
+    INDEX_EVERY_S,
+    WATERMARK,
+    SessionEntry,
+    encode_entry,
+    encode_watermark,
+    read_index,
+    read_runs,
 )
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
 from .submissions import SUBMITTABLE
@@ -79,6 +92,10 @@ class KafkaEventLog(EventLog):
     ``owner=True`` joins the owners' consumer group: this process then sequences producers'
     events and may append to the partitions it is assigned. ``owner=False`` is a producer and
     reader only (an API gateway, the projector, ``turnlog rebuild``).
+
+    ``session_index=False`` neither writes the session index nor takes a partition over from
+    it (every takeover reads the partition in full); ``index_every_s`` is how often an owner
+    that appends writes it.
     """
 
     def __init__(
@@ -91,6 +108,8 @@ class KafkaEventLog(EventLog):
         replication: int = 1,
         client_id: str = "turnlog",
         session_timeout_ms: int = 10_000,
+        session_index: bool = True,
+        index_every_s: float = INDEX_EVERY_S,
     ) -> None:
         if partitions < 1:
             raise ConfigurationError("partitions must be at least 1")
@@ -101,6 +120,8 @@ class KafkaEventLog(EventLog):
         self.replication = replication
         self.client_id = client_id
         self.session_timeout_ms = session_timeout_ms
+        self.session_index = session_index
+        self.index_every_s = index_every_s
         self._parts = [PartitionIndex(p) for p in range(partitions)]
         self._producer: AIOKafkaProducer | None = None
         self._reader: AIOKafkaConsumer | None = None
@@ -160,8 +181,8 @@ class KafkaEventLog(EventLog):
         self._direct.groups.add(group)
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):  # hand over the groups' offsets (a successor re-reads less)
-            await self._flush_commits()
+        with contextlib.suppress(Exception):  # hand over offsets, session index: a successor reads less
+            await self._flush_commits(force_index=True)
         await self._direct.close()
         committers = [p.committer for p in self._parts if p.committer is not None]
         for task in [*self._background, *committers, *([self._sequencer] if self._sequencer else [])]:
@@ -209,10 +230,14 @@ class KafkaEventLog(EventLog):
         try:
             await producer.start()  # init_transactions: bumps the epoch, aborts a zombie's transaction
             async with part.lock:
+                from_index = self.session_index and part.next_offset == 0 and not part.sessions
+                if not (from_index and await self._from_index(part)):
+                    part.dirty.update(part.sessions)  # no entries of ours may be missing from the index
                 await self._catch_up(part)
                 part.dead_sources = await self._dead_sources(part.partition)
                 part.producer = producer
-                part.owned = True
+                part.owned, part.lost = True, ""
+                part.indexed_at = asyncio.get_running_loop().time()  # the first index write: in a second
                 for key in [k for k in self._committed if k[1] == part.partition]:
                     del self._committed[key]
         except BaseException:
@@ -220,6 +245,75 @@ class KafkaEventLog(EventLog):
             raise
         log.info("kafka.partition_acquired", partition=part.partition, offset=part.next_offset)
         self._notify()
+
+    async def _from_index(self, part: PartitionIndex) -> bool:
+        """Start the partition's index at the session index's watermark, with its live sessions
+        folded (``kafka_sessions``); False if there is no usable index (read it all instead)."""
+        reader = self._reader
+        assert reader is not None, "call start() first"
+        p = part.partition
+        tp = TopicPartition(self.topics.events, p)
+        async with self._reader_lock:
+            try:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    index_tp = TopicPartition(self.topics.sessions, p)
+                    index = await read_index(reader, index_tp, OPERATION_TIMEOUT_S)
+                    end = (await reader.end_offsets([tp]))[tp]
+                    if index.watermark is None or index.watermark > end:
+                        log.info("kafka.session_index_unused", partition=p, watermark=index.watermark)
+                        return False
+                    part.unloaded = dict(index.entries)
+                    part.next_offset = part.base = index.watermark
+                    live = {sid: e for sid, e in index.entries.items() if e.live}
+                    await self._load_locked(reader, part, live)
+                    if tp in reader.assignment():
+                        reader.pause(tp)
+            except (KafkaError, TimeoutError, LogError) as exc:
+                log.warning("kafka.session_index_failed", partition=p, error=repr(exc), then="full read")
+                part.reset()
+                return False
+        log.info(
+            "kafka.session_index_read",
+            partition=p,
+            watermark=index.watermark,
+            sessions=len(index.entries),
+            live=len(live),
+        )
+        return True
+
+    async def _load(self, part: PartitionIndex, session_ids: Iterable[str]) -> None:
+        """Fold the sessions the session index names that this process has not read yet."""
+        wanted = {sid for sid in session_ids if sid in part.unloaded}
+        if not wanted:
+            return
+        reader = self._reader
+        assert reader is not None, "call start() first"
+        tp = TopicPartition(self.topics.events, part.partition)
+        async with self._reader_lock:
+            entries = {sid: part.unloaded[sid] for sid in wanted if sid in part.unloaded}
+            if not entries:
+                return
+            try:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    await self._load_locked(reader, part, entries)
+            except (KafkaError, TimeoutError) as exc:
+                raise LogUnavailableError(
+                    f"reading sessions of partition {part.partition} failed: {exc!r}"
+                ) from exc
+            finally:
+                if tp in reader.assignment():
+                    reader.pause(tp)
+
+    async def _load_locked(
+        self, reader: AIOKafkaConsumer, part: PartitionIndex, entries: dict[str, SessionEntry]
+    ) -> None:
+        """Read and fold ``entries``' sessions (the caller holds the reader)."""
+        if not entries:
+            return
+        tp = TopicPartition(self.topics.events, part.partition)
+        for sid, msgs in (await read_runs(reader, tp, entries)).items():
+            decoded = (decode_record(part.partition, m) for m in msgs)
+            part.load(sid, [r for r in decoded if isinstance(r, LogRecord)])
 
     async def _release(self, part: PartitionIndex) -> None:
         async with part.acquiring, part.lock:
@@ -233,6 +327,7 @@ class KafkaEventLog(EventLog):
     def _lost(self, part: PartitionIndex, reason: str) -> PartitionNotOwnedError:
         """The partition's producer was fenced: drop it (a newer owner writes now)."""
         producer, part.producer, part.owned = part.producer, None, False
+        part.lost = reason
         if producer is not None:
             self._spawn(_quiet_stop(producer))
         log.warning("kafka.partition_fenced", partition=part.partition, reason=reason)
@@ -249,7 +344,7 @@ class KafkaEventLog(EventLog):
         session_id = check_batch(events, expected_version)
         part = self._parts[self.partition_of(session_id)]
         if not part.owned:
-            raise PartitionNotOwnedError(part.partition)
+            raise PartitionNotOwnedError(part.partition, part.lost)
         append = PendingAppend(session_id, list(events), expected_version)
         part.appends.append(append)
         if part.committer is None:
@@ -266,9 +361,16 @@ class KafkaEventLog(EventLog):
             while part.appends:
                 async with part.lock:
                     if not part.owned:
-                        fail_group(part.appends, PartitionNotOwnedError(part.partition))
+                        fail_group(part.appends, PartitionNotOwnedError(part.partition, part.lost))
                         part.appends = []
                         break
+                    try:  # every session in the group read (kafka_sessions) before it is checked
+                        while todo := [a.session_id for a in part.appends if a.session_id in part.unloaded]:
+                            await self._load(part, todo)
+                    except LogError as exc:
+                        fail_group(part.appends, exc)
+                        part.appends = []
+                        continue
                     group = take_group(part)
                     if not group:
                         continue
@@ -294,9 +396,41 @@ class KafkaEventLog(EventLog):
         *,
         inbox_offset: int | None = None,
         dead: Sequence[Poison] = (),
+        force_index: bool = False,
     ) -> list[LogRecord]:
-        """One Kafka transaction: events, dead letters, the inbox offset and pending group
-        offsets, all or nothing. Called with ``part.lock`` held by the partition's owner."""
+        """One Kafka transaction: events, dead letters, the inbox offset, pending group offsets
+        and the session index when due, all or nothing. Called with ``part.lock`` held by the
+        partition's owner."""
+        indexing, entries = self._take_index(part, force_index)
+        try:
+            return await self._transact(part, events, inbox_offset, dead, entries)
+        except BaseException:
+            part.dirty |= indexing  # written with the next transaction
+            raise
+
+    def _index_due(self, part: PartitionIndex, force: bool = False) -> bool:
+        if not (self.session_index and part.dirty) or part.unsettled_poison():
+            return False
+        return force or asyncio.get_running_loop().time() - part.indexed_at >= self.index_every_s
+
+    def _take_index(self, part: PartitionIndex, force: bool) -> tuple[set[str], list[tuple[bytes, bytes]]]:
+        """The session index records of the sessions changed since it was last written, and the
+        watermark (``kafka_sessions``), if due; the sessions are no longer dirty."""
+        if not self._index_due(part, force):
+            return set(), []
+        sessions, part.dirty = part.dirty, set()
+        part.indexed_at = asyncio.get_running_loop().time()
+        entries = [(sid.encode(), encode_entry(part.entry(sid))) for sid in sorted(sessions)]
+        return sessions, [*entries, (WATERMARK, encode_watermark(part.next_offset))]
+
+    async def _transact(
+        self,
+        part: PartitionIndex,
+        events: list[Event],
+        inbox_offset: int | None,
+        dead: Sequence[Poison],
+        entries: list[tuple[bytes, bytes]],
+    ) -> list[LogRecord]:
         producer = part.producer
         assert producer is not None
         p = part.partition
@@ -320,6 +454,8 @@ class KafkaEventLog(EventLog):
                         partition=p,
                         headers=poison.headers(),
                     )
+                for key, value in entries:
+                    await producer.send(self.topics.sessions, value, key=key, partition=p)
                 # aiokafka commits one consumer group's offsets per transaction (a second group
                 # fails the transaction): the inbox offset if any, else one pending group's
                 group = None if inbox_offset is not None else next(iter(part.pending_commits), None)
@@ -388,6 +524,8 @@ class KafkaEventLog(EventLog):
             raise LogError(f"only {', '.join(c.type for c in SUBMITTABLE)} are submitted, not {event.type}")
         assert self._producer is not None, "call start() first"
         part = self._parts[self.partition_of(event.session_id)]
+        if part.owned:
+            await self._load(part, [event.session_id])
         if part.owned and (held := part.held_submission(event)) is not None:
             return await self._held_submission(DuplicateSubmissionError(event.session_id, *held))
         waiter: asyncio.Future[Event] | None = None
@@ -463,6 +601,7 @@ class KafkaEventLog(EventLog):
 
     async def _sequence_owned(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
         """Sequence a batch of inbox records; called with ``part.lock`` held by the owner."""
+        await self._load(part, _inbox_sessions(messages))
         accepted: list[Event] = []
         dead: list[Poison] = []
         refused: dict[str, Exception] = {}
@@ -504,13 +643,14 @@ class KafkaEventLog(EventLog):
             assert event is not None
             fut.set_result(event)
 
-    async def _flush_commits(self) -> None:
+    async def _flush_commits(self, force_index: bool = False) -> None:
+        """Commit pending group offsets, and the session index when due (``force_index``: now)."""
         for part in self._parts:
-            if part.owned and part.pending_commits:
+            if part.owned and (part.pending_commits or self._index_due(part, force_index)):
                 async with part.lock:
-                    if part.owned and part.pending_commits:
+                    if part.owned and (part.pending_commits or self._index_due(part, force_index)):
                         with contextlib.suppress(LogError):
-                            await self._transaction(part, [])
+                            await self._transaction(part, [], force_index=force_index)
 
     async def _tail_owned(self) -> None:
         """Index what others wrote to our partitions since we read them, and settle poison."""
@@ -526,6 +666,7 @@ class KafkaEventLog(EventLog):
     async def _settle_poison(self, part: PartitionIndex) -> None:
         """Dead-letter the partition's poison and move its sessions to ERROR (kafka_poison);
         called with ``part.lock`` held by the owner."""
+        await self._load(part, [p.session_id for p in part.poison if p.source not in part.dead_sources])
         markers, dead = settle(part, self._owner_name)
         if dead:
             await self._transaction(part, markers, dead=dead)
@@ -574,6 +715,14 @@ class KafkaEventLog(EventLog):
             part.add([], end)  # nothing after our own last transaction but its commit marker
             part.own_marker = False
             return
+        await self._read_until(reader, part, tp, end)
+        part.own_marker = False
+
+    async def _read_until(
+        self, reader: AIOKafkaConsumer, part: PartitionIndex, tp: TopicPartition, end: int
+    ) -> None:
+        """Index the partition from ``part.next_offset`` to ``end`` (the caller holds the reader);
+        a session the session index names is read first (``_load_locked``)."""
         if part.next_offset >= end:
             return
         if reader.assignment() != {tp}:
@@ -583,11 +732,17 @@ class KafkaEventLog(EventLog):
         while part.next_offset < end:
             # short polls: a stretch of commit or abort markers returns no records, and the
             # position moves past it with the fetch, not with the poll's timeout
-            batch = await reader.getmany(tp, timeout_ms=50, max_records=1000)
-            for msg in batch.get(tp, []):
-                index_consumed(part, msg)
-            part.add([], await reader.position(tp))
-        part.own_marker = False
+            batch = (await reader.getmany(tp, timeout_ms=50, max_records=1000)).get(tp, [])
+            position = await reader.position(tp)
+            decoded = [decode_record(part.partition, msg) for msg in batch]
+            if part.unloaded:
+                sids = {r.event.session_id for r in decoded if isinstance(r, LogRecord)}
+                if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:
+                    await self._load_locked(reader, part, entries)
+                    reader.seek(tp, position)
+            for msg, entry in zip(batch, decoded, strict=True):
+                index_consumed(part, msg, entry)
+            part.add([], position)
         reader.pause(tp)  # no background long polls between catch-ups
 
     async def _fresh(self, partition: int) -> PartitionIndex:
@@ -611,12 +766,46 @@ class KafkaEventLog(EventLog):
             await self._catch_up(part, until=end)
         return part
 
+    async def _before_base(self, part: PartitionIndex, offset: int, limit: int) -> list[LogRecord]:
+        """Up to ``limit`` records from ``offset`` below ``part.base`` (a takeover from the session
+        index skipped them): read from Kafka, each kept if its session's fold took it (the
+        sessions they belong to are loaded first), so a consumer behind the watermark reads what
+        a full read would give it, at the cost of its range and of the sessions in it."""
+        reader = self._reader
+        assert reader is not None, "call start() first"
+        tp = TopicPartition(self.topics.events, part.partition)
+        found: list[LogRecord] = []
+        async with self._reader_lock:
+            try:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    if reader.assignment() != {tp}:
+                        reader.assign([tp])
+                    reader.resume(tp)
+                    reader.seek(tp, offset)
+                    position = offset
+                    while position < part.base and len(found) < limit:
+                        batch = (await reader.getmany(tp, timeout_ms=50, max_records=limit)).get(tp, [])
+                        position = await reader.position(tp)
+                        decoded = [decode_record(part.partition, m) for m in batch if m.offset < part.base]
+                        records = [r for r in decoded if isinstance(r, LogRecord)]
+                        sids = {r.event.session_id for r in records}
+                        if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:
+                            await self._load_locked(reader, part, entries)
+                            reader.seek(tp, position)
+                        found += [taken for r in records if (taken := part.taken(r)) is not None]
+                    reader.pause(tp)
+            except (KafkaError, TimeoutError) as exc:
+                raise LogUnavailableError(f"reading partition {part.partition} failed: {exc!r}") from exc
+        return found[:limit]
+
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         part = await self._fresh(self.partition_of(session_id))
+        await self._load(part, [session_id])
         return part.session_after(session_id, after_version)
 
     async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
         part = await self._fresh(self.partition_of(session_id))
+        await self._load(part, [session_id])
         return part.session_records_after(session_id, after_version)
 
     async def session_version(self, session_id: str) -> int:
@@ -626,7 +815,10 @@ class KafkaEventLog(EventLog):
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
         self._check_partition(partition)
         part = await self._fresh(partition)
-        return part.read(offset, limit)
+        if offset >= part.base:
+            return part.read(offset, limit)
+        older = await self._before_base(part, offset, limit)
+        return older + part.read(part.base, limit - len(older))
 
     async def end_offset(self, partition: int) -> int:
         self._check_partition(partition)
@@ -668,6 +860,15 @@ class KafkaEventLog(EventLog):
     def _check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise LogError(f"partition {partition} out of range 0..{self.partitions - 1}")
+
+
+def _inbox_sessions(messages: list[Any]) -> set[str]:
+    """The sessions inbox records name (by key, and by event where it decodes)."""
+    found = {msg.key.decode("utf-8", "replace") for msg in messages if msg.key}
+    for msg in messages:
+        with contextlib.suppress(EventError):
+            found.add(codec.decode(msg.value or b"").session_id)
+    return found
 
 
 class _Owners(ConsumerRebalanceListener):

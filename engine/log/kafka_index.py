@@ -5,6 +5,11 @@ The owner of a partition builds it by reading the partition (read_committed) aft
 previous owner, then adds its own appends as they commit, so it is exact: the expected-version
 check of ``append`` is made against it. A process that does not own the partition catches it
 up from Kafka before answering a read.
+
+A partition taken over through the session index (``kafka_sessions``) starts at the index's
+watermark (``base``): sessions the index names are ``unloaded`` until the owner folds their
+records on demand (``load``); a consumer that asks for records before ``base`` gets the ones
+their sessions' folds took (``taken``).
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from ..errors import TurnlogError
+from ..errors import LogError, TurnlogError
 from ..events import Event, SessionClosed
 from ..fold import SessionState
+from ..states import RESTING
 from .base import LogRecord
 from .kafka_poison import Poison
+from .kafka_sessions import SessionEntry, add_run
 from .submissions import submission_keys
 
 if TYPE_CHECKING:
@@ -51,6 +58,8 @@ class PartitionIndex:
     own_marker: bool = False
     """The owner's last transaction ended with events here: its commit marker is at next_offset."""
     owned: bool = False
+    lost: str = ""
+    """Why this process last lost the partition (fenced), for the errors of appends after it."""
     producer: AIOKafkaProducer | None = None
     """The transactional producer whose id is this partition's: holding it fences older owners."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -63,8 +72,29 @@ class PartitionIndex:
     """Appends waiting for the partition's next transaction (group commit: kafka_appends)."""
     committer: asyncio.Task[None] | None = None
     """The task that commits queued appends, group by group, while any are queued."""
+    runs: dict[str, list[list[int]]] = field(default_factory=dict)
+    """Each session's records as runs of offsets (``kafka_sessions.SessionEntry.runs``)."""
+    dirty: set[str] = field(default_factory=set)
+    """Sessions changed since the owner last wrote their session index entries."""
+    indexed_at: float = 0.0
+    """When the owner last wrote the session index (event-loop time)."""
+    unloaded: dict[str, SessionEntry] = field(default_factory=dict)
+    """Sessions the session index names whose records are not read yet (``load``)."""
+    base: int = 0
+    """``records`` holds the partition from this offset (the index's watermark at takeover)."""
+
+    def reset(self) -> None:
+        """Forget everything read (a takeover from the session index that failed half-way)."""
+        fresh = PartitionIndex(self.partition)
+        for name in ("records", "offsets", "sessions", "session_records", "states", "poison", "closed"):
+            setattr(self, name, getattr(fresh, name))
+        self.submissions, self.runs, self.dirty, self.unloaded = {}, {}, set(), {}
+        self.next_offset = self.base = 0
+        self.own_marker = False
 
     def version(self, session_id: str) -> int:
+        if (entry := self.unloaded.get(session_id)) is not None:
+            return entry.version
         events = self.sessions.get(session_id)
         return events[-1].version if events else 0
 
@@ -76,29 +106,72 @@ class PartitionIndex:
         for record in records:
             if record.offset < self.next_offset:
                 continue  # already read (our own append, read back by a catch-up)
+            self._need(record.event.session_id)
             if (reason := self._fold_in(record.event)) is not None:
                 rejected.append((record, reason))
                 self.next_offset = record.offset + 1
                 continue
             self.records.append(record)
             self.offsets.append(record.offset)
-            event = record.event
-            self.sessions.setdefault(event.session_id, []).append(event)
-            self.session_records.setdefault(event.session_id, []).append(record)
-            if isinstance(event, SessionClosed):
-                self.closed.add(event.session_id)
-            if keys := submission_keys(event):
-                held = self.submissions.setdefault(event.session_id, {})
-                for key in keys:
-                    held.setdefault(key, event.version)
+            self._index_session(record)
+            self.dirty.add(record.event.session_id)
         if records:
             self.next_offset = max(self.next_offset, records[-1].offset + 1)
         if next_offset is not None:
             self.next_offset = max(self.next_offset, next_offset)
         return rejected
 
+    def _index_session(self, record: LogRecord) -> None:
+        event = record.event
+        self.sessions.setdefault(event.session_id, []).append(event)
+        self.session_records.setdefault(event.session_id, []).append(record)
+        add_run(self.runs.setdefault(event.session_id, []), record.offset)
+        if isinstance(event, SessionClosed):
+            self.closed.add(event.session_id)
+        if keys := submission_keys(event):
+            held = self.submissions.setdefault(event.session_id, {})
+            for key in keys:
+                held.setdefault(key, event.version)
+
+    def load(self, session_id: str, records: Sequence[LogRecord]) -> None:
+        """Fold an unloaded session from its records before ``base`` (read through its session
+        index entry, in offset order); records of other sessions, and ones that break the fold
+        (poison, dead-lettered before the index was written), are left out as every reader does."""
+        entry = self.unloaded.pop(session_id)
+        for record in records:
+            if record.event.session_id == session_id and self._fold_in(record.event) is None:
+                self._index_session(record)
+        if self.version(session_id) != entry.version:
+            raise LogError(
+                f"partition {self.partition}: session {session_id} reads back at "
+                f"v{self.version(session_id)}, its session index entry says v{entry.version}; "
+                "the index is corrupt: delete the topic's .sessions topic and restart the owners "
+                "(they read the partition in full)"
+            )
+
+    def entry(self, session_id: str) -> SessionEntry:
+        """The session's session index entry as of ``next_offset``."""
+        state = self.states[session_id]
+        closed = session_id in self.closed
+        live = not closed and (state.turn is not None or bool(state.inbox) or state.status not in RESTING)
+        runs = tuple((start, end) for start, end in self.runs.get(session_id, []))
+        return SessionEntry(self.version(session_id), closed, live, runs)
+
+    def unsettled_poison(self) -> bool:
+        """Whether a poison record is not dead-lettered yet (the index waits: a takeover that
+        starts past it would not know it)."""
+        return any(p.source not in self.dead_sources for p in self.poison)
+
+    def _need(self, session_id: str) -> None:
+        if session_id in self.unloaded:
+            raise LogError(
+                f"partition {self.partition}: session {session_id} is used before it is loaded from "
+                "the session index (a bug in engine.log.kafka)"
+            )
+
     def held_submission(self, event: Event) -> tuple[str, int] | None:
         """The first key of ``event`` its session already holds, and the version holding it."""
+        self._need(event.session_id)
         held = self.submissions.get(event.session_id)
         if held:
             for key in submission_keys(event):
@@ -126,14 +199,22 @@ class PartitionIndex:
         self.states[sid] = state
         return None
 
+    def taken(self, record: LogRecord) -> LogRecord | None:
+        """The indexed record at ``record``'s offset if its (loaded) session's fold took it."""
+        indexed = self.session_records.get(record.event.session_id, [])
+        i = bisect.bisect_left(indexed, record.offset, key=lambda r: r.offset)
+        return indexed[i] if i < len(indexed) and indexed[i].offset == record.offset else None
+
     def read(self, offset: int, limit: int) -> list[LogRecord]:
         start = bisect.bisect_left(self.offsets, offset)
         return self.records[start : start + limit]
 
     def session_records_after(self, session_id: str, after_version: int) -> list[LogRecord]:
+        self._need(session_id)
         return self.session_records.get(session_id, [])[after_version:]
 
     def session_after(self, session_id: str, after_version: int) -> list[Event]:
+        self._need(session_id)
         events = self.sessions.get(session_id, [])
         # versions are 1..n without gaps, so version v sits at index v - 1
         return events[after_version:]

@@ -81,9 +81,11 @@ def decode_record(partition: int, msg: Any) -> LogRecord | Poison:
         return poison_of(msg, str(exc))
 
 
-def index_consumed(part: PartitionIndex, msg: Any) -> None:
-    """Add a consumed events-topic record to the partition's index, or to its poison."""
-    entry = decode_record(part.partition, msg)
+def index_consumed(part: PartitionIndex, msg: Any, entry: LogRecord | Poison | None = None) -> None:
+    """Add a consumed events-topic record (``entry``: already decoded) to the partition's index,
+    or to its poison."""
+    if entry is None:
+        entry = decode_record(part.partition, msg)
     if isinstance(entry, Poison):
         part.add_poison(entry, msg.offset)
         return

@@ -26,6 +26,13 @@ LIVE_TOPIC_CONFIG = {
     "min.insync.replicas": "1",
     "message.timestamp.type": "CreateTime",
 }
+SESSIONS_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",  # the session index: only each session's newest entry matters
+    "retention.ms": "-1",
+    "segment.ms": "600000",  # roll the active segment, so compaction reaches recent entries
+    "min.cleanable.dirty.ratio": "0.1",
+    "min.insync.replicas": "1",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,11 @@ class TopicNames:
         return f"{self.events}.live"
 
     @property
+    def sessions(self) -> str:
+        """The session index an owner writes for its successor (engine.log.kafka_sessions)."""
+        return f"{self.events}.sessions"
+
+    @property
     def owners_group(self) -> str:
         return f"{self.events}.owners"
 
@@ -53,11 +65,13 @@ class TopicNames:
         return f"{self.events}.owner.{partition}"
 
     def all(self) -> tuple[str, ...]:
-        return (self.events, self.inbox, self.dead_letter, self.live)
+        return (self.events, self.inbox, self.dead_letter, self.live, self.sessions)
 
     def config(self, name: str) -> dict[str, str]:
         """The settings topic ``name`` is created with: the live topic keeps items for a minute,
-        the others keep everything forever."""
+        the session index is compacted, the others keep everything forever."""
+        if name == self.sessions:
+            return dict(SESSIONS_TOPIC_CONFIG)
         return dict(LIVE_TOPIC_CONFIG if name == self.live else TOPIC_CONFIG)
 
 

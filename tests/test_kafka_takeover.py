@@ -1,0 +1,208 @@
+"""Taking a Kafka partition over through the session index (engine/log/kafka_sessions.py): the
+new owner folds the live sessions and the events after the index's watermark, loads the others
+when first asked for, and knows everything its predecessor knew (versions, submission keys,
+closed sessions); without an index, or with one that lags, it reads more and is just as right.
+On a real broker (TURNLOG_KAFKA_BOOTSTRAP)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from engine import events as ev
+from engine.errors import ConcurrencyError, SessionClosedError
+from engine.fold import SessionState, fold
+from engine.log.kafka import KafkaEventLog
+from engine.snapshots import SnapshotEncoder, load_latest, take
+from engine.states import Cause, SessionStatus
+from engine.writer import SessionWriter
+from tests.services import delete_topics, fresh_topic, need_service
+
+FINISHED = 12
+
+
+@pytest.fixture
+def bootstrap() -> str:
+    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
+
+
+@pytest.fixture
+async def topic(bootstrap: str) -> AsyncIterator[str]:
+    name = fresh_topic()
+    yield name
+    await delete_topics(bootstrap, name)
+
+
+@contextlib.asynccontextmanager
+async def owner_of(bootstrap: str, topic: str, **options: object) -> AsyncIterator[KafkaEventLog]:
+    """The owner of the topic's one partition, closed (handing its session index over) after."""
+    log = KafkaEventLog(bootstrap, topic=topic, partitions=1, session_timeout_ms=6000, **options)  # type: ignore[arg-type]
+    await log.start()
+    try:
+        await log.wait_owned()
+        yield log
+    finally:
+        await log.close()
+
+
+def message(sid: str, message_id: str) -> ev.UserMessageReceived:
+    return ev.UserMessageReceived(session_id=sid, version=0, message_id=message_id, text="hi", user_id="u")
+
+
+def answered_turn(w: SessionWriter, n: int, encoder: SnapshotEncoder) -> None:
+    """A user message and its answered turn, with the turn's snapshot."""
+    tid, mid = f"t{n}", f"m{n}"
+    w.add(ev.UserMessageReceived, message_id=mid, text=f"question {n}", user_id="u")
+    w.add(ev.TurnStarted, turn_id=tid, message_id=mid)
+    w.transition(SessionStatus.PROCESSING, Cause.USER_MESSAGE)
+    w.add(ev.AssistantMessage, turn_id=tid, message_id=f"a{n}", text=f"answer {n}")
+    w.transition(SessionStatus.FINISHED, Cause.MODEL_ANSWER)
+    w.add(
+        ev.TurnFinished,
+        turn_id=tid,
+        message_id=mid,
+        reason="answered",
+        iterations=0,
+        model_calls=0,
+        input_tokens=0,
+        output_tokens=0,
+    )
+    take(w, encoder)
+
+
+async def write_finished(log: KafkaEventLog, sid: str, turns: int = 2) -> None:
+    w = SessionWriter(log, SessionState(sid), "test")
+    w.add(ev.SessionCreated, agent_id="a", user_id="u")
+    encoder = SnapshotEncoder()
+    for n in range(turns):
+        answered_turn(w, n, encoder)
+    await log.append(w.take_pending(), expected_version=0)
+
+
+async def write_live(log: KafkaEventLog, sid: str) -> None:
+    """A session whose turn is running (its worker died with the old owner)."""
+    w = SessionWriter(log, SessionState(sid), "test")
+    w.add(ev.SessionCreated, agent_id="a", user_id="u")
+    w.add(ev.UserMessageReceived, message_id="m0", text="question", user_id="u")
+    w.add(ev.TurnStarted, turn_id="t0", message_id="m0")
+    w.transition(SessionStatus.PROCESSING, Cause.USER_MESSAGE)
+    await log.append(w.take_pending(), expected_version=0)
+
+
+async def full_read(bootstrap: str, topic: str, sids: list[str]) -> dict[str, list[ev.Event]]:
+    """The sessions as a process that owns nothing reads them (the whole partition)."""
+    reader = KafkaEventLog(bootstrap, topic=topic, partitions=1, owner=False)
+    await reader.start()
+    try:
+        return {sid: await reader.read_session(sid) for sid in sids}
+    finally:
+        await reader.close()
+
+
+async def positions(log: KafkaEventLog) -> list[tuple[int, str]]:
+    """Every record of the partition a consumer reads from offset 0, 7 at a time: (offset,
+    event id)."""
+    found: list[tuple[int, str]] = []
+    offset = 0
+    while records := await log.read_partition(0, offset, limit=7):
+        found += [(r.offset, r.event.event_id) for r in records]
+        offset = records[-1].offset + 1
+    return found
+
+
+async def test_a_takeover_loads_only_the_live_sessions_and_refuses_repeats_on_the_others(
+    bootstrap: str, topic: str
+) -> None:
+    finished = [f"done-{i}" for i in range(FINISHED)]
+    async with owner_of(bootstrap, topic) as first:
+        for sid in finished:
+            await write_finished(first, sid)
+        await write_live(first, "live")
+        closed = "closed"
+        await first.submit(ev.SessionCreated(session_id=closed, version=1, agent_id="a", user_id="u"))
+        await first.submit(ev.SessionClosed(session_id=closed, version=0, reason="done", actor="u"))
+        held = await first.submit(message(finished[0], "client-1"))
+        assert held.version == 16
+    history = await full_read(bootstrap, topic, [*finished, "live", closed])
+
+    async with owner_of(bootstrap, topic) as second:
+        part = second._parts[0]
+        assert set(part.sessions) == {"live", finished[0]}  # a turn running, a message waiting
+        assert set(part.unloaded) == {*finished[1:], closed}
+        assert part.states["live"] == fold("live", history["live"])
+        assert part.states[finished[0]] == fold(finished[0], history[finished[0]])
+
+        again = await second.submit(message(finished[0], "client-1"))  # the same message id
+        assert (again.event_id, again.version) == (held.event_id, 16)
+        answered = history[finished[1]][1]
+        repeat = await second.submit(message(finished[1], "m0"))  # answered long ago, not loaded
+        assert (repeat.event_id, repeat.version) == (answered.event_id, 2)
+        stale = ev.TurnStarted(session_id=finished[1], version=14, turn_id="t9", message_id="m1")
+        with pytest.raises(ConcurrencyError):
+            await second.append([stale], expected_version=13)
+        created = ev.SessionCreated(session_id=finished[2], version=1, agent_id="a", user_id="u")
+        with pytest.raises(ConcurrencyError):  # a creation of a session that exists
+            await second.submit(created)
+        with pytest.raises(SessionClosedError):
+            await second.submit(ev.CancelRequested(session_id=closed, version=0, reason="x", actor="u"))
+        assert set(part.sessions) == {"live", finished[0], finished[1], finished[2], closed}
+
+        assert await second.read_session(finished[3]) == history[finished[3]]
+        state = await load_latest(second, finished[3])  # the snapshot is a cache of the fold
+        assert state == fold(finished[3], history[finished[3]][:-1])
+        reader = KafkaEventLog(bootstrap, topic=topic, partitions=1, owner=False)
+        await reader.start()
+        try:  # a consumer reading from 0 gets the records before the watermark too
+            assert await positions(second) == await positions(reader)
+        finally:
+            await reader.close()
+        nxt = ev.UserMessageReceived(
+            session_id=finished[4], version=0, message_id="m9", text="x", user_id="u"
+        )
+        assert (await second.submit(nxt)).version == len(history[finished[4]]) + 1
+
+
+async def test_without_a_session_index_a_takeover_reads_everything_and_writes_the_index(
+    bootstrap: str, topic: str
+) -> None:
+    finished = [f"old-{i}" for i in range(4)]
+    async with owner_of(bootstrap, topic, session_index=False) as first:
+        for sid in finished:
+            await write_finished(first, sid)
+    async with owner_of(bootstrap, topic) as second:  # no index on the topic: the full read
+        assert set(second._parts[0].sessions) == set(finished) and not second._parts[0].unloaded
+        with pytest.raises(ConcurrencyError):
+            await second.append(
+                [ev.TurnStarted(session_id=finished[0], version=2, turn_id="t", message_id="m")],
+                expected_version=1,
+            )
+    async with owner_of(bootstrap, topic) as third:  # the second wrote every session's entry
+        assert set(third._parts[0].unloaded) == set(finished) and not third._parts[0].sessions
+        assert await third.session_version(finished[1]) == 15
+        assert (await third.read_session(finished[1]))[-1].version == 15
+
+
+async def test_an_index_that_lags_is_caught_up_from_the_events_after_its_watermark(
+    bootstrap: str, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with owner_of(bootstrap, topic) as first:
+        for sid in ("a", "b", "c"):
+            await write_finished(first, sid)
+    async with owner_of(bootstrap, topic) as second:
+        # it dies before writing the index again: what it appended is only on the events topic
+        monkeypatch.setattr(second, "_index_due", lambda part, force=False: False)
+        grown = await second.submit(message("a", "late"))
+        await write_finished(second, "d")
+    async with owner_of(bootstrap, topic) as third:
+        part = third._parts[0]
+        assert set(part.sessions) == {"a", "d"} and set(part.unloaded) == {"b", "c"}
+        assert (await third.submit(message("a", "late"))).event_id == grown.event_id
+        with pytest.raises(ConcurrencyError):
+            await third.append(
+                [ev.TurnStarted(session_id="d", version=14, turn_id="t", message_id="m")], expected_version=13
+            )
+        history = await full_read(bootstrap, topic, ["a", "b", "c", "d"])
+        for sid, events in history.items():
+            assert await third.read_session(sid) == events
