@@ -183,6 +183,10 @@ class ExperimentNotFoundError(InputError):
         self.experiment_id = experiment_id
 
 
+class NoSessionsSelectedError(InputError):
+    """An experiment's selection names no recorded session (unknown ids, or filters that match none)."""
+
+
 class MessageTooLargeError(InputError):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(

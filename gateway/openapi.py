@@ -298,7 +298,7 @@ PATHS: dict[str, dict[str, Any]] = {
             "requestBody": _body(ref("ExperimentStart")),
             "responses": {
                 "202": _json(ref("ExperimentStarted"), "defined and running"),
-                **_errors(400, 403, 413, 422, 503),
+                **_errors(400, 403, 404, 413, 422, 503),
             },
         },
     },

@@ -24,6 +24,7 @@ from engine import (
     ModelRequest,
     ModelResponse,
     SqliteEventLog,
+    Tool,
     call,
     reply,
     tool,
@@ -37,10 +38,30 @@ PARTITIONS = 4
 WAIT_S = 240.0
 
 
-@tool(idempotent=True)
-def stamp(tag: str) -> str:
-    """Stamp a tag (the tool result names the session and message it was run for)."""
-    return f"stamped {tag}"
+def stamp_tool(log: SqliteEventLog, second_round: threading.Event) -> Tool:
+    """The stamp tool. The first call of the test opens the producers' second round and holds
+    its turn until one of those messages is on the log, so at least one turn is certainly
+    rebased over a message that arrived mid-turn, however the threads are scheduled."""
+
+    @tool(idempotent=True)
+    async def stamp(tag: str) -> str:
+        """Stamp a tag (the tool result names the session and message it was run for)."""
+        if not second_round.is_set():
+            second_round.set()
+            await until_second_round_message(log, tag.split(":")[0])
+        return f"stamped {tag}"
+
+    return stamp
+
+
+async def until_second_round_message(log: SqliteEventLog, sid: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        events = await log.read_session(sid)
+        texts = [e.text for e in events if isinstance(e, ev.UserMessageReceived)]
+        if any(t.endswith(":1") for t in texts):
+            return
+        await asyncio.sleep(0.02)
 
 
 def echo(request: ModelRequest) -> ModelResponse | str:
@@ -54,13 +75,20 @@ def echo(request: ModelRequest) -> ModelResponse | str:
 
 
 def produce(
-    path: Path, name: str, sids: list[str], agents: AgentDirectory, errors: list[BaseException]
+    path: Path,
+    name: str,
+    sids: list[str],
+    agents: AgentDirectory,
+    second_round: threading.Event,
+    errors: list[BaseException],
 ) -> None:
     async def run() -> None:
         log = SqliteEventLog(path, partitions=PARTITIONS)
         api = AgentSessions(log, agents, producer=name)
         try:
             for k in range(PER_PRODUCER):
+                if k == 1:  # the second round waits for the first tool call (see stamp_tool)
+                    await asyncio.to_thread(second_round.wait, WAIT_S)
                 for sid in sids:
                     await api.post_user_message(sid, f"msg {sid}:{name}:{k}")
         finally:
@@ -75,8 +103,9 @@ def produce(
 async def test_many_producers_many_sessions_no_crossing_no_interleaving(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     model = FunctionModel(echo, keep_requests=10_000)  # the test reads every request
-    agents = AgentDirectory([Agent("echo", model, [stamp])])
     log = SqliteEventLog(path, partitions=PARTITIONS)
+    second_round = threading.Event()
+    agents = AgentDirectory([Agent("echo", model, [stamp_tool(log, second_round)])])
     api = AgentSessions(log, agents, producer="setup")
     sids = [(await api.create_session("echo", f"user-{i}")).session_id for i in range(SESSIONS)]
     workers = [
@@ -88,7 +117,7 @@ async def test_many_producers_many_sessions_no_crossing_no_interleaving(tmp_path
     errors: list[BaseException] = []
     groups = [sids[i::PAIRS] for i in range(PAIRS)]
     threads = [
-        threading.Thread(target=produce, args=(path, f"p{g}{side}", group, agents, errors))
+        threading.Thread(target=produce, args=(path, f"p{g}{side}", group, agents, second_round, errors))
         for g, group in enumerate(groups)
         for side in "ab"
     ]

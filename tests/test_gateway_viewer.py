@@ -435,6 +435,10 @@ async def test_an_experiment_started_over_http_and_read_in_the_viewer(tmp_path: 
             }
             denied = await client.post("/v1/admin/experiments", json=body, headers=auth("alice"))
             assert denied.status_code == 403
+            unknown = {**body, "select": {"session_ids": ["no-such-session"]}}
+            missing = await client.post("/v1/admin/experiments", json=unknown, headers=auth("root"))
+            assert (missing.status_code, missing.json()["error"]) == (404, "no_sessions_selected")
+            assert "no-such-session" in missing.json()["detail"]
             started = await client.post("/v1/admin/experiments", json=body, headers=auth("root"))
             assert started.status_code == 202, started.text
             eid = started.json()["experiment_id"]

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 
 from .. import events as ev
-from ..errors import InputError
+from ..errors import InputError, NoSessionsSelectedError
 from ..log.base import EventLog
 from .namespace import is_experiment_session
 
@@ -54,7 +54,7 @@ async def select_sessions(log: EventLog, selection: Selection) -> list[str]:
     found = [c for c in await recorded_sessions(log, wanted or None) if _matches(c, selection)]
     missing = wanted - {c.session_id for c in found}
     if missing:
-        raise InputError(
+        raise NoSessionsSelectedError(
             f"no recorded session {sorted(missing)[0]!r} matches the selection "
             "(unknown id, an experiment's own session, or filtered out by agent, user or time)"
         )
@@ -63,7 +63,9 @@ async def select_sessions(log: EventLog, selection: Selection) -> list[str]:
     if selection.sample is not None and selection.sample < len(ids):
         ids = sorted(random.Random(selection.seed).sample(ids, selection.sample), key=ids.index)
     if not ids:
-        raise InputError("no recorded session matches the selection; widen it (agent, user, time range)")
+        raise NoSessionsSelectedError(
+            "no recorded session matches the selection; widen it (agent, user, time range)"
+        )
     return ids
 
 
