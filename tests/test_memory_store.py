@@ -16,8 +16,8 @@ import pytest
 
 from engine.errors import ConfigurationError, InputError, MemoryStoreError
 from engine.memory.dedup import DUPLICATE_THRESHOLD, same_fact
-from engine.memory.embedders import OpenAIEmbeddings, UniversalSentenceEncoder
 from engine.memory.edge import EdgeMemoryStore
+from engine.memory.embedders import OpenAIEmbeddings, UniversalSentenceEncoder
 from engine.memory.qdrant import QdrantMemoryStore
 from engine.memory.stores import open_store
 from tests.openai_server import free_port, serve_openai

@@ -111,9 +111,11 @@ class EdgeMemoryStore:
 
     # -- extras -------------------------------------------------------------------------------
 
-    async def remember_many(self, facts: Sequence[Memory]) -> None:
-        """Bulk-load facts as they are, without the duplicate check (benchmarks, migrations)."""
-        vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
+    async def remember_many(self, facts: Sequence[Memory], vectors: np.ndarray | None = None) -> None:
+        """Bulk-load facts as they are, without the duplicate check (benchmarks, migrations);
+        ``vectors``: their embeddings, when already computed."""
+        if vectors is None:
+            vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
         await self._call(self._upsert_many, list(facts), vectors)
 
     async def count(self, user_id: str | None = None, *, current_only: bool = True) -> int:
@@ -287,4 +289,5 @@ def _current(user_id: str, tags: Sequence[str]) -> qe.Filter:
 
 
 def _point(fact: Memory, vector: np.ndarray) -> qe.Point:
-    return qe.Point(id=fact.memory_id, vector=np.asarray(vector, dtype=np.float32).tolist(), payload=payload(fact))
+    values = np.asarray(vector, dtype=np.float32).tolist()
+    return qe.Point(id=fact.memory_id, vector=values, payload=payload(fact))

@@ -155,9 +155,11 @@ class QdrantMemoryStore:
 
     # -- extras -------------------------------------------------------------------------------
 
-    async def remember_many(self, facts: Sequence[Memory]) -> None:
-        """Bulk-load facts as they are, without the duplicate check (benchmarks, migrations)."""
-        vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
+    async def remember_many(self, facts: Sequence[Memory], vectors: np.ndarray | None = None) -> None:
+        """Bulk-load facts as they are, without the duplicate check (benchmarks, migrations);
+        ``vectors``: their embeddings, when already computed."""
+        if vectors is None:
+            vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
         await self._call(self._upsert_many, list(facts), vectors)
 
     async def count(self, user_id: str | None = None, *, current_only: bool = True) -> int:

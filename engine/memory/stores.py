@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import ConfigurationError
-from .base import MemoryStore
 from .embedders import Embedder
+
+if TYPE_CHECKING:
+    from .edge import EdgeMemoryStore
+    from .qdrant import QdrantMemoryStore
 
 ENGINE_ENV = "TURNLOG_MEMORY_ENGINE"
 """``edge`` or ``local``: the embedded engine when no Qdrant server URL is given."""
@@ -25,7 +28,7 @@ def open_store(
     url: str | None = None,
     engine: str | None = None,
     embedder: Embedder | None = None,
-) -> MemoryStore:
+) -> EdgeMemoryStore | QdrantMemoryStore:
     """A store on the Qdrant server at ``url``, or embedded in the folder ``path``.
 
     ``engine`` (default: ``$TURNLOG_MEMORY_ENGINE``, else chosen from the folder): ``edge``
@@ -35,7 +38,8 @@ def open_store(
         from .qdrant import QdrantMemoryStore
 
         return QdrantMemoryStore(embedder, url=url)
-    chosen = engine or os.environ.get(ENGINE_ENV) or ("local" if path and is_local_mode(Path(path)) else "edge")
+    made_by_local_mode = path is not None and is_local_mode(Path(path))
+    chosen = engine or os.environ.get(ENGINE_ENV) or ("local" if made_by_local_mode else "edge")
     if chosen == "local":
         from .qdrant import QdrantMemoryStore
 
