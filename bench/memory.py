@@ -1,20 +1,22 @@
 #!/usr/bin/env python
-"""Long-term memory: write and retrieval latency with 10,000 memories (issue 8, seed §3.3).
+"""Long-term memory: write and retrieval latency, Qdrant Edge against Qdrant local mode (issues 8, 20).
 
-    PYTHONPATH=. .venv/bin/python bench/memory.py                  # 10,000 memories (~2-3 min)
+    PYTHONPATH=. .venv/bin/python bench/memory.py                          # 10,000 and 100,000 memories
     PYTHONPATH=. .venv/bin/python bench/memory.py --memories 2000 --writes 50 --searches 100
-    PYTHONPATH=. .venv/bin/python bench/memory.py --shards 1     # one collection, as on a server
+    PYTHONPATH=. .venv/bin/python bench/memory.py --engines edge --memories 100000
+    PYTHONPATH=. .venv/bin/python bench/memory.py --shards 1               # local mode in one collection
 
-A ``QdrantMemoryStore`` in local mode on disk (a temp dir) with the default embedder (USE v3,
-offline). The preload is a bulk insert (``remember_many``: batched embedding and upserts, no
-duplicate check) of synthetic Chinese and English facts spread over ``--users`` users. Then,
-timed one at a time:
+For each size and each engine (``EdgeMemoryStore``, the embedded default, and ``QdrantMemoryStore``
+in local mode, both on disk in a temp dir) with the default embedder (USE v3, offline): the
+preload is a bulk insert (``remember_many``: no duplicate check) of synthetic Chinese and English
+facts spread over ``--users`` users, embedded once per size and given to every engine as
+vectors. Then, timed one at a time, the same operations in the same order on each engine:
 
 * embed: the embedder alone on one text (what every write and search pays first);
 * write: ``remember`` of a new fact (embed + the dedup look-up among the user's current
   memories + the upsert, or the supersede);
 * search: ``search`` for a user (embed + the filtered query), limit 5;
-* search, Qdrant only: the same query with the vector already computed.
+* search, engine only: the same query with the vector already computed.
 
 p50 / p95 in ms. Results: a table on stdout and JSON in bench/results/memory.json (``--out``).
 """
@@ -33,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 for _p in (str(REPO), str(HERE)):
@@ -42,6 +46,7 @@ for _p in (str(REPO), str(HERE)):
 import engine_version  # noqa: E402
 
 from engine.memory.base import Memory  # noqa: E402
+from engine.memory.edge import EdgeMemoryStore  # noqa: E402
 from engine.memory.embedders import UniversalSentenceEncoder  # noqa: E402
 from engine.memory.qdrant import QdrantMemoryStore  # noqa: E402
 
@@ -92,91 +97,173 @@ async def timed(fn: Any, *args: Any, **kwargs: Any) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    rng = random.Random(7)
-    embedder = UniversalSentenceEncoder()
+async def run_engine(
+    name: str,
+    args: argparse.Namespace,
+    embedder: UniversalSentenceEncoder,
+    root: Path,
+    preload: list[Memory],
+    vectors: np.ndarray,
+) -> dict[str, Any]:
+    """One engine: preload, then the timed writes and searches (the same ones for every engine)."""
+    store: EdgeMemoryStore | QdrantMemoryStore = (
+        EdgeMemoryStore(embedder, path=str(root / name))
+        if name == "edge"
+        else QdrantMemoryStore(embedder, path=str(root / name), shards=args.shards)
+    )
+    users = sorted({m.user_id for m in preload})
     start = time.perf_counter()
-    embedder.embed(["warm-up"])
-    load_s = time.perf_counter() - start
-    store = QdrantMemoryStore(embedder, path=str(root / "qdrant"), shards=args.shards)
-    users = [f"user-{i}" for i in range(args.users)]
-    preload = [
-        Memory(
-            memory_id=f"{i:08x}-0000-4000-8000-000000000000",
-            user_id=users[i % len(users)],
-            text=fact(rng),
-            tag=rng.choice(TAGS),
-            valid_from_ms=1,
-        )
-        for i in range(args.memories)
-    ]
-    start = time.perf_counter()
-    embedder.batch_size = 256
-    await store.remember_many(preload)
-    embedder.batch_size = 64
+    await store.remember_many(preload, vectors)
     preload_s = time.perf_counter() - start
-    assert await store.count() == args.memories
-
-    embed = [await timed(asyncio.to_thread, embedder.embed, [fact(rng)]) for _ in range(args.searches)]
+    assert await store.count() == len(preload)
+    rng = random.Random(11)
     writes = [
         await timed(store.remember, rng.choice(users), fact(rng), rng.choice(TAGS))
         for _ in range(args.writes)
     ]
-    searches, qdrant_only = [], []
+    searches, engine_only = [], []
     for _ in range(args.searches):
         user, query = rng.choice(users), rng.choice(QUERIES)
         searches.append(await timed(store.search, user, query, limit=5))
         vector = embedder.embed([query])[0]
-        qdrant_only.append(await timed(store._call, store._query, user, vector, (), 0.0, 5))
+        engine_only.append(await timed(store._call, store._query, user, vector, (), 0.0, 5))
     total = await store.count(current_only=False)
     await store.close()
-    return {
-        "memories": args.memories,
-        "shards": store.shards,
-        "users": args.users,
-        "stored_after_writes": total,
-        "model_load_s": round(load_s, 2),
+    result: dict[str, Any] = {
         "preload_s": round(preload_s, 1),
-        "embed": summary(embed),
+        "stored_after_writes": total,
         "write": summary(writes),
         "search": summary(searches),
-        "search_qdrant_only": summary(qdrant_only),
+        "search_engine_only": summary(engine_only),
+    }
+    if isinstance(store, QdrantMemoryStore):
+        result["shards"] = store.shards
+    return result
+
+
+class Texts:
+    """The preload's facts and their vectors: ``distinct`` texts (the first ``distinct`` of the
+    seeded sequence), each embedded once and shared by every size, memory i taking text
+    ``i % distinct``. With a prime ``distinct`` above the users count, no user holds a text
+    twice; a search scores the same number of points as with all texts distinct."""
+
+    def __init__(self, distinct: int) -> None:
+        rng = random.Random(7)
+        self.texts = [fact(rng) for _ in range(distinct)]
+        self.tags = [rng.choice(TAGS) for _ in range(distinct)]
+        self.vectors: np.ndarray | None = None
+        self.embed_s = 0.0
+
+    async def embedded(self, embedder: UniversalSentenceEncoder, count: int) -> np.ndarray:
+        """Vectors for the first ``count`` texts (all of them once more than that are needed)."""
+        if self.vectors is None or len(self.vectors) < min(count, len(self.texts)):
+            start = time.perf_counter()
+            embedder.batch_size = 256
+            wanted = self.texts[: min(count, len(self.texts))] if self.vectors is None else self.texts
+            self.vectors = await asyncio.to_thread(embedder.embed, wanted)
+            embedder.batch_size = 64
+            self.embed_s += time.perf_counter() - start
+        return self.vectors
+
+
+async def run_size(
+    memories: int, args: argparse.Namespace, embedder: UniversalSentenceEncoder, root: Path, texts: Texts
+) -> dict[str, Any]:
+    users = [f"user-{i}" for i in range(args.users)]
+    pool = await texts.embedded(embedder, memories)
+    distinct = len(texts.texts)
+    preload = [
+        Memory(
+            memory_id=f"{i:08x}-0000-4000-8000-000000000000",
+            user_id=users[i % len(users)],
+            text=texts.texts[i % distinct],
+            tag=texts.tags[i % distinct],
+            valid_from_ms=1,
+        )
+        for i in range(memories)
+    ]
+    vectors = pool[[i % distinct for i in range(memories)]]
+    rng = random.Random(memories)
+    embed = [await timed(asyncio.to_thread, embedder.embed, [fact(rng)]) for _ in range(args.searches)]
+    engines = {}
+    for name in args.engines:
+        engines[name] = await run_engine(name, args, embedder, root / f"{memories}", preload, vectors)
+        print(f"  {memories} memories, {name}: {engines[name]}", flush=True)
+    return {
+        "memories": memories,
+        "users": args.users,
+        "distinct_texts": min(distinct, memories),
+        "embed": summary(embed),
+        "engines": engines,
     }
 
 
-def table(result: dict[str, Any]) -> str:
-    rows = [
-        ("embed one text (USE v3)", result["embed"]),
-        ("write: remember (embed + dedup + upsert)", result["write"]),
-        ("search: embed + filtered query, limit 5", result["search"]),
-        ("search, Qdrant only (vector given)", result["search_qdrant_only"]),
-    ]
+ENGINE_NAMES = {"edge": "Qdrant Edge", "local": "local mode"}
+
+
+def table(sizes: list[dict[str, Any]]) -> str:
     lines = [
-        f"{result['memories']} memories over {result['users']} users, Qdrant local mode on disk, "
-        f"{result['shards']} collections; "
-        f"preload {result['preload_s']} s (bulk), model load {result['model_load_s']} s",
-        "| operation | p50 ms | p95 ms | n |",
-        "|---|---:|---:|---:|",
+        "| memories | operation | engine | p50 ms | p95 ms | n |",
+        "|---:|---|---|---:|---:|---:|",
     ]
-    lines += [f"| {name} | {s['p50_ms']} | {s['p95_ms']} | {s['n']} |" for name, s in rows]
+    for size in sizes:
+        n = f"{size['memories']:,}"
+        e = size["embed"]
+        lines.append(f"| {n} | embed one text (USE v3) | - | {e['p50_ms']} | {e['p95_ms']} | {e['n']} |")
+        for op, label in (
+            ("write", "write: remember (embed + dedup + upsert)"),
+            ("search", "search: embed + filtered query, limit 5"),
+            ("search_engine_only", "search, engine only (vector given)"),
+        ):
+            for name, result in size["engines"].items():
+                s = result[op]
+                lines.append(
+                    f"| {n} | {label} | {ENGINE_NAMES[name]} | {s['p50_ms']} | {s['p95_ms']} | {s['n']} |"
+                )
+        for name, result in size["engines"].items():
+            preload = f"{result['preload_s']} s"
+            lines.append(
+                f"| {n} | preload (bulk upsert, vectors given) | {ENGINE_NAMES[name]} | {preload} | | |"
+            )
     return "\n".join(lines)
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--memories", type=int, default=10_000)
+    parser.add_argument("--memories", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--engines", nargs="+", choices=sorted(ENGINE_NAMES), default=["edge", "local"])
     parser.add_argument("--users", type=int, default=100)
+    parser.add_argument(
+        "--distinct", type=int, default=9973, help="distinct texts embedded (0: one per memory); a prime"
+    )
     parser.add_argument("--writes", type=int, default=100)
     parser.add_argument("--searches", type=int, default=200)
-    parser.add_argument("--shards", type=int, default=None, help="collections (default: the store's)")
+    parser.add_argument(
+        "--shards", type=int, default=None, help="local mode's collections (default: the store's)"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "memory.json")
     args = parser.parse_args()
+    embedder = UniversalSentenceEncoder()
+    start = time.perf_counter()
+    embedder.embed(["warm-up"])
+    load_s = time.perf_counter() - start
+    sizes = []
+    texts = Texts(args.distinct or max(args.memories))
     with tempfile.TemporaryDirectory() as tmp:
-        result = await run(args, Path(tmp))
-    print(table(result))
+        for memories in args.memories:
+            sizes.append(await run_size(memories, args, embedder, Path(tmp), texts))
+    print(table(sizes))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     facts = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
-    out = {"engine": engine_version.fingerprint()["sha256_12"], **facts, **result}
+    load = os.getloadavg()
+    out = {
+        "engine": engine_version.fingerprint()["sha256_12"],
+        **facts,
+        "load_average_1m_at_end": round(load[0], 1),
+        "model_load_s": round(load_s, 2),
+        "embed_preload_s": round(texts.embed_s, 1),
+        "sizes": sizes,
+    }
     args.out.write_text(json.dumps(out, indent=2) + "\n")
 
 

@@ -18,7 +18,7 @@ from consumers.memory import MemoryConsumer
 from engine import Agent, AgentDirectory, AgentSessions, ContextPolicy, EventLog, FunctionModel, Model
 from engine import events as ev
 from engine.memory.embedders import UniversalSentenceEncoder
-from engine.memory.qdrant import QdrantMemoryStore
+from engine.memory.stores import open_store
 from engine.models.base import ModelChunk, ModelRequest, ModelResponse, TextDelta
 from engine.models.pricing import Price, PriceTable
 from engine.models.tokens import count_chat_tokens
@@ -105,7 +105,7 @@ async def test_cost_per_session_user_and_day_is_the_sum_of_every_call_made(
         worker.stop()
         await running
 
-    memory = QdrantMemoryStore(UniversalSentenceEncoder(), path=str(tmp_path / "qdrant"))
+    memory = open_store(tmp_path / "memory", embedder=UniversalSentenceEncoder())
     try:
         extractor = FunctionModel(lambda r: "[]", name="extractor")
         await MemoryConsumer(log, memory, extractor, prices=PRICES).catch_up()

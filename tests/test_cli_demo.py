@@ -56,11 +56,11 @@ def tables(home: Path) -> dict[str, list[dict]]:
 
 
 def remembered(home: Path, user: str, query: str) -> list[str]:
-    """What the demo's memory store (Qdrant local mode under the home) holds for ``user``."""
-    from engine.memory.qdrant import QdrantMemoryStore
+    """What the demo's memory store (the embedded default under the home) holds for ``user``."""
+    from engine.memory.stores import open_store
 
     async def search() -> list[str]:
-        store = QdrantMemoryStore(path=str(home / "memory"))
+        store = open_store(home / "memory")
         try:
             return [m.text for m in await store.search(user, query, limit=5)]
         finally:

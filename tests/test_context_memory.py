@@ -1,5 +1,6 @@
 """Long-term memory on the turn's path (issue 8): the model's ``remember`` call is a MemoryNoted
-event, the memory consumer stores it in Qdrant (local mode, the real multilingual embedder), and
+event, the memory consumer stores it in Qdrant (Qdrant Edge, the embedded default, with the real
+multilingual embedder), and
 the user's next session starts with it in context; another user never gets it."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from consumers.memory import MemoryConsumer
 from engine import MemoryPolicy, call, reply
 from engine import events as ev
 from engine.context.assemble import MEMORY_HEADER
+from engine.memory.edge import EdgeMemoryStore
 from engine.memory.embedders import UniversalSentenceEncoder
 from engine.memory.qdrant import QdrantMemoryStore
 from engine.models.base import ModelRequest, ModelResponse
@@ -28,8 +30,8 @@ def embedder() -> UniversalSentenceEncoder:
 
 
 @pytest.fixture
-async def store(embedder: UniversalSentenceEncoder, tmp_path: Path) -> AsyncIterator[QdrantMemoryStore]:
-    opened = QdrantMemoryStore(embedder, path=str(tmp_path / "qdrant"))
+async def store(embedder: UniversalSentenceEncoder, tmp_path: Path) -> AsyncIterator[EdgeMemoryStore]:
+    opened = EdgeMemoryStore(embedder, path=str(tmp_path / "memory"))
     yield opened
     await opened.close()
 
@@ -44,7 +46,7 @@ def assistant(request: ModelRequest) -> ModelResponse | str:
 
 
 async def test_remembered_fact_is_stored_off_path_and_recalled_in_the_next_session(
-    tmp_path: Path, store: QdrantMemoryStore
+    tmp_path: Path, store: EdgeMemoryStore
 ) -> None:
     policy = MemoryPolicy(store, tags=("preference",))
     first = await open_session(tmp_path, assistant, memory=policy)

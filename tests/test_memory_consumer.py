@@ -1,4 +1,4 @@
-"""The memory consumer on a real SQLite log and real Qdrant local mode (seed §3.3)."""
+"""The memory consumer on a real SQLite log and the real embedded memory store, Qdrant Edge (seed §3.3)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from consumers.memory import GROUP, MemoryConsumer, parse_facts
 from engine import events as ev
 from engine.errors import ModelError
 from engine.log.sqlite import SqliteEventLog
+from engine.memory.edge import EdgeMemoryStore
 from engine.memory.embedders import UniversalSentenceEncoder
-from engine.memory.qdrant import QdrantMemoryStore
 from engine.models.openai_compat import OpenAICompatibleModel
 from engine.models.scripted import ScriptedModel
 from tests.openai_server import FakeReply, serve_openai
@@ -42,8 +42,8 @@ async def event_log(tmp_path: Path) -> AsyncIterator[SqliteEventLog]:
 
 
 @pytest.fixture
-async def memories(embedder: UniversalSentenceEncoder, tmp_path: Path) -> AsyncIterator[QdrantMemoryStore]:
-    store = QdrantMemoryStore(embedder, path=str(tmp_path / "qdrant"))
+async def memories(embedder: UniversalSentenceEncoder, tmp_path: Path) -> AsyncIterator[EdgeMemoryStore]:
+    store = EdgeMemoryStore(embedder, path=str(tmp_path / "memory"))
     try:
         yield store
     finally:
@@ -102,7 +102,7 @@ async def write_task(
 
 
 async def test_notes_are_stored_and_tasks_are_distilled(
-    event_log: SqliteEventLog, memories: QdrantMemoryStore
+    event_log: SqliteEventLog, memories: EdgeMemoryStore
 ) -> None:
     await write_task(event_log, "s1", note="Refund orders that are more than 5 days late")
     extractor = ScriptedModel([FACTS])
@@ -132,7 +132,7 @@ async def test_notes_are_stored_and_tasks_are_distilled(
 
 
 async def test_a_restart_resumes_where_it_stopped(
-    event_log: SqliteEventLog, memories: QdrantMemoryStore
+    event_log: SqliteEventLog, memories: EdgeMemoryStore
 ) -> None:
     await write_task(event_log, "s1")
     assert await MemoryConsumer(event_log, memories, ScriptedModel([FACTS])).catch_up() == 6
@@ -148,7 +148,7 @@ async def test_a_restart_resumes_where_it_stopped(
 
 
 async def test_a_rerun_over_the_same_events_writes_nothing_twice(
-    event_log: SqliteEventLog, memories: QdrantMemoryStore
+    event_log: SqliteEventLog, memories: EdgeMemoryStore
 ) -> None:
     await write_task(event_log, "s1", note="Refund orders that are more than 5 days late")
     await MemoryConsumer(event_log, memories, ScriptedModel([FACTS])).catch_up()
@@ -172,7 +172,7 @@ async def test_a_rerun_over_the_same_events_writes_nothing_twice(
     ],
 )
 async def test_unusable_extraction_is_skipped_not_a_crash(
-    event_log: SqliteEventLog, memories: QdrantMemoryStore, answer: str | Exception
+    event_log: SqliteEventLog, memories: EdgeMemoryStore, answer: str | Exception
 ) -> None:
     await write_task(event_log, "s1", note="Refund orders that are more than 5 days late")
     await write_task(event_log, "s2")
@@ -205,7 +205,7 @@ def test_parse_facts_keeps_the_good_items_and_says_why_others_went() -> None:
 
 
 async def test_only_answered_tasks_are_distilled(
-    event_log: SqliteEventLog, memories: QdrantMemoryStore
+    event_log: SqliteEventLog, memories: EdgeMemoryStore
 ) -> None:
     await write_task(event_log, "s1", reason="iteration_cap")
     extractor = ScriptedModel([FACTS])
@@ -215,7 +215,7 @@ async def test_only_answered_tasks_are_distilled(
 
 
 async def test_extraction_through_the_openai_sdk(
-    event_log: SqliteEventLog, memories: QdrantMemoryStore
+    event_log: SqliteEventLog, memories: EdgeMemoryStore
 ) -> None:
     await write_task(event_log, "s1")
     with serve_openai([FakeReply(text=f"```json\n{FACTS}\n```")]) as server:
@@ -241,7 +241,7 @@ class ReadsRecorded(SqliteEventLog):
 
 
 async def test_a_task_is_read_from_its_user_message_not_from_the_start(
-    tmp_path: Path, memories: QdrantMemoryStore
+    tmp_path: Path, memories: EdgeMemoryStore
 ) -> None:
     log = ReadsRecorded(tmp_path / "events.db", partitions=4)
     try:
@@ -272,9 +272,7 @@ async def test_a_task_is_read_from_its_user_message_not_from_the_start(
         await log.close()
 
 
-async def test_only_the_sessions_of_its_agents(
-    event_log: SqliteEventLog, memories: QdrantMemoryStore
-) -> None:
+async def test_only_the_sessions_of_its_agents(event_log: SqliteEventLog, memories: EdgeMemoryStore) -> None:
     await write_task(event_log, "s1", note="Refund orders that are more than 5 days late")
     other = [ev.SessionCreated(session_id="s2", version=1, agent_id="other", user_id="u1")]
     await event_log.append(other, expected_version=0)

@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from engine import KafkaEventLog, SessionClient
 from engine import events as ev
 from engine.log.kafka_topics import committed_offset
-from engine.memory.qdrant import QdrantMemoryStore
+from engine.memory.stores import open_store
 from tests.deployment import Program
 from tests.test_client import worker_and_log
 
@@ -30,7 +30,7 @@ async def test_a_note_from_one_session_is_retrieved_in_the_next(backend: str, tm
 
 async def test_a_memory_process_of_its_own_keeps_its_offsets_on_kafka(tmp_path: Path) -> None:
     """`turnlog memory` owns no partition: it stores the note and keeps its offsets on Kafka
-    directly. (Its store is its own here: Qdrant local mode is one process per folder; a
+    directly. (Its store is its own here: an embedded store is one process per folder; a
     deployment shares a Qdrant server between it and the workers.)"""
     async with worker_and_log("kafka", tmp_path, agents=AGENTS, extra=["--no-memory"]) as log:
         assert isinstance(log, KafkaEventLog)
@@ -57,7 +57,7 @@ async def test_a_memory_process_of_its_own_keeps_its_offsets_on_kafka(tmp_path: 
                 await asyncio.sleep(0.2)
         finally:
             memory.stop()
-    store = QdrantMemoryStore(path=str(tmp_path / "memory"))
+    store = open_store(tmp_path / "memory")
     try:
         assert [m.text for m in await store.search("u-1", "carrier", min_score=0.0)] == [
             "ship my orders with DHL"

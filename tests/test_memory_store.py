@@ -1,4 +1,5 @@
-"""Long-term memory on real Qdrant local mode with the real offline embedder (seed §3.3)."""
+"""Long-term memory on real Qdrant engines with the real offline embedder (seed §3.3): Qdrant Edge
+in-process (the embedded default), qdrant-client's local mode, and a server when one is given."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import pytest
 
 from engine.errors import ConfigurationError, InputError, MemoryStoreError
 from engine.memory.dedup import DUPLICATE_THRESHOLD, same_fact
+from engine.memory.edge import EdgeMemoryStore
 from engine.memory.embedders import OpenAIEmbeddings, UniversalSentenceEncoder
 from engine.memory.qdrant import QdrantMemoryStore
+from engine.memory.stores import open_store
 from tests.openai_server import free_port, serve_openai
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -30,14 +33,30 @@ def embedder() -> UniversalSentenceEncoder:
     return UniversalSentenceEncoder()
 
 
-@pytest.fixture(params=["local", "server"])
+Store = EdgeMemoryStore | QdrantMemoryStore
+
+
+@pytest.fixture(params=["edge", "local"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """The embedded engines: Qdrant Edge (the default) and qdrant-client's local mode."""
+    return str(request.param)
+
+
+def embedded(engine: str, embedder: Any, path: Path) -> Store:
+    store = open_store(path, engine=engine, embedder=embedder)
+    assert isinstance(store, (EdgeMemoryStore, QdrantMemoryStore))
+    return store
+
+
+@pytest.fixture(params=["edge", "local", "server"])
 async def memories(
     request: pytest.FixtureRequest, embedder: UniversalSentenceEncoder, tmp_path: Path
-) -> AsyncIterator[QdrantMemoryStore]:
-    """Qdrant local mode on a temp path; and a Qdrant server (a fresh collection) when
-    TURNLOG_QDRANT_URL names one (no server binary ships here, so it is skipped otherwise)."""
-    if request.param == "local":
-        store = QdrantMemoryStore(embedder, path=str(tmp_path / "qdrant"))
+) -> AsyncIterator[Store]:
+    """Qdrant Edge and Qdrant local mode on a temp path; and a Qdrant server (a fresh collection)
+    when TURNLOG_QDRANT_URL names one (no server binary ships here, so it is skipped otherwise)."""
+    store: Store
+    if request.param in ("edge", "local"):
+        store = embedded(request.param, embedder, tmp_path / "qdrant")
     elif url := os.environ.get("TURNLOG_QDRANT_URL"):
         store = QdrantMemoryStore(embedder, url=url, collection=f"test_{uuid.uuid4().hex}")
     else:
@@ -55,7 +74,7 @@ def test_the_labelled_set_is_big_and_mixed() -> None:
     assert {("distinct", lang) for lang in ("zh", "en", "mixed")} <= labels
 
 
-async def test_dedup_merges_paraphrases_and_keeps_different_facts_apart(memories: QdrantMemoryStore) -> None:
+async def test_dedup_merges_paraphrases_and_keeps_different_facts_apart(memories: Store) -> None:
     """Each pair goes through the store: write a, then b; b merged iff one current memory remains.
 
     Measured with the default embedder and threshold: 28 of 30 paraphrases merge (the two misses
@@ -91,7 +110,7 @@ def test_numbers_and_contrast_pairs_veto_a_merge_whatever_the_cosine() -> None:
     assert not same_fact("订单1042被承运商弄丢了", "承运商丢失了1042号订单", DUPLICATE_THRESHOLD - 0.01)
 
 
-async def test_search_filters_by_tag_and_minimum_score(memories: QdrantMemoryStore) -> None:
+async def test_search_filters_by_tag_and_minimum_score(memories: Store) -> None:
     await memories.remember("u1", "The user prefers DHL for shipping", "preference")
     await memories.remember("u1", "Order 1042 was lost by the carrier", "conclusion")
     await memories.remember("u1", "Refund orders that are more than 5 days late", "agreement")
@@ -111,7 +130,7 @@ async def test_search_filters_by_tag_and_minimum_score(memories: QdrantMemorySto
 
 
 async def test_a_restatement_supersedes_and_the_old_version_stays_in_history(
-    memories: QdrantMemoryStore,
+    memories: Store,
 ) -> None:
     first = await memories.remember("u1", "用户偏好使用顺丰快递发货", "preference", time_ms=1000)
     second = await memories.remember("u1", "用户希望发货都用顺丰", "preference", source="s2", time_ms=2000)
@@ -130,7 +149,7 @@ async def test_a_restatement_supersedes_and_the_old_version_stays_in_history(
         assert [v.valid_to_ms for v in versions] == [2000, None]
 
 
-async def test_rewriting_the_same_fact_changes_nothing(memories: QdrantMemoryStore) -> None:
+async def test_rewriting_the_same_fact_changes_nothing(memories: Store) -> None:
     """What makes a consumer's re-run idempotent: the same text, or an older restatement of a
     newer version, writes nothing."""
     first = await memories.remember("u1", "Group the sales report by channel", "preference", time_ms=1000)
@@ -147,7 +166,7 @@ async def test_rewriting_the_same_fact_changes_nothing(memories: QdrantMemorySto
     assert await memories.count("u1", current_only=False) == 2
 
 
-async def test_a_user_never_gets_another_users_memories(memories: QdrantMemoryStore) -> None:
+async def test_a_user_never_gets_another_users_memories(memories: Store) -> None:
     secret = await memories.remember("alice", "Alice's bank card ends in 4242", "preference")
     await memories.remember("bob", "Bob prefers email", "preference")
 
@@ -161,14 +180,14 @@ async def test_a_user_never_gets_another_users_memories(memories: QdrantMemorySt
 
 
 async def test_memories_persist_across_reopening_the_local_path(
-    embedder: UniversalSentenceEncoder, tmp_path: Path
+    engine: str, embedder: UniversalSentenceEncoder, tmp_path: Path
 ) -> None:
-    path = str(tmp_path / "qdrant")
-    first = QdrantMemoryStore(embedder, path=path)
+    path = tmp_path / "qdrant"
+    first = embedded(engine, embedder, path)
     written = await first.remember("u1", "The user's default warehouse is in Shanghai", "preference")
     await first.close()
 
-    second = QdrantMemoryStore(embedder, path=path)
+    second = embedded(engine, embedder, path)
     try:
         found = await second.search("u1", "用户的默认仓库在哪里？")
         assert [m.memory_id for m in found] == [written.memory.memory_id]
@@ -176,7 +195,7 @@ async def test_memories_persist_across_reopening_the_local_path(
         await second.close()
 
 
-async def test_mixed_chinese_and_english_queries_find_their_fact_first(memories: QdrantMemoryStore) -> None:
+async def test_mixed_chinese_and_english_queries_find_their_fact_first(memories: Store) -> None:
     ids = {}
     for fact in QUERIES["facts"]:
         written = await memories.remember("u1", fact["text"], fact["tag"])
@@ -193,7 +212,7 @@ async def test_mixed_chinese_and_english_queries_find_their_fact_first(memories:
     assert hits >= 9, misses
 
 
-async def test_bad_writes_and_settings_say_what_to_do(memories: QdrantMemoryStore, tmp_path: Path) -> None:
+async def test_bad_writes_and_settings_say_what_to_do(memories: Store, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="MemoryTag"):
         await memories.remember("u1", "a fact", "gossip")
     with pytest.raises(InputError, match="user_id"):
@@ -202,9 +221,11 @@ async def test_bad_writes_and_settings_say_what_to_do(memories: QdrantMemoryStor
         QdrantMemoryStore(memories.embedder, path=str(tmp_path / "a"), url="http://127.0.0.1:6333")
 
 
-async def test_one_process_per_local_path(embedder: UniversalSentenceEncoder, tmp_path: Path) -> None:
-    first = QdrantMemoryStore(embedder, path=str(tmp_path / "q"))
-    second = QdrantMemoryStore(embedder, path=str(tmp_path / "q"))
+async def test_one_process_per_local_path(
+    engine: str, embedder: UniversalSentenceEncoder, tmp_path: Path
+) -> None:
+    first = embedded(engine, embedder, tmp_path / "q")
+    second = embedded(engine, embedder, tmp_path / "q")
     try:
         await first.remember("u1", "a fact", "preference")
         with pytest.raises(MemoryStoreError, match="url="):
@@ -223,13 +244,13 @@ class _Other:
 
 
 async def test_a_collection_refuses_another_embedders_vectors(
-    embedder: UniversalSentenceEncoder, tmp_path: Path
+    engine: str, embedder: UniversalSentenceEncoder, tmp_path: Path
 ) -> None:
-    path = str(tmp_path / "q")
-    first = QdrantMemoryStore(embedder, path=path)
+    path = tmp_path / "q"
+    first = embedded(engine, embedder, path)
     await first.remember("u1", "a fact", "preference")
     await first.close()
-    other = QdrantMemoryStore(_Other(), path=path)
+    other = embedded(engine, _Other(), path)
     try:
         with pytest.raises(ConfigurationError, match="512-dimensional"):
             await other.search("u1", "a fact")
@@ -277,10 +298,10 @@ class _ThreadRecorder:
 
 
 async def test_embedding_and_qdrant_stay_off_the_event_loop_thread(
-    embedder: UniversalSentenceEncoder, tmp_path: Path
+    engine: str, embedder: UniversalSentenceEncoder, tmp_path: Path
 ) -> None:
     recorder = _ThreadRecorder(embedder)
-    store = QdrantMemoryStore(recorder, path=str(tmp_path / "q"))
+    store = embedded(engine, recorder, tmp_path / "q")
     try:
         await store.remember("u1", "The user prefers DHL", "preference")
         await store.search("u1", "carrier")
@@ -298,10 +319,12 @@ async def test_an_unreachable_server_says_what_to_check(embedder: UniversalSente
         await store.close()
 
 
-async def test_a_store_on_an_embeddings_endpoint(embedder: UniversalSentenceEncoder, tmp_path: Path) -> None:
+async def test_a_store_on_an_embeddings_endpoint(
+    engine: str, embedder: UniversalSentenceEncoder, tmp_path: Path
+) -> None:
     with serve_openai([], embed=embedder.embed) as server:
         remote = OpenAIEmbeddings("use-v3", base_url=server.base_url, api_key="k")
-        store = QdrantMemoryStore(remote, path=str(tmp_path / "q"))
+        store = embedded(engine, remote, tmp_path / "q")
         try:
             await store.remember("u1", "用户偏好使用顺丰快递发货", "preference")
             found = await store.search("u1", "Which courier should I use?")

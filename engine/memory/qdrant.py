@@ -8,10 +8,12 @@ with keyword indexes on ``user_id``, ``tag`` and ``supersedes`` (a server uses t
 scans). Every search filters on the user and on ``valid_to_ms`` being null, so a user's
 memories never reach another user and superseded versions only come back through ``history``.
 
-A write first looks for the same fact among the user's current memories (engine.memory.dedup):
-the same text again, or an older restatement than the one stored, changes nothing (so a
-consumer that re-reads the log writes nothing twice); a newer restatement supersedes the old
-version, which gets ``valid_to_ms`` and stays readable for audit.
+A write first looks for the same fact among the user's current memories (engine.memory.versions:
+the same text again or an older restatement changes nothing; a newer one supersedes the old
+version, which stays readable for audit).
+
+The embedded default is engine.memory.edge (Qdrant's own engine in-process, indexed); local mode
+stays selectable (``engine.memory.open_store(..., engine="local")``) for stores made with it.
 
 qdrant-client's local mode is synchronous (its AsyncQdrantClient runs local mode on the event
 loop too), so every Qdrant call runs on one worker thread per store, and embedding on the
@@ -23,7 +25,6 @@ facts can both write; the next write of that fact merges them again.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
 import warnings
 import zlib
@@ -36,24 +37,28 @@ from qdrant_client import QdrantClient
 from qdrant_client import models as qm
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from ..errors import ConfigurationError, InputError, MemoryStoreError
+from ..errors import ConfigurationError, MemoryStoreError
 from ..events import now_ms
-from .base import Memory, MemoryTag, MemoryWrite
-from .dedup import DUPLICATE_THRESHOLD, normalise, same_fact
+from .base import Memory, MemoryWrite
+from .dedup import DUPLICATE_THRESHOLD
 from .embedders import Embedder, default_embedder
+from .versions import (
+    DEDUP_CANDIDATES,
+    INDEXED,
+    chain,
+    check_write,
+    from_payload,
+    merge_with,
+    payload,
+    superseding,
+)
 
 COLLECTION = "turnlog_memories"
-DEDUP_CANDIDATES = 8
-"""How many of the user's closest current memories a write compares itself with."""
 LOCAL_SHARDS = 64
 """Collections a local-mode store spreads users over. Local mode scans every point of a
 collection and checks the user filter in Python (about 40 µs a point here), so a user's search
 costs what the user's shard holds, not what the store holds. A server uses one collection and
 its payload index on ``user_id``."""
-HISTORY_LIMIT = 1000
-"""Versions of one fact ``history`` follows before it stops (a guard against a corrupt chain)."""
-_TAGS = frozenset(t.value for t in MemoryTag)
-_INDEXED = ("user_id", "tag", "supersedes")
 
 T = TypeVar("T")
 
@@ -133,7 +138,7 @@ class QdrantMemoryStore:
         self, user_id: str, text: str, tag: str, *, source: str = "", time_ms: int | None = None
     ) -> MemoryWrite:
         text = text.strip()
-        _check_write(user_id, text, tag)
+        check_write(user_id, text, tag)
         vector = await self._embed_one(text)
         fact = Memory(
             memory_id=str(uuid.uuid4()),
@@ -150,9 +155,11 @@ class QdrantMemoryStore:
 
     # -- extras -------------------------------------------------------------------------------
 
-    async def remember_many(self, facts: Sequence[Memory]) -> None:
-        """Bulk-load facts as they are, without the duplicate check (benchmarks, migrations)."""
-        vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
+    async def remember_many(self, facts: Sequence[Memory], vectors: np.ndarray | None = None) -> None:
+        """Bulk-load facts as they are, without the duplicate check (benchmarks, migrations);
+        ``vectors``: their embeddings, when already computed."""
+        if vectors is None:
+            vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
         await self._call(self._upsert_many, list(facts), vectors)
 
     async def count(self, user_id: str | None = None, *, current_only: bool = True) -> int:
@@ -230,7 +237,7 @@ class QdrantMemoryStore:
         with warnings.catch_warnings():
             # local mode warns that it scans instead of using indexes; a server uses them
             warnings.filterwarnings("ignore", message="Payload indexes have no effect", category=UserWarning)
-            for field in _INDEXED:
+            for field in INDEXED:
                 schema = qm.KeywordIndexParams(type=qm.KeywordIndexType.KEYWORD, is_tenant=field == "user_id")
                 client.create_payload_index(name, field, schema)
 
@@ -248,46 +255,36 @@ class QdrantMemoryStore:
         return response.points
 
     def _write(self, fact: Memory, vector: np.ndarray) -> MemoryWrite:
-        for point in self._query(fact.user_id, vector, (), self.duplicate_threshold, DEDUP_CANDIDATES):
-            old = _memory(point.id, point.payload)
-            if normalise(old.text) == normalise(fact.text) and old.tag == fact.tag:
-                return MemoryWrite(old)
-            if same_fact(old.text, fact.text, point.score, self.duplicate_threshold):
-                # an older restatement (a consumer re-reading the log) never replaces a newer one
-                stale = old.valid_from_ms >= fact.valid_from_ms
-                return MemoryWrite(old) if stale else self._supersede(old, fact, vector)
-        self._qdrant().upsert(self._shard(fact.user_id), [_point(fact, vector)])
-        return MemoryWrite(fact)
+        near = self._query(fact.user_id, vector, (), self.duplicate_threshold, DEDUP_CANDIDATES)
+        match = merge_with(fact, [_memory(p.id, p.payload, p.score) for p in near], self.duplicate_threshold)
+        if match is None:
+            self._qdrant().upsert(self._shard(fact.user_id), [_point(fact, vector)])
+            return MemoryWrite(fact)
+        old, replace = match
+        return self._supersede(old, fact, vector) if replace else MemoryWrite(old)
 
     def _supersede(self, old: Memory, fact: Memory, vector: np.ndarray) -> MemoryWrite:
-        new = dataclasses.replace(fact, supersedes=old.memory_id)
-        closed = dataclasses.replace(old, valid_to_ms=new.valid_from_ms, score=0.0)
+        written = superseding(old, fact)
+        assert written.superseded is not None
         self._qdrant().batch_update_points(
-            self._shard(new.user_id),
+            self._shard(fact.user_id),
             [
-                qm.UpsertOperation(upsert=qm.PointsList(points=[_point(new, vector)])),
+                qm.UpsertOperation(upsert=qm.PointsList(points=[_point(written.memory, vector)])),
                 qm.SetPayloadOperation(
                     set_payload=qm.SetPayload(
-                        payload={"valid_to_ms": closed.valid_to_ms}, points=[old.memory_id]
+                        payload={"valid_to_ms": written.superseded.valid_to_ms}, points=[old.memory_id]
                     )
                 ),
             ],
         )
-        return MemoryWrite(new, superseded=closed)
+        return written
 
     def _history(self, user_id: str, memory_id: str) -> list[Memory]:
-        start = self._get(user_id, memory_id)
-        if start is None:
-            return []
-        chain = [start]
-        while chain[0].supersedes and len(chain) < HISTORY_LIMIT:
-            older = self._get(user_id, chain[0].supersedes)
-            if older is None:
-                break
-            chain.insert(0, older)
-        while len(chain) < HISTORY_LIMIT and (newer := self._successor(user_id, chain[-1].memory_id)):
-            chain.append(newer)
-        return chain
+        return chain(
+            self._get(user_id, memory_id),
+            lambda older: self._get(user_id, older),
+            lambda newer: self._successor(user_id, newer),
+        )
 
     def _get(self, user_id: str, memory_id: str) -> Memory | None:
         try:
@@ -351,15 +348,6 @@ def _locked_elsewhere(lock_file: Path) -> bool:
     return False
 
 
-def _check_write(user_id: str, text: str, tag: str) -> None:
-    if not user_id:
-        raise InputError("a memory needs the user_id it belongs to; memories are never shared across users")
-    if not text:
-        raise InputError("a memory needs text; an empty fact is not stored")
-    if tag not in _TAGS:
-        raise InputError(f"memory tag {tag!r} is not one of {sorted(_TAGS)} (engine.memory.MemoryTag)")
-
-
 def _field(key: str, value: str) -> qm.FieldCondition:
     return qm.FieldCondition(key=key, match=qm.MatchValue(value=value))
 
@@ -376,28 +364,8 @@ def _current(user_id: str, tags: Sequence[str]) -> qm.Filter:
 
 
 def _point(fact: Memory, vector: np.ndarray) -> qm.PointStruct:
-    payload = {
-        "user_id": fact.user_id,
-        "text": fact.text,
-        "tag": fact.tag,
-        "valid_from_ms": fact.valid_from_ms,
-        "valid_to_ms": fact.valid_to_ms,
-        "supersedes": fact.supersedes,
-        "source": fact.source,
-    }
-    return qm.PointStruct(id=fact.memory_id, vector=np.asarray(vector).tolist(), payload=payload)
+    return qm.PointStruct(id=fact.memory_id, vector=np.asarray(vector).tolist(), payload=payload(fact))
 
 
-def _memory(point_id: Any, payload: dict[str, Any] | None, score: float = 0.0) -> Memory:
-    data = payload or {}
-    return Memory(
-        memory_id=str(point_id),
-        user_id=str(data.get("user_id", "")),
-        text=str(data.get("text", "")),
-        tag=str(data.get("tag", "")),
-        valid_from_ms=int(data.get("valid_from_ms") or 0),
-        valid_to_ms=data.get("valid_to_ms"),
-        supersedes=data.get("supersedes"),
-        source=str(data.get("source", "")),
-        score=float(score),
-    )
+def _memory(point_id: Any, data: dict[str, Any] | None, score: float = 0.0) -> Memory:
+    return from_payload(point_id, data, score)

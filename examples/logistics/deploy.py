@@ -44,13 +44,13 @@ def directory(context: Any) -> AgentDirectory:
 
 
 def memory_policy(home: Path, extractor: Model | None, *, remember_tool: bool = True) -> MemoryPolicy | None:
-    """Long-term memory on Qdrant (a server if TURNLOG_QDRANT_URL is set, else local mode under
-    ``home``); None without the ``memory`` extra."""
+    """Long-term memory on Qdrant (a server if TURNLOG_QDRANT_URL is set, else embedded under
+    ``home``: Qdrant Edge, or local mode with TURNLOG_MEMORY_ENGINE=local or for a folder local
+    mode made); None without the ``memory`` extra."""
     try:
-        from engine.memory.qdrant import QdrantMemoryStore
+        from engine.memory.stores import open_store
     except ImportError as exc:
         log.warning("examples.memory_off", reason=f"{exc.name} is missing: pip install -e '.[memory]'")
         return None
-    url = os.environ.get(QDRANT_URL_ENV)
-    store = QdrantMemoryStore(url=url) if url else QdrantMemoryStore(path=str(home / "memory"))
+    store = open_store(home / "memory", url=os.environ.get(QDRANT_URL_ENV))
     return MemoryPolicy(store, extractor=extractor, remember_tool=remember_tool)

@@ -34,8 +34,8 @@ def answer(request: ModelRequest) -> ModelResponse | str:
 
 
 def build(context: Any) -> AgentDirectory:
-    from engine.memory.qdrant import QdrantMemoryStore
+    from engine.memory.stores import open_store
 
-    store = QdrantMemoryStore(path=str(Path(context.home) / "memory"))
+    store = open_store(Path(context.home) / "memory")
     memory = MemoryPolicy(store, min_score=0.0)  # any stored fact is shown: the test asks about it
     return AgentDirectory([Agent.build("memo", FunctionModel(answer, name="memo-model"), memory=memory)])

@@ -1,0 +1,293 @@
+"""Long-term memory on Qdrant Edge: Qdrant's own engine in-process, the embedded default (issue 20).
+
+``qdrant-edge-py`` runs Qdrant's storage and search (Rust) inside the process, on one shard in a
+folder: segments of vectors and payloads, keyword indexes on ``user_id`` (the tenant key),
+``tag`` and ``supersedes``, and a write-ahead log, so a write is on disk when ``remember``
+returns and a restart replays what the segments had not flushed yet. A search filtered on one
+user reads that user's points through the ``user_id`` index and scores them exactly, so it
+costs what the user holds, not what the store holds (bench/README.md, "Long-term memory").
+No HNSW graph is built: the shard is never optimised, which would take minutes of CPU at
+100,000 memories for no gain at a few thousand memories per user.
+
+Points, payloads, dedup and versions are those of every store (engine.memory.versions), so a
+store moves between this engine and a Qdrant server point for point. One process opens a
+folder at a time (the WAL is locked); several processes share memories through a Qdrant server
+(``QdrantMemoryStore(url=...)``). Every engine call runs on one worker thread per store, which
+also makes a write's look-up-then-write atomic within the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+import numpy as np
+import qdrant_edge as qe
+
+from ..errors import ConfigurationError, MemoryStoreError, TurnlogError
+from ..events import now_ms
+from .base import Memory, MemoryWrite
+from .dedup import DUPLICATE_THRESHOLD
+from .embedders import Embedder, default_embedder
+from .versions import (
+    DEDUP_CANDIDATES,
+    INDEXED,
+    chain,
+    check_write,
+    from_payload,
+    merge_with,
+    payload,
+    superseding,
+)
+
+CONFIG_FILE = "edge_config.json"
+"""What Qdrant Edge keeps in a shard folder (its vector size among it)."""
+UPSERT_BATCH = 512
+
+T = TypeVar("T")
+
+
+class EdgeMemoryStore:
+    """A ``MemoryStore`` on a Qdrant Edge shard in the folder ``path`` (created on first use).
+    Without ``path`` the store lives in a temporary folder removed by ``close``.
+
+    ``duplicate_threshold``: see engine.memory.dedup."""
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        *,
+        path: str | None = None,
+        duplicate_threshold: float = DUPLICATE_THRESHOLD,
+    ) -> None:
+        self.embedder = embedder if embedder is not None else default_embedder()
+        self.duplicate_threshold = duplicate_threshold
+        self._temporary = path is None
+        self.path = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="turnlog-memory-"))
+        self.where = f"the Qdrant Edge memory store at {self.path}"
+        self._shard: qe.EdgeShard | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-memory")
+
+    # -- the MemoryStore protocol -------------------------------------------------------------
+
+    async def search(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        tags: Sequence[str] = (),
+        min_score: float = 0.0,
+        limit: int = 5,
+    ) -> list[Memory]:
+        if not query.strip() or limit < 1:
+            return []
+        vector = await self._embed_one(query)
+        return await self._call(self._query, user_id, vector, tuple(tags), min_score, limit)
+
+    async def remember(
+        self, user_id: str, text: str, tag: str, *, source: str = "", time_ms: int | None = None
+    ) -> MemoryWrite:
+        text = text.strip()
+        check_write(user_id, text, tag)
+        vector = await self._embed_one(text)
+        fact = Memory(
+            memory_id=str(uuid.uuid4()),
+            user_id=user_id,
+            text=text,
+            tag=tag,
+            valid_from_ms=time_ms if time_ms is not None else now_ms(),
+            source=source,
+        )
+        return await self._call(self._write, fact, vector)
+
+    async def history(self, user_id: str, memory_id: str) -> list[Memory]:
+        return await self._call(self._history, user_id, memory_id)
+
+    # -- extras -------------------------------------------------------------------------------
+
+    async def remember_many(self, facts: Sequence[Memory], vectors: np.ndarray | None = None) -> None:
+        """Bulk-load facts as they are, without the duplicate check (benchmarks, migrations);
+        ``vectors``: their embeddings, when already computed."""
+        if vectors is None:
+            vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
+        await self._call(self._upsert_many, list(facts), vectors)
+
+    async def count(self, user_id: str | None = None, *, current_only: bool = True) -> int:
+        """How many memories (versions, if not ``current_only``) are stored, for one user or all."""
+        return await self._call(self._count, user_id, current_only)
+
+    async def close(self) -> None:
+        """Flush and release the folder (its lock); idempotent. A temporary store is removed."""
+        if self._shard is not None:
+            await self._call(self._release)
+        self._worker.shutdown(wait=True)
+        if self._temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    # -- on the worker thread -----------------------------------------------------------------
+
+    async def _embed_one(self, text: str) -> np.ndarray:
+        vectors = await asyncio.to_thread(self.embedder.embed, [text])
+        return np.asarray(vectors[0])
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._worker, fn, *args)
+        except TurnlogError:
+            raise
+        except Exception as exc:  # the engine raises plain Exception with its own message
+            raise MemoryStoreError(f"{self.where} failed: {exc}; check that the folder is writable") from exc
+
+    def _edge(self) -> qe.EdgeShard:
+        if self._shard is None:
+            self._shard = open_shard(self.path, self.embedder, self.where)
+        return self._shard
+
+    def _release(self) -> None:
+        shard, self._shard = self._shard, None
+        if shard is not None:
+            shard.flush()
+            shard.close()
+
+    def _query(
+        self, user_id: str, vector: np.ndarray, tags: tuple[str, ...], min_score: float, limit: int
+    ) -> list[Memory]:
+        request = qe.QueryRequest(
+            limit=limit,
+            query=qe.Query.Nearest(np.asarray(vector, dtype=np.float32).tolist()),
+            filter=_current(user_id, tags),
+            score_threshold=min_score,
+            with_payload=True,
+        )
+        return [from_payload(p.id, p.payload, p.score) for p in self._edge().query(request)]
+
+    def _write(self, fact: Memory, vector: np.ndarray) -> MemoryWrite:
+        near = self._query(fact.user_id, vector, (), self.duplicate_threshold, DEDUP_CANDIDATES)
+        match = merge_with(fact, near, self.duplicate_threshold)
+        if match is None:
+            self._edge().update(qe.UpdateOperation.upsert_points([_point(fact, vector)]))
+            return MemoryWrite(fact)
+        old, replace = match
+        if not replace:
+            return MemoryWrite(old)
+        written = superseding(old, fact)
+        assert written.superseded is not None
+        # the new version first: a crash between the two leaves both current, and the next
+        # write of the fact merges them again, rather than leaving the fact with no current version
+        self._edge().update(qe.UpdateOperation.upsert_points([_point(written.memory, vector)]))
+        self._edge().update(
+            qe.UpdateOperation.set_payload([old.memory_id], {"valid_to_ms": written.superseded.valid_to_ms})
+        )
+        return written
+
+    def _history(self, user_id: str, memory_id: str) -> list[Memory]:
+        return chain(
+            self._get(user_id, memory_id),
+            lambda older: self._get(user_id, older),
+            lambda newer: self._successor(user_id, newer),
+        )
+
+    def _get(self, user_id: str, memory_id: str) -> Memory | None:
+        try:
+            uuid.UUID(memory_id)
+        except ValueError:
+            return None
+        records = self._edge().retrieve([memory_id], True, False)
+        found = [from_payload(r.id, r.payload) for r in records]
+        return found[0] if found and found[0].user_id == user_id else None
+
+    def _successor(self, user_id: str, memory_id: str) -> Memory | None:
+        match = qe.Filter(must=[_field("user_id", user_id), _field("supersedes", memory_id)])
+        records, _ = self._edge().scroll(qe.ScrollRequest(limit=1, filter=match, with_payload=True))
+        return from_payload(records[0].id, records[0].payload) if records else None
+
+    def _upsert_many(self, facts: list[Memory], vectors: np.ndarray) -> None:
+        shard = self._edge()
+        points = [_point(fact, vector) for fact, vector in zip(facts, vectors, strict=True)]
+        for i in range(0, len(points), UPSERT_BATCH):
+            shard.update(qe.UpdateOperation.upsert_points(points[i : i + UPSERT_BATCH]))
+
+    def _count(self, user_id: str | None, current_only: bool) -> int:
+        must: list[Any] = [_field("user_id", user_id)] if user_id is not None else []
+        if current_only:
+            must.append(qe.IsNullCondition("valid_to_ms"))
+        return self._edge().count(qe.CountRequest(exact=True, filter=qe.Filter(must=must) if must else None))
+
+
+def open_shard(path: Path, embedder: Embedder, where: str) -> qe.EdgeShard:
+    """The shard in ``path``, created with the payload indexes when the folder holds none yet.
+
+    Errors say what to do: another process holds the folder, the folder is not a memory store
+    (or is damaged), or it was made with another embedder."""
+    if (path / CONFIG_FILE).exists():
+        _check_size(path, embedder, where)
+        return _opening(lambda: qe.EdgeShard.load(str(path)), where)
+    if path.exists() and any(path.iterdir()):
+        raise MemoryStoreError(
+            f"{where}: the folder is not empty and holds no {CONFIG_FILE}; it is not a Qdrant Edge "
+            "store (a Qdrant local-mode store opens with engine.memory.open_store(path, engine='local')); "
+            "give an empty or new folder"
+        )
+    config = qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=embedder.dim, distance=qe.Distance.Cosine))
+    shard = _opening(lambda: qe.EdgeShard.create(str(path), config), where)
+    for field in INDEXED:
+        schema = qe.KeywordIndexParams(is_tenant=True) if field == "user_id" else qe.PayloadSchemaType.Keyword
+        shard.update(qe.UpdateOperation.create_field_index(field, schema))
+    shard.flush()
+    return shard
+
+
+def _opening(open_: Callable[[], qe.EdgeShard], where: str) -> qe.EdgeShard:
+    try:
+        return open_()
+    except Exception as exc:
+        if "WouldBlock" in str(exc):
+            raise MemoryStoreError(
+                f"{where} is open in another process (or another store object in this one); one "
+                "process opens a folder at a time: close the other one, share one store, or run a "
+                "Qdrant server and use QdrantMemoryStore(url=...)"
+            ) from exc
+        raise MemoryStoreError(
+            f"{where} cannot be opened: {exc}; the folder looks damaged: move it aside (its "
+            "memories are lost unless restored from a backup) and a new store starts there"
+        ) from exc
+
+
+def _check_size(path: Path, embedder: Embedder, where: str) -> None:
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+        size = int(config["vectors"][""]["size"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise MemoryStoreError(
+            f"{where} cannot be opened: {path / CONFIG_FILE} is unreadable ({exc}); the folder looks "
+            "damaged: move it aside (its memories are lost unless restored from a backup)"
+        ) from exc
+    if size != embedder.dim:
+        raise ConfigurationError(
+            f"{where} holds {size}-dimensional vectors but the embedder {embedder.name!r} makes "
+            f"{embedder.dim}; use the embedder it was built with, or another folder"
+        )
+
+
+def _field(key: str, value: str) -> qe.FieldCondition:
+    return qe.FieldCondition(key=key, match=qe.MatchValue(value))
+
+
+def _current(user_id: str, tags: Sequence[str]) -> qe.Filter:
+    """This user's current memories, with one of ``tags`` when given."""
+    must: list[Any] = [_field("user_id", user_id), qe.IsNullCondition("valid_to_ms")]
+    if tags:
+        must.append(qe.FieldCondition(key="tag", match=qe.MatchAny(list(tags))))
+    return qe.Filter(must=must)
+
+
+def _point(fact: Memory, vector: np.ndarray) -> qe.Point:
+    values = np.asarray(vector, dtype=np.float32).tolist()
+    return qe.Point(id=fact.memory_id, vector=values, payload=payload(fact))
