@@ -5,10 +5,11 @@ Durability: an append is one transaction, committed before ``append`` returns. W
 survives the process being killed (it is in the WAL), and only an OS crash or power loss can
 lose the last commits. ``durability="power"`` runs ``synchronous=FULL``: one fsync per append.
 
-Calls run on the caller's thread. An append is a few tens of microseconds in "process" mode,
-cheaper than a hop to a worker thread. In "power" mode appends go through group commit
-(engine.log.sqlite_commit): the appends of many sessions share one transaction and one fsync,
-which runs off the event-loop thread.
+Appends go through group commit (engine.log.sqlite_commit): the appends of many sessions made
+while the previous transaction was being committed share the next one. In "power" mode that
+shares the fsync, and the COMMIT runs off the event-loop thread; in "process" mode the COMMIT
+(no fsync) runs on the loop, and batching saves the per-transaction work. Reads run on the
+caller's thread, on a connection of their own. An in-memory database commits each append alone.
 """
 
 from __future__ import annotations
@@ -78,9 +79,9 @@ class SqliteEventLog(EventLog):
         self._index_old_submissions()
         self._waiters: list[asyncio.Future[None]] = []
         self.group: GroupCommit | None = None
-        """Power-loss durability's group commit (None in "process" mode and in memory)."""
-        if durability == "power" and not _in_memory(path):
-            self.group = GroupCommit(lambda: _connect(self.path, durability))
+        """The appends' group commit (None for an in-memory database)."""
+        if not _in_memory(path):
+            self.group = GroupCommit(lambda: _connect(self.path, durability), off_loop=durability == "power")
 
     def _fix_partitions(self, wanted: int) -> int:
         if wanted < 1:
@@ -146,8 +147,8 @@ class SqliteEventLog(EventLog):
         return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
 
     async def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``job`` in a write transaction, committed when this returns: group commit in
-        "power" mode, else a transaction of its own on the caller's thread."""
+        """Run ``job`` in a write transaction, committed when this returns: group commit, or
+        for an in-memory database a transaction of its own."""
         if self.group is not None:
             return await self.group.write(job)
         db = self._db

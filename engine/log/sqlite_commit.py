@@ -35,8 +35,10 @@ Connect = Callable[[], sqlite3.Connection]
 class GroupCommit:
     """One writer connection whose transactions carry the appends of many sessions."""
 
-    def __init__(self, connect: Connect) -> None:
+    def __init__(self, connect: Connect, *, off_loop: bool = True) -> None:
         self._connect = connect
+        self._off_loop = off_loop
+        """COMMIT on a thread of its own (an fsync), or on the loop (no fsync: cheaper inline)."""
         self._db: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._open = False
@@ -106,7 +108,15 @@ class GroupCommit:
         self._open = False
         self._committing = True
         assert self._db is not None and self._thread is not None
-        commit = loop.run_in_executor(self._thread, _commit, self._db)
+        if self._off_loop:
+            commit = loop.run_in_executor(self._thread, _commit, self._db)
+        else:
+            commit = loop.create_future()
+            try:
+                _commit(self._db)
+                commit.set_result(None)
+            except Exception as exc:
+                commit.set_exception(exc)
         commit.add_done_callback(lambda f: self._committed(f, members))
 
     def _committed(self, commit: asyncio.Future[None], members: list[asyncio.Future[None]]) -> None:
