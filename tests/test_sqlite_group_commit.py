@@ -188,3 +188,50 @@ async def test_an_in_memory_database_commits_each_append_alone(path: str) -> Non
         assert await log.session_version("m-1") == 1
     finally:
         await log.close()
+
+
+@pytest.mark.parametrize("durability", ["power", "process"])
+async def test_two_logs_on_one_file_in_one_loop_append_side_by_side(
+    log_path: Path, durability: Durability
+) -> None:
+    """The write lock is never held across an await: a second log object on the same file (a
+    gateway and a worker in one process) appending at the same time does not wait on it."""
+    first = SqliteEventLog(log_path, durability=durability)
+    second = SqliteEventLog(log_path, durability=durability)
+    sids = [f"two-{i:02d}" for i in range(20)]
+    try:
+        await asyncio.gather(
+            *(
+                (first if i % 2 else second).submit(
+                    ev.SessionCreated(session_id=sid, version=1, agent_id="a", user_id="u")
+                )
+                for i, sid in enumerate(sids)
+            )
+        )
+        await asyncio.gather(
+            *(
+                (second if i % 2 else first).append([turn_started(sid, 2)], expected_version=1)
+                for i, sid in enumerate(sids)
+            )
+        )
+        for sid in sids:
+            assert [e.type for e in await first.read_session(sid)] == ["SessionCreated", "TurnStarted"]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_write_cancelled_before_its_transaction_is_withdrawn(log_path: Path) -> None:
+    log = SqliteEventLog(log_path, durability="power")
+    try:
+        await create(log, ["w-1", "w-2"])
+        withdrawn = asyncio.ensure_future(log.append([turn_started("w-1", 2)], expected_version=1))
+        kept = asyncio.ensure_future(log.append([turn_started("w-2", 2)], expected_version=1))
+        await asyncio.sleep(0)  # both queued, their transaction not yet run
+        withdrawn.cancel()
+        await kept
+        with pytest.raises(asyncio.CancelledError):
+            await withdrawn
+        assert (await log.session_version("w-1"), await log.session_version("w-2")) == (1, 2)
+    finally:
+        await log.close()

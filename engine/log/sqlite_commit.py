@@ -5,18 +5,20 @@ transaction of its own costs one fsync per append, on the event-loop thread, so 
 stepping at once wait for 200 fsyncs in a row. ``GroupCommit`` shares one transaction, and so one
 fsync, among every append made while the previous transaction was being committed:
 
-* an append's writes run on the event-loop thread, inside the open transaction, in a savepoint of
-  their own: an append that fails (a lost version race, a held submission, any error) rolls back
-  alone and fails at once; the others of its batch go on;
+* the appends queued while the loop runs go into one transaction on the loop's next turn, each
+  in a savepoint of its own: one that fails (a lost version race, a held submission, any error)
+  rolls back alone and fails at once; the others of its batch go on;
 * the COMMIT runs on a thread of its own, so the loop keeps working during the fsync and the
   appends made meanwhile queue for the next transaction;
 * an append returns only after its batch's COMMIT returned: its events are then on disk. If the
   COMMIT fails, every append of the batch fails (``LogUnavailableError``) and none is on the log.
 
-The writes go through a connection of their own: readers on the log's connection never see a
-batch before it is committed. Per-session order needs nothing more: each session has one writer
-at a time (the version check), and a session's appends are checked in arrival order inside a
-transaction that sees everything committed and batched before them.
+With ``off_loop=False`` (``durability="process"``: a COMMIT without fsync costs less than a
+thread hop) the transaction is committed in the same callback; batching then saves the
+per-transaction work. The writes go through a connection of their own: readers on the log's
+connection never see a batch before it is committed. Per-session order needs nothing more:
+each session has one writer at a time (the version check), and a session's appends are checked
+in arrival order inside a transaction that sees everything committed and batched before them.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from ..errors import LogUnavailableError
 
 T = TypeVar("T")
 Connect = Callable[[], sqlite3.Connection]
+Job = Callable[[sqlite3.Connection], T]
+"""One append's (or offset commit's) writes, run inside the shared transaction."""
 
 
 class GroupCommit:
@@ -41,50 +45,39 @@ class GroupCommit:
         """COMMIT on a thread of its own (an fsync), or on the loop (no fsync: cheaper inline)."""
         self._db: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
-        self._open = False
-        """A transaction is open and takes writes; it is committed on the loop's next turn."""
+        self._queue: list[tuple[Job[Any], asyncio.Future[Any]]] = []
+        """Writes waiting for the next transaction."""
+        self._scheduled = False
         self._committing = False
-        self._members: list[asyncio.Future[None]] = []
-        """The open transaction's writes, each waiting for its COMMIT."""
-        self._waiting: list[asyncio.Future[None]] = []
-        """Writes (and ``close``) waiting for the COMMIT in flight to end."""
+        self._idle: list[asyncio.Future[None]] = []
+        """``close`` waiting for the queue and the COMMIT in flight."""
         self.writes = 0
         """Writes committed (each an append, or an offset commit)."""
         self.commits = 0
         """Transactions committed: with ``synchronous=FULL``, one fsync each."""
 
-    async def write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, job: Job[T]) -> T:
         """Run ``job`` in the next transaction; return its result once that is committed.
 
-        ``job`` runs on the caller's thread, in a savepoint: if it raises, its writes are rolled
-        back and the error propagates at once. A caller cancelled while it waits for the
-        COMMIT does not withdraw its writes (they are committed or failed with the batch)."""
+        The transaction runs on the loop's next turn with every write queued by then, each
+        ``job`` in a savepoint: one that raises has its writes rolled back and its caller gets
+        the error at once, while the others commit. The write lock is taken and the jobs run in
+        one callback, never across an await, so another connection to the file in this thread
+        cannot deadlock against it. A caller cancelled before its transaction ran withdraws its
+        write; once it ran, the write is committed or fails with its batch."""
         loop = asyncio.get_running_loop()
-        while self._committing:
-            await self._wait(loop)
-        db = self._connection()
-        if not self._open:
-            db.execute("BEGIN IMMEDIATE")
-            self._open = True
-            loop.call_soon(self._flush, loop)  # after every write the loop has ready to run
-        db.execute("SAVEPOINT append")
-        try:
-            result = job(db)
-        except BaseException:
-            db.execute("ROLLBACK TO append")
-            db.execute("RELEASE append")
-            raise
-        db.execute("RELEASE append")
-        done: asyncio.Future[None] = loop.create_future()
-        self._members.append(done)
-        await done
-        return result
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.append((job, fut))
+        self._schedule(loop)
+        return await fut
 
     async def close(self) -> None:
-        """Wait for the open transaction and the COMMIT in flight, then close the connection."""
+        """Wait for the queued writes and the COMMIT in flight, then close the connection."""
         loop = asyncio.get_running_loop()
-        while self._open or self._committing:
-            await self._wait(loop)
+        while self._queue or self._scheduled or self._committing:
+            fut: asyncio.Future[None] = loop.create_future()
+            self._idle.append(fut)
+            await fut
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
@@ -98,50 +91,87 @@ class GroupCommit:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnlog-sqlite-commit")
         return self._db
 
-    def _wait(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = loop.create_future()
-        self._waiting.append(fut)
-        return fut
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._queue and not self._scheduled and not self._committing:
+            self._scheduled = True
+            loop.call_soon(self._flush, loop)  # after every write the loop has ready to run
+        elif not (self._queue or self._scheduled or self._committing):
+            idle, self._idle = self._idle, []
+            for fut in idle:
+                if not fut.done():
+                    fut.set_result(None)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        members, self._members = self._members, []
-        self._open = False
+        self._scheduled = False
+        batch = [(job, fut) for job, fut in self._queue if not fut.done()]
+        self._queue = []
+        if not batch:
+            self._schedule(loop)
+            return
+        db = self._connection()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:  # the file is locked by another process for too long
+            for _, fut in batch:
+                fut.set_exception(exc)
+            self._schedule(loop)
+            return
+        members = self._run(db, batch)
         self._committing = True
-        assert self._db is not None and self._thread is not None
         if self._off_loop:
-            commit = loop.run_in_executor(self._thread, _commit, self._db)
+            assert self._thread is not None
+            commit = loop.run_in_executor(self._thread, _commit, db)
         else:
             commit = loop.create_future()
             try:
-                _commit(self._db)
+                _commit(db)
                 commit.set_result(None)
             except Exception as exc:
                 commit.set_exception(exc)
-        commit.add_done_callback(lambda f: self._committed(f, members))
+        commit.add_done_callback(lambda f: self._committed(f, members, loop))
 
-    def _committed(self, commit: asyncio.Future[None], members: list[asyncio.Future[None]]) -> None:
+    def _run(
+        self, db: sqlite3.Connection, batch: list[tuple[Job[Any], asyncio.Future[Any]]]
+    ) -> list[tuple[asyncio.Future[Any], Any]]:
+        """Each job in a savepoint; the ones that succeeded, with their results."""
+        members: list[tuple[asyncio.Future[Any], Any]] = []
+        for job, fut in batch:
+            db.execute("SAVEPOINT append")
+            try:
+                result = job(db)
+            except Exception as exc:
+                fut.set_exception(exc)
+                db.execute("ROLLBACK TO append")
+            else:
+                members.append((fut, result))
+            db.execute("RELEASE append")
+        return members
+
+    def _committed(
+        self,
+        commit: asyncio.Future[None],
+        members: list[tuple[asyncio.Future[Any], Any]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self._committing = False
         error = commit.exception()
         if error is None:
             self.commits += 1
             self.writes += len(members)
-        for member in members:
-            if member.done():  # its caller was cancelled
+        for fut, result in members:
+            if fut.done():  # its caller was cancelled
                 continue
             if error is None:
-                member.set_result(None)
+                fut.set_result(result)
             else:
-                member.set_exception(
+                fut.set_exception(
                     LogUnavailableError(
                         f"the embedded log could not commit a batch of {len(members)} appends "
                         f"({type(error).__name__}: {error}); none of them is on the log. Check the "
                         "disk the log file is on (space, permissions) and retry."
                     )
                 )
-        waiting, self._waiting = self._waiting, []
-        for fut in waiting:
-            if not fut.done():
-                fut.set_result(None)
+        self._schedule(loop)
 
 
 def _commit(db: sqlite3.Connection) -> None:
