@@ -33,7 +33,7 @@ from .errors import (
     UnknownSchemaError,
 )
 from .fold import SessionState, fold
-from .log import EventLog, KafkaEventLog, LogRecord, SqliteEventLog, partition_for
+from .log import EventLog, KafkaEventLog, LogRecord, MemoryEventLog, SqliteEventLog, partition_for
 from .messages import ChatMessage
 from .models.base import Model, ModelRequest, ModelResponse, TextDelta, Usage
 from .models.scripted import FunctionModel, ScriptedModel, call, reply
@@ -88,6 +88,7 @@ __all__ = [
     "SessionStatus",
     "SnapshotFormatError",
     "SnapshotNotFoundError",
+    "MemoryEventLog",
     "SqliteEventLog",
     "StreamItem",
     "TextDelta",

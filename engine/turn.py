@@ -284,6 +284,7 @@ class TurnRunner:
         turn = w.state.turn
         assert turn is not None
         if turn.model_call_open:  # a worker stopped during the last call: it is recorded, then made again
+            w.recovered = True
             started_before = await usage.open_model_call(self.log, w.state)
             if started_before is not None:
                 reason = "the worker running it stopped before it answered; the call is made again"
@@ -508,10 +509,11 @@ class TurnRunner:
                     idempotency_key=key,
                     correlation_id=tid,
                 )
-        for event in await w.commit():
-            yield event
-        if interrupts.stop_for(w.state, agent) is not None:
-            return  # a stop slipped in before the tools could start: the next step is Stop
+        if needs_commit_before(runnable, w.recovered):
+            for event in await w.commit():
+                yield event
+            if interrupts.stop_for(w.state, agent) is not None:
+                return  # a stop slipped in before the tools could start: the next step is Stop
         scope = builtins.session_scope(self.log, w.state)
         try:
             if len(runnable) == 1:  # no task per call when there is nothing to run concurrently
@@ -531,6 +533,25 @@ class TurnRunner:
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
         if self.snapshots is not None:
             _snapshots.take(w, self.snapshots, correlation_id=tid)
+
+
+def needs_commit_before(
+    runnable: list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]], recovered: bool
+) -> bool:
+    """Whether a tool batch's starts must be on the log before it runs (the ledger's rule).
+
+    Not when every call is a first start of an idempotent tool without a key: if the worker
+    dies mid-batch, its successor finds the model call that asked for the batch unanswered,
+    records it interrupted and asks again, and the tools run again, which they allow. The
+    answer, the starts and the results then go out in one commit with the next model call.
+    A keyed tool needs its start on the log: a re-asked model may name new calls, so new keys,
+    and the key's exactly-once promise would break. A re-run (attempt > 1) and every batch of
+    a run that found a stopped worker's call (``recovered``) are committed first, so a tool
+    that kills its worker meets the ledger's ``max_starts`` instead of a crash loop. A batch
+    with nothing to run has no side effect to commit before."""
+    if recovered:
+        return bool(runnable)
+    return any(not t.idempotent or t.takes_idempotency_key or prior for _, prior, t, _ in runnable)
 
 
 def _failure_reason(error: Exception | None) -> str:

@@ -36,6 +36,9 @@ class SessionWriter:
         """The last version read from the log; every event added carries it as basis_version."""
         self.boundary: int | None = None
         """Index in the pending batch where a step's side-effect starts begin (mark_boundary)."""
+        self.recovered = False
+        """This run met a model call a stopped worker left unanswered: from then on every tool
+        batch is committed before it runs (engine.turn.needs_commit_before)."""
         self._pending: list[Event] = []
 
     def add(

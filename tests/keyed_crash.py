@@ -7,7 +7,8 @@
   the process instead of appending it).
 
 ``book`` takes its call's idempotency key and books through a service that applies a key once
-(``deliveries`` in tests/fleet.py); ``page`` takes no key. Every run of either is a row in
+(``deliveries`` in tests/fleet.py); ``page`` takes no key; ``lookup`` is idempotent (a read, no
+key), so its batch is not committed before it runs. Every run of any of them is a row in
 ``side_effects``.
 
     python tests/procs.py tool-crash BACKEND LOG TOPIC PARTITIONS TARGET SCHEMA TOOL POINT MAX_STARTS
@@ -38,7 +39,7 @@ def decide(request: ModelRequest) -> ModelResponse | str:
     last = request.messages[-1]
     if last.role == "tool":
         return f"done: {last.content}"
-    (spec,) = [t for t in request.tools if t["name"] in ("book", "page")]
+    (spec,) = [t for t in request.tools if t["name"] in ("book", "page", "lookup")]
     return reply("", call(str(spec["name"]), {"ref": request.session_id}, "call-1"))
 
 
@@ -47,8 +48,8 @@ def die() -> None:
 
 
 def crash_agent(backend: Backend, tool_name: str, point: str, *, max_starts: int = 5) -> Agent:
-    """The agent with one tool, ``book`` (keyed) or ``page`` (no key), killed at ``point``
-    ("entry", "applied"; "" or "returned": the tool itself does not kill)."""
+    """The agent with one tool, ``book`` (keyed), ``page`` (no key) or ``lookup`` (idempotent),
+    killed at ``point`` ("entry", "applied"; "" or "returned": the tool itself does not kill)."""
 
     @tool(idempotent=False, max_starts=max_starts)
     async def book(ref: str, idempotency_key: str) -> str:
@@ -71,7 +72,18 @@ def crash_agent(backend: Backend, tool_name: str, point: str, *, max_starts: int
             die()
         return "paged"
 
-    return Agent(AGENT, FunctionModel(decide), [book if tool_name == "book" else page])
+    @tool(idempotent=True, max_starts=max_starts)
+    async def lookup(ref: str) -> str:
+        """Look a slot up (read-only: safe to repeat)."""
+        if point == "entry":
+            die()
+        await backend.record(ref, "call-1", "lookup", "")
+        if point == "applied":
+            die()
+        return "free"
+
+    tools = {"book": book, "page": page, "lookup": lookup}
+    return Agent(AGENT, FunctionModel(decide), [tools[tool_name]])
 
 
 def dying_before_results(base: type[EventLog]) -> type[EventLog]:

@@ -128,8 +128,10 @@ def worker_answer(request: ModelRequest):
 
 
 def worker_agent(block: bool, calls: list[str]) -> Agent:
+    # it takes its call's key, so its start is committed before it runs (an idempotent tool
+    # without a key would ride the next commit: docs/architecture.md) and the test can see it
     @tool(idempotent=True, timeout_s=3600)
-    async def fetch_status(order_id: str) -> dict:
+    async def fetch_status(order_id: str, idempotency_key: str) -> dict:
         """Fetch an order's status."""
         calls.append(order_id)
         if block:

@@ -55,6 +55,7 @@ def test_public_api_is_exported_and_importable() -> None:
         "check_transition",
         "fold",
         "EventLog",
+        "MemoryEventLog",
         "SqliteEventLog",
         "KafkaEventLog",
         "LogRecord",

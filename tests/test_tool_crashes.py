@@ -6,7 +6,10 @@ exact point of the call (tests/keyed_crash.py) and a successor worker finishing 
   returned but before its result was on the log), and its effect lands once;
 * a tool without a key is never run again: "interrupted, outcome unknown";
 * a call that kills every worker that starts it ends "abandoned" after its ``max_starts``,
-  and the turn goes on: no crash loop.
+  and the turn goes on: no crash loop;
+* an idempotent tool's batch is not committed before it runs (docs/architecture.md "Commits"):
+  a worker killed in it leaves the model call that asked for it unanswered, and the successor
+  asks again and runs the tool once more; one that kills every worker is still abandoned.
 """
 
 from __future__ import annotations
@@ -185,4 +188,62 @@ async def test_a_call_that_kills_every_worker_is_abandoned_after_its_bound(crash
     (finished,) = of(events, ev.TurnFinished)
     assert finished.reason == "answered"
     assert of(events, ev.AssistantMessage)[-1].text.startswith("done: [FAILED: ABANDONED")
+    assert [row for row in side_effects(crashes.target, crashes.schema) if row[0] == sid] == []
+
+
+@pytest.mark.parametrize("point", ["entry", "applied"])
+async def test_an_idempotent_tool_killed_mid_call_is_run_once_more_after_recovery(
+    crashes: Crashes, point: str
+) -> None:
+    sid = f"{crashes.backend}-idempotent-{point}"
+    await open_session(crashes, sid)
+    await crashes.run_dying_worker("lookup", point)
+    before = await crashes.producer.read_session(sid)
+    # its batch rides the next commit: the log ends with the model call that asked for it
+    assert before[-1].type == "ModelCallStarted" and not of(before, ev.ToolCallStarted)
+    assert not of(before, ev.AssistantMessage)
+
+    events = await finish(crashes, sid, "lookup")
+
+    runs = [row for row in side_effects(crashes.target, crashes.schema) if row[0] == sid]
+    assert len(runs) == (1 if point == "entry" else 2), "run once more by the successor, no more"
+    (started,) = of(events, ev.ToolCallStarted)
+    assert started.attempt == 1 and started.producer != before[-1].producer
+    (done,) = of(events, ev.ToolCallFinished)
+    assert (done.status, done.content, done.attempts) == ("success", "free", 1)
+    # the model call the killed worker made is recorded interrupted and made again
+    statuses = [e.status for e in of(events, ev.ModelCallFinished)]
+    assert statuses == ["interrupted", "ok", "ok"]
+    (finished,) = of(events, ev.TurnFinished)
+    assert finished.reason == "answered"
+    assert of(events, ev.AssistantMessage)[-1].text == "done: free"
+
+
+async def test_an_idempotent_tool_that_kills_every_worker_is_abandoned_after_its_bound(
+    crashes: Crashes,
+) -> None:
+    """The first death leaves no start on the log; the successor that found the model call
+    unanswered commits its batch before running it, so the ledger counts from there."""
+    sid = f"{crashes.backend}-idempotent-loop"
+    await open_session(crashes, sid)
+    for _ in range(3):  # max_starts=2: one unrecorded death, then two recorded starts
+        await crashes.run_dying_worker("lookup", "entry", max_starts=2)
+    started = of(await crashes.producer.read_session(sid), ev.ToolCallStarted)
+    assert [e.attempt for e in started] == [1, 2]
+
+    async with crashes.successor() as log, recorder(crashes.target, crashes.schema, "fourth") as backend:
+        worker = TurnWorker(
+            log, AgentDirectory([crash_agent(backend, "lookup", "", max_starts=2)]), worker_id="4"
+        )
+        async with asyncio.timeout(WAIT_S):
+            while not of(await log.read_session(sid), ev.TurnFinished):
+                await worker.poll_once()
+                await asyncio.sleep(0.05)
+        events = await log.read_session(sid)
+
+    assert len(of(events, ev.ToolCallStarted)) == 2, "not started a third time"
+    (done,) = of(events, ev.ToolCallFinished)
+    assert (done.status, done.attempts) == ("abandoned", 2)
+    (finished,) = of(events, ev.TurnFinished)
+    assert finished.reason == "answered"
     assert [row for row in side_effects(crashes.target, crashes.schema) if row[0] == sid] == []

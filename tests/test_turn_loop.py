@@ -934,17 +934,21 @@ async def test_invoke_tool_validates_runs_and_is_recorded_outside_the_conversati
 
 
 @pytest.mark.usefixtures("sqlite_only")  # reads the SQLite file directly
+@pytest.mark.parametrize("idempotent", [False, True])
 async def test_what_a_model_or_tool_acts_on_is_durable_before_it_acts(
-    log: SqliteEventLog, log_path: Any
+    log: SqliteEventLog, log_path: Any, idempotent: bool
 ) -> None:
-    """Read the log from a second connection at the moment of each side effect."""
+    """Read the log from a second connection at the moment of each side effect. A tool that is
+    not idempotent runs only once its start is on disk; an idempotent one (run again if its
+    worker dies) once the model call that asked for it is: its start is committed with its
+    result."""
     seen: list[tuple[str, list[str]]] = []
 
     def on_disk() -> list[str]:
         with sqlite3.connect(log_path) as db:
             return [t for (t,) in db.execute("SELECT type FROM events ORDER BY position")]
 
-    @tool(idempotent=True)
+    @tool(idempotent=idempotent)
     async def lookup(order_id: str) -> str:
         """Look up an order."""
         seen.append(("tool", on_disk()))
@@ -965,9 +969,14 @@ async def test_what_a_model_or_tool_acts_on_is_durable_before_it_acts(
         if kind == "model":  # every earlier tool result and the call's own start are on disk
             assert on_log[-1] == "ModelCallStarted"
             assert on_log.count("ToolCallFinished") == on_log.count("ToolCallRequested")
-        else:  # the model's request for the tool and the tool's start are on disk
+        elif not idempotent:  # the model's request for the tool and the tool's start are on disk
             assert on_log[-1] == "ToolCallStarted" and on_log[-3:-1] == ["ToolCallRequested", "StateChanged"]
-    assert types(await h.events())[-2:] == ["TurnFinished", "SnapshotTaken"]
+        else:  # the model call that asked for it is on disk; its answer and the start are not yet
+            assert on_log[-1] == "ModelCallStarted"
+            assert on_log.count("ToolCallStarted") == on_log.count("ToolCallFinished")
+    events = await h.events()
+    assert types(events)[-2:] == ["TurnFinished", "SnapshotTaken"]
+    assert types(events).count("ToolCallStarted") == 2 == types(events).count("ToolCallFinished")
 
 
 async def test_a_message_that_loses_a_race_with_another_producer_is_retried(log: SqliteEventLog) -> None:

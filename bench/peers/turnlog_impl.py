@@ -17,11 +17,13 @@ in ``request.messages``, ``workload.decide(...)``, and yield one ``ModelResponse
 tool call or the final text, with ``usage`` set (the engine never estimates usage for a custom
 Model anyway; set so nothing else could).
 
-Persistence: every step commits its events as one SQLite transaction, right before each side
-effect (a model call, a tool batch) and at the end of the turn. With the engine measured here that
-is 2K+2 commits per user turn with K tool steps: the user message + turn start + model call
-started; per tool step: model answer + tool call requested + started, then tool result + next
-model call started; finally answer + turn finished. The fsync pass (--count-fsyncs) counts them.
+Persistence: every step commits its events as one SQLite transaction, right before each model
+call and at the end of the turn; ``lookup`` is idempotent, so its batch needs no commit of its
+own before it runs (docs/architecture.md). That is K+2 commits per user turn with K tool steps:
+the user message + turn start + model call started; per tool step: model answer + tool call
+requested + started + tool result + next model call started; finally answer + turn finished.
+In ``sqlite`` mode concurrent sessions share commits (group commit: one fsync for all the
+appends made while the previous one ran). The fsync pass (--count-fsyncs) counts them.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import AsyncIterator
 import workload as W
 from frameworks.base import FrameworkAdapter
 
-from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, fold, tool
+from engine import Agent, AgentDirectory, AgentSessions, MemoryEventLog, SqliteEventLog, fold, tool
 from engine.events import AssistantMessage, ToolCallSpec
 from engine.messages import turn_tool_results
 from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage
@@ -73,14 +75,15 @@ class TurnlogAdapter(FrameworkAdapter):
     packages = ("fastavro", "jsonschema", "pydantic", "pydantic-core")
     persistence_notes = {
         "sqlite": "engine.SqliteEventLog(file, durability='power'): WAL, synchronous=FULL; every step "
-        "commits its events as one transaction (one WAL fsync) right before each side effect "
-        "and at turn end: 2K+2 commits per user turn (user message + turn start + model call "
-        "started; per tool step: answer + tool call requested/started, then tool result + next "
-        "model call started; final answer + turn finished). Sync sqlite3 on the event-loop "
-        "thread, Avro-encoded events",
+        "commits its events right before each model call and at turn end: K+2 commits per user "
+        "turn (user message + turn start + model call started; per tool step: answer + tool call "
+        "requested/started + tool result + next model call started; final answer + turn "
+        "finished; the idempotent tool needs no commit of its own). Group commit: concurrent "
+        "sessions' appends share one transaction (one WAL fsync), committed on a thread off the "
+        "event loop; an append returns after its fsync. Avro-encoded events",
         "sqlite_normal": "same log with durability='process' (synchronous=NORMAL: no fsync per commit)",
-        "memory": "engine.SqliteEventLog(':memory:'): the same event log and Avro codec in an in-memory "
-        "SQLite database (turnlog has no pure-Python in-memory store)",
+        "memory": "engine.MemoryEventLog(): turnlog's in-memory log, the events kept as Python objects "
+        "(no encoding, no SQL), with the same version checks, submissions and partitions",
     }
 
     async def open(self, persistence: str, db_path: str | None) -> None:
@@ -89,7 +92,7 @@ class TurnlogAdapter(FrameworkAdapter):
         elif persistence == "sqlite_normal":
             self.log = SqliteEventLog(db_path, durability="process")
         elif persistence == "memory":
-            self.log = SqliteEventLog(":memory:")
+            self.log = MemoryEventLog()
         else:
             raise ValueError(persistence)
         agent = Agent(AGENT_ID, PeersFakeModel(self.k, self.model_delay_s), tools=[lookup_tool])

@@ -2,6 +2,15 @@
 
 from .base import EventLog, LogRecord, murmur2, partition_for
 from .kafka import KafkaEventLog
+from .memory import MemoryEventLog
 from .sqlite import SqliteEventLog
 
-__all__ = ["EventLog", "KafkaEventLog", "LogRecord", "SqliteEventLog", "murmur2", "partition_for"]
+__all__ = [
+    "EventLog",
+    "KafkaEventLog",
+    "LogRecord",
+    "MemoryEventLog",
+    "SqliteEventLog",
+    "murmur2",
+    "partition_for",
+]

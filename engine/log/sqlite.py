@@ -5,9 +5,11 @@ Durability: an append is one transaction, committed before ``append`` returns. W
 survives the process being killed (it is in the WAL), and only an OS crash or power loss can
 lose the last commits. ``durability="power"`` runs ``synchronous=FULL``: one fsync per append.
 
-Calls run on the caller's thread. An append is a few tens of microseconds in "process" mode,
-cheaper than a hop to a worker thread; in "power" mode the fsync blocks the loop (see
-bench/README.md for what that costs and docs/architecture.md for the group-commit plan).
+Appends go through group commit (engine.log.sqlite_commit): the appends of many sessions made
+while the previous transaction was being committed share the next one. In "power" mode that
+shares the fsync, and the COMMIT runs off the event-loop thread; in "process" mode the COMMIT
+(no fsync) runs on the loop, and batching saves the per-transaction work. Reads run on the
+caller's thread, on a connection of their own. An in-memory database commits each append alone.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence, TypeVar
 
 from .. import codec
 from ..errors import ConcurrencyError, ConfigurationError, DuplicateSubmissionError, EventError, LogError
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
+from .sqlite_commit import GroupCommit
 from .submissions import SUBMITTED_TYPES, submission_keys
 
 Durability = Literal["process", "power"]
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -69,14 +73,15 @@ class SqliteEventLog(EventLog):
             raise ConfigurationError(f"durability must be 'process' or 'power', not {durability!r}")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'NORMAL' if durability == 'process' else 'FULL'}")
-        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db = _connect(self.path, durability)
         self._db.executescript(_SCHEMA)
         self.partitions = self._fix_partitions(partitions)
         self._index_old_submissions()
         self._waiters: list[asyncio.Future[None]] = []
+        self.group: GroupCommit | None = None
+        """The appends' group commit (None for an in-memory database)."""
+        if not _in_memory(path):
+            self.group = GroupCommit(lambda: _connect(self.path, durability), off_loop=durability == "power")
 
     def _fix_partitions(self, wanted: int) -> int:
         if wanted < 1:
@@ -115,11 +120,12 @@ class SqliteEventLog(EventLog):
         partition = partition_for(session_id, self.partitions)
         values = [codec.encode(e) for e in events]
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")  # the write lock: versions and positions cannot move under us
-        try:
+
+        def write(db: sqlite3.Connection) -> range:
+            """The append's writes, inside a transaction that holds the write lock: versions
+            and positions cannot move under us."""
             if keys:
-                self._refuse_held(keys)
+                _refuse_held(db, keys)
             actual, last = db.execute(_HEADS, (session_id,)).fetchone()
             if actual != expected_version:
                 raise ConcurrencyError(session_id, expected_version, actual)
@@ -134,23 +140,26 @@ class SqliteEventLog(EventLog):
                     for pos, e, value in zip(positions, events, values, strict=True)
                 ],
             )
+            return positions
+
+        positions = await self._write(write)
+        self._notify()
+        return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+
+    async def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``job`` in a write transaction, committed when this returns: group commit, or
+        for an in-memory database a transaction of its own."""
+        if self.group is not None:
+            return await self.group.write(job)
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            result = job(db)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        self._notify()
-        return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
-
-    def _refuse_held(self, keys: list[tuple[str, str, int]]) -> None:
-        """DuplicateSubmissionError if the session already holds one of the batch's keys."""
-        session_id = keys[0][0]
-        marks = ",".join("?" * len(keys))
-        held = self._db.execute(
-            f"SELECT key, version FROM submissions WHERE session_id = ? AND key IN ({marks}) LIMIT 1",
-            (session_id, *(key for _, key, _ in keys)),
-        ).fetchone()
-        if held is not None:
-            raise DuplicateSubmissionError(session_id, held[0], held[1])
+        return result
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -231,18 +240,53 @@ class SqliteEventLog(EventLog):
 
     async def commit(self, group: str, partition: int, offset: int) -> None:
         self._check_partition(partition)
-        self._db.execute(
-            "INSERT INTO group_offsets VALUES (?, ?, ?) ON CONFLICT (group_id, partition) "
-            "DO UPDATE SET next_offset = excluded.next_offset",
-            (group, partition, offset),
-        )
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO group_offsets VALUES (?, ?, ?) ON CONFLICT (group_id, partition) "
+                "DO UPDATE SET next_offset = excluded.next_offset",
+                (group, partition, offset),
+            )
+
+        if self.group is not None:  # it shares the appends' fsync
+            await self.group.write(write)
+        else:
+            write(self._db)
 
     async def close(self) -> None:
+        if self.group is not None:
+            await self.group.close()
         self._db.close()
 
     def _check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise LogError(f"partition {partition} out of range 0..{self.partitions - 1}")
+
+
+def _connect(path: Path, durability: Durability) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={'NORMAL' if durability == 'process' else 'FULL'}")
+    db.execute("PRAGMA busy_timeout=5000")
+    return db
+
+
+def _in_memory(path: str | Path) -> bool:
+    """A private in-memory database: a second connection would open another one."""
+    name = str(path)
+    return name in ("", ":memory:") or name.startswith("file::memory:") or "mode=memory" in name
+
+
+def _refuse_held(db: sqlite3.Connection, keys: list[tuple[str, str, int]]) -> None:
+    """DuplicateSubmissionError if the session already holds one of the batch's keys."""
+    session_id = keys[0][0]
+    marks = ",".join("?" * len(keys))
+    held = db.execute(
+        f"SELECT key, version FROM submissions WHERE session_id = ? AND key IN ({marks}) LIMIT 1",
+        (session_id, *(key for _, key, _ in keys)),
+    ).fetchone()
+    if held is not None:
+        raise DuplicateSubmissionError(session_id, held[0], held[1])
 
 
 def _decode(partition: int, position: int, value: bytes) -> Event:

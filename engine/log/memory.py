@@ -1,0 +1,122 @@
+"""The log in this process's memory: for tests, notebooks and throwaway runs.
+
+Nothing is encoded and nothing survives the process: an append keeps the events themselves
+(immutable dataclasses), so a step costs no Avro encoding and no SQL. Everything else is the
+interface's contract, as the embedded log keeps it: per-session versions checked on every
+append (``ConcurrencyError``), idempotent submissions (``engine.log.submissions``), partitions
+with increasing positions, consumer-group offsets, and snapshot lookups that do not read the
+session's history. Use ``SqliteEventLog`` for anything that must outlive the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from typing import Sequence
+
+from ..errors import ConcurrencyError, ConfigurationError, DuplicateSubmissionError, LogError
+from ..events import Event
+from .base import EventLog, LogRecord, check_batch, partition_for
+from .submissions import submission_keys
+
+
+class MemoryEventLog(EventLog):
+    def __init__(self, *, partitions: int = 8) -> None:
+        if partitions < 1:
+            raise ConfigurationError("partitions must be at least 1")
+        self.partitions = partitions
+        self._sessions: dict[str, list[LogRecord]] = {}
+        """Each session's records; index i holds version i + 1."""
+        self._partition_records: list[list[LogRecord]] = [[] for _ in range(partitions)]
+        self._partition_offsets: list[list[int]] = [[] for _ in range(partitions)]
+        self._snapshots: dict[str, list[Event]] = {}
+        self._submissions: dict[tuple[str, str], int] = {}
+        self._offsets: dict[tuple[str, int], int] = {}
+        self._position = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
+        session_id = check_batch(events, expected_version)
+        keys = [(key, e.version) for e in events for key in submission_keys(e)]
+        for key, _ in keys:
+            held = self._submissions.get((session_id, key))
+            if held is not None:
+                raise DuplicateSubmissionError(session_id, key, held)
+        records = self._sessions.get(session_id)
+        actual = len(records) if records is not None else 0
+        if actual != expected_version:
+            raise ConcurrencyError(session_id, expected_version, actual)
+        if records is None:
+            records = self._sessions[session_id] = []
+        partition = partition_for(session_id, self.partitions)
+        start = self._position + 1
+        appended = [LogRecord(partition, start + i, e) for i, e in enumerate(events)]
+        self._position += len(events)
+        records += appended
+        self._partition_records[partition] += appended
+        self._partition_offsets[partition] += [r.offset for r in appended]
+        for key, version in keys:
+            self._submissions[(session_id, key)] = version
+        snapshots = [e for e in events if e.type == "SnapshotTaken"]
+        if snapshots:
+            self._snapshots.setdefault(session_id, []).extend(snapshots)
+        self._notify()
+        return appended
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_for_append(self, timeout: float) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+
+    async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
+        return [r.event for r in self._sessions.get(session_id, ())[max(after_version, 0) :]]
+
+    async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
+        return list(self._sessions.get(session_id, ())[max(after_version, 0) :])
+
+    async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
+        for event in reversed(self._snapshots.get(session_id, ())):
+            if at_or_before is None or event.version <= at_or_before:
+                return event
+        return None
+
+    async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
+        wanted = set(types)
+        records = self._sessions.get(session_id, ())[: max(before - 1, 0)]
+        return [(r.event.version, r.event.type) for r in records if r.event.type in wanted]
+
+    async def session_version(self, session_id: str) -> int:
+        return len(self._sessions.get(session_id, ()))
+
+    async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
+        self._check_partition(partition)
+        start = bisect.bisect_left(self._partition_offsets[partition], offset)
+        return self._partition_records[partition][start : start + limit]
+
+    async def end_offset(self, partition: int) -> int:
+        self._check_partition(partition)
+        offsets = self._partition_offsets[partition]
+        return offsets[-1] + 1 if offsets else 0
+
+    async def committed(self, group: str, partition: int) -> int:
+        return self._offsets.get((group, partition), 0)
+
+    async def commit(self, group: str, partition: int, offset: int) -> None:
+        self._check_partition(partition)
+        self._offsets[(group, partition)] = offset
+
+    async def close(self) -> None:
+        self._notify()
+
+    def _check_partition(self, partition: int) -> None:
+        if not 0 <= partition < self.partitions:
+            raise LogError(f"partition {partition} out of range 0..{self.partitions - 1}")

@@ -1,0 +1,184 @@
+"""Group commit for the embedded log's power-loss durability (``durability="power"``).
+
+With ``synchronous=FULL`` every COMMIT of a WAL database is an fsync. Committing each append in a
+transaction of its own costs one fsync per append, on the event-loop thread, so 200 sessions
+stepping at once wait for 200 fsyncs in a row. ``GroupCommit`` shares one transaction, and so one
+fsync, among every append made while the previous transaction was being committed:
+
+* the appends queued while the loop runs go into one transaction on the loop's next turn, each
+  in a savepoint of its own: one that fails (a lost version race, a held submission, any error)
+  rolls back alone and fails at once; the others of its batch go on;
+* the COMMIT runs on a thread of its own, so the loop keeps working during the fsync and the
+  appends made meanwhile queue for the next transaction;
+* an append returns only after its batch's COMMIT returned: its events are then on disk. If the
+  COMMIT fails, every append of the batch fails (``LogUnavailableError``) and none is on the log.
+
+With ``off_loop=False`` (``durability="process"``: a COMMIT without fsync costs less than a
+thread hop) the transaction is committed in the same callback; batching then saves the
+per-transaction work. The writes go through a connection of their own: readers on the log's
+connection never see a batch before it is committed. Per-session order needs nothing more:
+each session has one writer at a time (the version check), and a session's appends are checked
+in arrival order inside a transaction that sees everything committed and batched before them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
+
+from ..errors import LogUnavailableError
+
+T = TypeVar("T")
+Connect = Callable[[], sqlite3.Connection]
+Job = Callable[[sqlite3.Connection], T]
+"""One append's (or offset commit's) writes, run inside the shared transaction."""
+
+
+class GroupCommit:
+    """One writer connection whose transactions carry the appends of many sessions."""
+
+    def __init__(self, connect: Connect, *, off_loop: bool = True) -> None:
+        self._connect = connect
+        self._off_loop = off_loop
+        """COMMIT on a thread of its own (an fsync), or on the loop (no fsync: cheaper inline)."""
+        self._db: sqlite3.Connection | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._queue: list[tuple[Job[Any], asyncio.Future[Any]]] = []
+        """Writes waiting for the next transaction."""
+        self._scheduled = False
+        self._committing = False
+        self._idle: list[asyncio.Future[None]] = []
+        """``close`` waiting for the queue and the COMMIT in flight."""
+        self.writes = 0
+        """Writes committed (each an append, or an offset commit)."""
+        self.commits = 0
+        """Transactions committed: with ``synchronous=FULL``, one fsync each."""
+
+    async def write(self, job: Job[T]) -> T:
+        """Run ``job`` in the next transaction; return its result once that is committed.
+
+        The transaction runs on the loop's next turn with every write queued by then, each
+        ``job`` in a savepoint: one that raises has its writes rolled back and its caller gets
+        the error at once, while the others commit. The write lock is taken and the jobs run in
+        one callback, never across an await, so another connection to the file in this thread
+        cannot deadlock against it. A caller cancelled before its transaction ran withdraws its
+        write; once it ran, the write is committed or fails with its batch."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.append((job, fut))
+        self._schedule(loop)
+        return await fut
+
+    async def close(self) -> None:
+        """Wait for the queued writes and the COMMIT in flight, then close the connection."""
+        loop = asyncio.get_running_loop()
+        while self._queue or self._scheduled or self._committing:
+            fut: asyncio.Future[None] = loop.create_future()
+            self._idle.append(fut)
+            await fut
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            self._db = self._connect()
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnlog-sqlite-commit")
+        return self._db
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._queue and not self._scheduled and not self._committing:
+            self._scheduled = True
+            loop.call_soon(self._flush, loop)  # after every write the loop has ready to run
+        elif not (self._queue or self._scheduled or self._committing):
+            idle, self._idle = self._idle, []
+            for fut in idle:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._scheduled = False
+        batch = [(job, fut) for job, fut in self._queue if not fut.done()]
+        self._queue = []
+        if not batch:
+            self._schedule(loop)
+            return
+        db = self._connection()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:  # the file is locked by another process for too long
+            for _, fut in batch:
+                fut.set_exception(exc)
+            self._schedule(loop)
+            return
+        members = self._run(db, batch)
+        self._committing = True
+        if self._off_loop:
+            assert self._thread is not None
+            commit = loop.run_in_executor(self._thread, _commit, db)
+        else:
+            commit = loop.create_future()
+            try:
+                _commit(db)
+                commit.set_result(None)
+            except Exception as exc:
+                commit.set_exception(exc)
+        commit.add_done_callback(lambda f: self._committed(f, members, loop))
+
+    def _run(
+        self, db: sqlite3.Connection, batch: list[tuple[Job[Any], asyncio.Future[Any]]]
+    ) -> list[tuple[asyncio.Future[Any], Any]]:
+        """Each job in a savepoint; the ones that succeeded, with their results."""
+        members: list[tuple[asyncio.Future[Any], Any]] = []
+        for job, fut in batch:
+            db.execute("SAVEPOINT append")
+            try:
+                result = job(db)
+            except Exception as exc:
+                fut.set_exception(exc)
+                db.execute("ROLLBACK TO append")
+            else:
+                members.append((fut, result))
+            db.execute("RELEASE append")
+        return members
+
+    def _committed(
+        self,
+        commit: asyncio.Future[None],
+        members: list[tuple[asyncio.Future[Any], Any]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._committing = False
+        error = commit.exception()
+        if error is None:
+            self.commits += 1
+            self.writes += len(members)
+        for fut, result in members:
+            if fut.done():  # its caller was cancelled
+                continue
+            if error is None:
+                fut.set_result(result)
+            else:
+                fut.set_exception(
+                    LogUnavailableError(
+                        f"the embedded log could not commit a batch of {len(members)} appends "
+                        f"({type(error).__name__}: {error}); none of them is on the log. Check the "
+                        "disk the log file is on (space, permissions) and retry."
+                    )
+                )
+        self._schedule(loop)
+
+
+def _commit(db: sqlite3.Connection) -> None:
+    """COMMIT (the fsync); on failure roll back, so the connection takes the next batch."""
+    try:
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise

@@ -1,0 +1,237 @@
+"""The embedded log's group commit (engine/log/sqlite_commit.py), above all in
+``durability="power"``: the appends of many sessions share one transaction, so one fsync; each
+append returns only once its transaction is committed, is checked against its own session
+alone, and a failed COMMIT fails exactly the appends it carried."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from engine import SqliteEventLog
+from engine import events as ev
+from engine.errors import ConcurrencyError, LogUnavailableError
+from engine.log.sqlite import Durability
+from engine.log.sqlite_commit import GroupCommit
+
+SESSIONS = 100
+APPENDS = 5
+
+
+def turn_started(sid: str, version: int, n: int = 0) -> ev.TurnStarted:
+    return ev.TurnStarted(session_id=sid, version=version, turn_id=f"t-{sid}-{n}", message_id="m")
+
+
+async def create(log: SqliteEventLog, sids: list[str]) -> None:
+    await asyncio.gather(
+        *(log.submit(ev.SessionCreated(session_id=s, version=1, agent_id="a", user_id="u")) for s in sids)
+    )
+
+
+def group_of(log: SqliteEventLog) -> GroupCommit:
+    assert log.group is not None, "a log in a file commits in groups"
+    return log.group
+
+
+@pytest.mark.parametrize("durability", ["power", "process"])
+async def test_appends_of_many_sessions_share_commits_and_each_is_durable_when_it_returns(
+    log_path: Path, durability: Durability
+) -> None:
+    log = SqliteEventLog(log_path, durability=durability)
+    reader = SqliteEventLog(log_path)  # another connection, as another process would read
+    sids = [f"s-{i:03d}" for i in range(SESSIONS)]
+    seen_at_return: list[bool] = []
+    try:
+        await create(log, sids)
+
+        async def session(sid: str) -> None:
+            for n in range(APPENDS):
+                version = 2 + n
+                await log.append([turn_started(sid, version, n)], expected_version=version - 1)
+                # it returned: its transaction is committed, so any other connection sees it
+                seen_at_return.append(await reader.session_version(sid) >= version)
+
+        await asyncio.gather(*(session(sid) for sid in sids))
+        group = group_of(log)
+        appends = SESSIONS * (1 + APPENDS)
+        assert group.writes == appends
+        assert group.commits < appends / 4, f"{group.commits} commits for {appends} appends"
+        assert group._db is not None
+        (synchronous,) = group._db.execute("PRAGMA synchronous").fetchone()
+        assert synchronous == (2 if durability == "power" else 1), "power: FULL, every commit is an fsync"
+    finally:
+        await log.close()
+        await reader.close()
+    assert seen_at_return == [True] * (SESSIONS * APPENDS)
+
+    reopened = SqliteEventLog(log_path)
+    try:
+        for sid in sids:
+            records = await reopened.read_session_records(sid)
+            assert [r.event.version for r in records] == list(range(1, 2 + APPENDS))
+            assert [r.event.turn_id for r in records[1:]] == [f"t-{sid}-{n}" for n in range(APPENDS)]
+            offsets = [r.offset for r in records]
+            assert offsets == sorted(offsets), "a session's events are in version order on its partition"
+    finally:
+        await reopened.close()
+
+
+async def test_a_conflicting_append_fails_alone_and_its_batch_commits(log_path: Path) -> None:
+    log = SqliteEventLog(log_path, durability="power")
+    sids = [f"c-{i:02d}" for i in range(32)]
+    stale, held = sids[3], sids[9]
+    try:
+        await create(log, sids)
+        await log.submit(ev.UserMessageReceived(session_id=held, version=0, message_id="m1", text="hi"))
+        before = group_of(log).commits
+
+        def append(sid: str):  # type: ignore[no-untyped-def]
+            if sid == stale:  # it thinks the session is new
+                return log.append([turn_started(sid, 1)], expected_version=0)
+            if sid == held:  # a message the session already holds, appended again
+                again = ev.UserMessageReceived(session_id=sid, version=3, message_id="m1", text="hi")
+                return log.append([again], expected_version=2)
+            return log.append([turn_started(sid, 2)], expected_version=1)
+
+        results = await asyncio.gather(*(append(sid) for sid in sids), return_exceptions=True)
+        failed = {sid: r for sid, r in zip(sids, results, strict=True) if isinstance(r, Exception)}
+        assert set(failed) == {stale, held}
+        assert isinstance(failed[stale], ConcurrencyError)
+        assert "m1" in str(failed[held])
+        assert group_of(log).commits - before < len(sids) - 2, "the others shared commits"
+        for sid in sids:
+            types = [e.type for e in await log.read_session(sid)]
+            if sid == stale:
+                assert types == ["SessionCreated"]
+            elif sid == held:
+                assert types == ["SessionCreated", "UserMessageReceived"]
+            else:
+                assert types == ["SessionCreated", "TurnStarted"]
+    finally:
+        await log.close()
+
+
+class FailingCommits(sqlite3.Connection):
+    """A connection whose COMMIT fails while ``failing`` is set (a full or broken disk)."""
+
+    failing = False
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
+        if sql == "COMMIT" and FailingCommits.failing:
+            raise sqlite3.OperationalError("disk I/O error")
+        return super().execute(sql, *args)  # type: ignore[arg-type]
+
+
+async def test_a_failed_commit_fails_every_append_it_carried_and_none_is_on_the_log(log_path: Path) -> None:
+    log = SqliteEventLog(log_path, durability="power")
+
+    def connect() -> sqlite3.Connection:
+        db = sqlite3.connect(log_path, isolation_level=None, check_same_thread=False, factory=FailingCommits)
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+
+    log.group = GroupCommit(connect)
+    sids = [f"f-{i:02d}" for i in range(16)]
+    try:
+        await create(log, sids)
+        FailingCommits.failing = True
+        try:
+            results = await asyncio.gather(
+                *(log.append([turn_started(s, 2)], expected_version=1) for s in sids),
+                return_exceptions=True,
+            )
+        finally:
+            FailingCommits.failing = False
+        assert all(isinstance(r, LogUnavailableError) for r in results), results
+        assert "none of them is on the log" in str(results[0])
+        for sid in sids:
+            assert await log.session_version(sid) == 1
+
+        # the log goes on: the same appends, retried, commit
+        await asyncio.gather(*(log.append([turn_started(s, 2)], expected_version=1) for s in sids))
+        for sid in sids:
+            assert [e.type for e in await log.read_session(sid)] == ["SessionCreated", "TurnStarted"]
+    finally:
+        FailingCommits.failing = False
+        await log.close()
+
+
+async def test_offsets_and_appends_share_commits(log_path: Path) -> None:
+    log = SqliteEventLog(log_path, partitions=2, durability="power")
+    try:
+        await create(log, ["o-1", "o-2"])
+        await asyncio.gather(
+            log.commit("workers", 0, 7),
+            log.commit("workers", 1, 9),
+            log.append([turn_started("o-1", 2)], expected_version=1),
+        )
+        assert (await log.committed("workers", 0), await log.committed("workers", 1)) == (7, 9)
+        assert await log.session_version("o-1") == 2
+    finally:
+        await log.close()
+    reopened = SqliteEventLog(log_path, partitions=2)
+    try:
+        assert await reopened.committed("workers", 1) == 9
+    finally:
+        await reopened.close()
+
+
+@pytest.mark.parametrize("path", [":memory:"])
+async def test_an_in_memory_database_commits_each_append_alone(path: str) -> None:
+    log = SqliteEventLog(path, durability="power")
+    try:
+        assert log.group is None
+        await create(log, ["m-1"])
+        assert await log.session_version("m-1") == 1
+    finally:
+        await log.close()
+
+
+@pytest.mark.parametrize("durability", ["power", "process"])
+async def test_two_logs_on_one_file_in_one_loop_append_side_by_side(
+    log_path: Path, durability: Durability
+) -> None:
+    """The write lock is never held across an await: a second log object on the same file (a
+    gateway and a worker in one process) appending at the same time does not wait on it."""
+    first = SqliteEventLog(log_path, durability=durability)
+    second = SqliteEventLog(log_path, durability=durability)
+    sids = [f"two-{i:02d}" for i in range(20)]
+    try:
+        await asyncio.gather(
+            *(
+                (first if i % 2 else second).submit(
+                    ev.SessionCreated(session_id=sid, version=1, agent_id="a", user_id="u")
+                )
+                for i, sid in enumerate(sids)
+            )
+        )
+        await asyncio.gather(
+            *(
+                (second if i % 2 else first).append([turn_started(sid, 2)], expected_version=1)
+                for i, sid in enumerate(sids)
+            )
+        )
+        for sid in sids:
+            assert [e.type for e in await first.read_session(sid)] == ["SessionCreated", "TurnStarted"]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_write_cancelled_before_its_transaction_is_withdrawn(log_path: Path) -> None:
+    log = SqliteEventLog(log_path, durability="power")
+    try:
+        await create(log, ["w-1", "w-2"])
+        withdrawn = asyncio.ensure_future(log.append([turn_started("w-1", 2)], expected_version=1))
+        kept = asyncio.ensure_future(log.append([turn_started("w-2", 2)], expected_version=1))
+        await asyncio.sleep(0)  # both queued, their transaction not yet run
+        withdrawn.cancel()
+        await kept
+        with pytest.raises(asyncio.CancelledError):
+            await withdrawn
+        assert (await log.session_version("w-1"), await log.session_version("w-2")) == (1, 2)
+    finally:
+        await log.close()
