@@ -59,7 +59,7 @@ class _Slotted:
     __slots__ = ("x",)
 
 
-_MEMBER = type(_Slotted.x)
+_MEMBER = type(vars(_Slotted)["x"])
 """The type of a slot's descriptor (``member_descriptor``)."""
 _RUNTIME = {
     "_new": object.__new__,
