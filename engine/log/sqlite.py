@@ -183,6 +183,15 @@ class SqliteEventLog(EventLog):
         ).fetchone()
         return None if row is None else _decode(*row)
 
+    async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
+        """One range read of the partial index ``snapshots_by_session``."""
+        rows = self._db.execute(
+            "SELECT partition, position, value FROM events WHERE session_id = ? AND type = 'SnapshotTaken' "
+            "AND version BETWEEN ? AND ? ORDER BY version",
+            (session_id, first, last),
+        ).fetchall()
+        return [_decode(*row) for row in rows]
+
     async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
         marks = ",".join("?" * len(types))
         rows = self._db.execute(
