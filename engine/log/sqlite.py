@@ -22,6 +22,7 @@ from ..errors import ConcurrencyError, ConfigurationError, DuplicateSubmissionEr
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
 from .submissions import SUBMITTED_TYPES, submission_keys
+from .zdict import pack, unpack
 
 Durability = Literal["process", "power"]
 
@@ -64,10 +65,20 @@ _HEADS = (
 
 
 class SqliteEventLog(EventLog):
-    def __init__(self, path: str | Path, *, partitions: int = 8, durability: Durability = "process"):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        partitions: int = 8,
+        durability: Durability = "process",
+        compress: bool = True,
+    ):
         if durability not in ("process", "power"):
             raise ConfigurationError(f"durability must be 'process' or 'power', not {durability!r}")
         self.path = Path(path)
+        self.compress = compress
+        """Store new values compressed with the shipped zstd dictionary (engine.log.zdict);
+        values are read either way."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -114,6 +125,8 @@ class SqliteEventLog(EventLog):
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
         values = [codec.encode(e) for e in events]
+        if self.compress:
+            values = [pack(v) for v in values]
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
         db = self._db
         db.execute("BEGIN IMMEDIATE")  # the write lock: versions and positions cannot move under us
@@ -256,6 +269,6 @@ class SqliteEventLog(EventLog):
 
 def _decode(partition: int, position: int, value: bytes) -> Event:
     try:
-        return codec.decode(value)
+        return codec.decode(unpack(value))
     except EventError as exc:
         raise type(exc)(f"partition {partition} offset {position}: {exc}") from exc
