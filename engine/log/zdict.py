@@ -130,9 +130,8 @@ async def corpus(sessions: int = 24, turns: int = 30, seed: int = 1) -> list[byt
                 name = rng.choice(["search_orders", "get_weather", "create_ticket", "convert"])
                 args = {"query": _sentence(rng, 1, 5), "limit": rng.randint(1, 50)}
                 spec = ToolCallSpec(f"call_{rng.getrandbits(40):x}", name, json.dumps(args))
-                yield ModelResponse(
-                    text="", tool_calls=(spec,), usage=Usage(rng.randint(50, 4000), 20), finish_reason="tool_calls"
-                )
+                usage = Usage(rng.randint(50, 4000), 20)
+                yield ModelResponse(text="", tool_calls=(spec,), usage=usage, finish_reason="tool_calls")
             else:
                 yield ModelResponse(text=_sentence(rng, 5, 60), usage=Usage(rng.randint(50, 4000), 80))
 
@@ -161,7 +160,7 @@ async def corpus(sessions: int = 24, turns: int = 30, seed: int = 1) -> list[byt
     tools = [search_orders, get_weather, create_ticket, convert]
     with tempfile.TemporaryDirectory() as tmp:
         log = SqliteEventLog(Path(tmp) / "corpus.db", compress=False)
-        agents = [Agent(name, VariedModel(), tools) for name in ("support", "travel", "ops")]
+        agents = [Agent.build(name, VariedModel(), tools) for name in ("support", "travel", "ops")]
         api = AgentSessions(log, AgentDirectory(agents))
         for s in range(sessions):
             sid = (await api.create_session(agents[s % 3].agent_id, f"user-{s}")).session_id
@@ -173,7 +172,10 @@ async def corpus(sessions: int = 24, turns: int = 30, seed: int = 1) -> list[byt
     return [bytes(v) for (v,) in rows]
 
 
-def train(samples: list[bytes], size: int = 32 * 1024, dict_id: int = DICT_ID) -> bytes:
+Sample = bytes | bytearray | memoryview
+
+
+def train(samples: list[Sample], size: int = 32 * 1024, dict_id: int = DICT_ID) -> bytes:
     """A zstd dictionary of ``size`` bytes for ``samples``."""
     trained = zstandard.train_dictionary(size, samples, dict_id=dict_id, level=LEVEL)
     return trained.as_bytes()
@@ -181,7 +183,7 @@ def train(samples: list[bytes], size: int = 32 * 1024, dict_id: int = DICT_ID) -
 
 def main() -> None:
     dict_id = int(sys.argv[1]) if len(sys.argv) > 1 else DICT_ID
-    samples = asyncio.run(corpus())
+    samples: list[Sample] = list(asyncio.run(corpus()))
     data = train(samples, dict_id=dict_id)
     path = dictionary_path(dict_id)
     path.write_bytes(data)
