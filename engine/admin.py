@@ -117,11 +117,8 @@ class SessionAdmin:
         """``fork``, returning the SessionForked and the events that settle the inherited
         unfinished work, appended together."""
         snapshot = await self._snapshot_at(session_id, version)
-        keyframe = None
-        if snapshot.keyframe_version:
-            found = await self.log.latest_snapshot(session_id, at_or_before=snapshot.keyframe_version)
-            keyframe = found if isinstance(found, ev.SnapshotTaken) else None
-        origin = snapshots.restore(snapshot, keyframe)  # refuses an unreadable snapshot before we write
+        chain = await snapshots.chain_of(self.log, snapshot)
+        origin = snapshots.restore(snapshot, *chain)  # refuses an unreadable snapshot before we write
         pending = _unfinished_work(origin)
         if pending and unfinished not in ("continue", "rest"):
             raise InputError(

@@ -4,8 +4,8 @@ fastavro's ``schemaless_writer`` costs several microseconds of per-call setup on
 built for it; an append writes several events per step, so the engine compiles each event
 schema once into a list of small field writers that read the dataclass attributes directly.
 It covers the types our schemas use (long, double, boolean, string, ["null", T] unions,
-arrays and nested records). Decoding stays with fastavro, and tests/test_codec.py checks that
-this encoder's bytes equal fastavro's for every event type.
+arrays and nested records). Decoding is compiled too (engine.avro_read); tests/test_codec.py
+checks that this encoder's bytes equal fastavro's for every event type.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Avro codec for events: single-object encoding with fastavro.
+"""Avro codec for events: single-object encoding, compiled both ways (fastavro is the reference).
 
 Every value on the log is ``C3 01`` + the writer schema's 8-byte CRC-64-AVRO fingerprint
 (little endian) + the Avro binary body, the Avro spec's "single object encoding". A reader
@@ -9,6 +9,10 @@ Schema history: ``schemas/history/`` keeps every schema a release wrote events w
 canonical form under its wire fingerprint (``python -m engine.schema_history`` records new
 ones; a test fails until it is run). Such records are read with Avro schema resolution into the
 current classes: fields added since take their defaults.
+
+Both directions are compiled per schema (engine.avro for writing, engine.avro_read for
+reading, each decoder made on the first record of its fingerprint); fastavro parses the
+schemas, computes the fingerprints, and reads any schema the decoder compiler does not handle.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import io
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from .avro import Writer, compile_writer
+from .avro_read import Unsupported, compile_reader
 from .errors import EventEncodeError, MalformedEventError, UnknownSchemaError
 from .events import EVENT_TYPES, Event, ToolCallSpec
 
@@ -35,6 +40,8 @@ HISTORY_DIR = SCHEMA_DIR / "history"
 ENVELOPE_FIELDS = tuple(f.name for f in dataclasses.fields(Event))
 _INLINE = frozenset({"turnlog.events.Envelope"})
 """The envelope's fields are attributes of the event itself, not of a nested object."""
+_CLASSES: dict[str, type] = {"turnlog.events.ToolCallSpec": ToolCallSpec}
+"""Nested records the compiled decoder builds objects of."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,6 +54,10 @@ class _Codec:
     """The compiled encoder (engine.avro), for writing."""
     writer_schema: Any = None
     """For a record an older schema wrote: that schema, resolved into ``schema`` when read."""
+    reader_json: Any = None
+    """The current schema, named records written out (what the compiled decoder reads into)."""
+    writer_json: Any = None
+    """``writer_schema`` as JSON (what the compiled decoder reads from)."""
 
 
 def load_schema_json(name: str, schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
@@ -91,16 +102,54 @@ def _registry() -> tuple[dict[str, _Codec], dict[bytes, _Codec]]:
         raw = load_schema_json(type_name)
         parsed, fp = _fingerprint(raw, named)
         writer = compile_writer(raw, dict(named_json), inline_records=_INLINE)
-        codec = _Codec(cls, parsed, fp, writer)
+        reader = expand_schema(raw, named_json)
+        codec = _Codec(cls, parsed, fp, writer, reader_json=reader)
         by_type[type_name] = codec
         by_fp[codec.fingerprint] = codec
     for type_name, fp, canonical in history_schemas():
         current = by_type.get(type_name)
         if current is not None and fp not in by_fp:
+            old = json.loads(canonical)
             by_fp[fp] = dataclasses.replace(
-                current, fingerprint=fp, writer_schema=parse_schema(json.loads(canonical))
+                current, fingerprint=fp, writer_schema=parse_schema(old), writer_json=old
             )
     return by_type, by_fp
+
+
+def expand_schema(raw: Any, named_json: dict[str, Any]) -> Any:
+    """``raw`` with references to the shared named records (envelope, ToolCallSpec) written out."""
+    if isinstance(raw, str):
+        target = named_json.get(raw)
+        return raw if target is None else expand_schema(target, named_json)
+    if isinstance(raw, list):
+        return [expand_schema(branch, named_json) for branch in raw]
+    if isinstance(raw, dict):
+        out = dict(raw)
+        if "fields" in raw:
+            out["fields"] = [{**f, "type": expand_schema(f["type"], named_json)} for f in raw["fields"]]
+        if "items" in raw:
+            out["items"] = expand_schema(raw["items"], named_json)
+        return out
+    return raw
+
+
+_READERS: dict[bytes, Callable[[bytes, int], Event] | None] = {}
+"""Compiled decoders by wire fingerprint, each made on its first record; None: fastavro reads."""
+
+
+def _reader(codec: _Codec) -> Callable[[bytes, int], Event] | None:
+    """The compiled decoder for records written with ``codec.fingerprint``."""
+    try:
+        return _READERS[codec.fingerprint]
+    except KeyError:
+        pass
+    writer = codec.writer_json if codec.writer_json is not None else codec.reader_json
+    try:
+        read = compile_reader(writer, codec.reader_json, codec.cls, classes=_CLASSES, inline=_INLINE)
+    except Unsupported:
+        read = None
+    _READERS[codec.fingerprint] = read
+    return read
 
 
 def wire_fingerprint_of(type_name: str, schema_dir: Path = SCHEMA_DIR) -> bytes:
@@ -162,6 +211,34 @@ def decode(data: bytes) -> Event:
             f"record written with unknown schema fingerprint {fp.hex()}; it comes from a newer "
             "or foreign producer. Upgrade turnlog or add the writer schema to schemas/."
         )
+    read = _READERS.get(fp) or _reader(codec)
+    if read is not None:
+        if type(data) is not bytes:
+            data = bytes(data)  # the generated code slices and decodes bytes
+        try:
+            return read(data, HEADER_LEN)
+        except Exception as exc:  # IndexError (ran out of bytes), UnicodeDecodeError, ValueError...
+            raise _corrupt(codec, data, exc) from exc
+    return _decode_fastavro(data, codec)
+
+
+def decode_fastavro(data: bytes) -> Event:
+    """``decode`` through fastavro only (the reference the compiled decoder is tested against)."""
+    codec = _registry()[1][bytes(data[2:HEADER_LEN])]
+    return _decode_fastavro(data, codec)
+
+
+def _corrupt(codec: _Codec, data: bytes, exc: Exception) -> MalformedEventError:
+    if isinstance(exc, ValueError) and str(exc).endswith("trailing bytes"):
+        return MalformedEventError(f"corrupt {codec.cls.type} record: {exc}")
+    if isinstance(exc, IndexError):
+        exc = EOFError("the record ends inside a value")
+    return MalformedEventError(
+        f"corrupt {codec.cls.type} record ({len(data)} bytes): {type(exc).__name__}: {exc}"
+    )
+
+
+def _decode_fastavro(data: bytes, codec: _Codec) -> Event:
     body = io.BytesIO(memoryview(data)[HEADER_LEN:])
     try:
         if codec.writer_schema is None:

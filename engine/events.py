@@ -330,7 +330,9 @@ class SnapshotTaken(Event):
     message_count: int
     keyframe_version: int
     """0: ``state_json`` holds every message (a keyframe). Otherwise it holds the messages after
-    the first ``k`` ones, which are those of the keyframe SnapshotTaken at this version."""
+    the first ``k`` ones, which are those of the snapshot it builds on: the keyframe
+    SnapshotTaken at this version (format 3), or the previous snapshot of this keyframe's chain
+    (format 4, ``"p"`` in the JSON)."""
     state_json: str
     type: ClassVar[str] = "SnapshotTaken"
 

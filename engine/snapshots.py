@@ -17,6 +17,13 @@ size stays bounded on a long session and loading reads at most two snapshots. Fo
   text, context retries and budget pause, and each message's ``ref`` (context management).
 * 3: as 2, plus the session's ``origin_calls`` (a fork's calls its origin had started), each
   message id's list of rows in RECORD_FIELDS order.
+* 4: as 3, but a delta holds only the messages added since the previous snapshot of its chain
+  (keyframe, delta, delta, ...), named by ``"p"`` (its version; ``"k"`` is the number of
+  messages before this delta's own), so a snapshot costs what changed since the last one
+  instead of everything since the keyframe. Loading reads the chain: the keyframe and the
+  deltas after it (one range read, ``EventLog.snapshots_between``), at most ``CHAIN_LIMIT``
+  of them, so it stays flat in session length. A link that is not where the delta says
+  (``"p"``, ``"k"``) is refused and the loader folds from the start.
 
 Every format is read (``READS``): fields a format lacks take their defaults. Format 1 messages
 carry no ``ref``; ``load_latest`` gives them the versions of the events they came from (one
@@ -46,9 +53,11 @@ from .states import SessionStatus
 from .tools.guards import CallRecord
 from .writer import SessionWriter
 
-FORMAT = 3
+FORMAT = 4
 DELTA_LIMIT = 128
-"""Messages a delta snapshot may carry beyond its keyframe before the next one is a keyframe."""
+"""Messages a chain may add beyond its keyframe before the next snapshot is a keyframe."""
+CHAIN_LIMIT = 64
+"""Deltas a chain may hold before the next snapshot is a keyframe (bounds a load's reads)."""
 SESSION_FIELDS = (
     "session_id",
     "version",
@@ -118,12 +127,15 @@ class Layout:
     session: tuple[str, ...]
     turn: tuple[str, ...]
     refs: bool
+    chained: bool = False
+    """A delta builds on the previous snapshot of its chain (``"p"``), not on its keyframe."""
 
 
 READS = {
     1: Layout(SESSION_FIELDS[:16], TURN_FIELDS[:16], refs=False),
     2: Layout(SESSION_FIELDS[:18], TURN_FIELDS, refs=True),
-    FORMAT: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True),
+    3: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True),
+    FORMAT: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True),
 }
 """Every format this turnlog reads."""
 MESSAGE_TYPES = ("SessionForked", "UserMessageReceived", "AssistantMessage", "ToolCallFinished")
@@ -144,6 +156,11 @@ class _Encoded:
     parts: list[str]
     keyframe_version: int = 0
     keyframe_count: int = 0
+    previous_version: int = 0
+    """The last snapshot encoded for this fold (the next delta's ``"p"``) and its message count."""
+    previous_count: int = 0
+    chain: int = 0
+    """Deltas encoded on the current keyframe."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,27 +175,39 @@ class SnapshotEncoder:
     """Serialises session states for snapshots, cheaply on a long session.
 
     History is append-only, so each message is encoded once per session (cached), and most
-    snapshots are deltas: they carry the messages added since the session's last keyframe
-    (a snapshot holding every message) and name that keyframe's version. A keyframe is
-    written when the delta would exceed ``delta_limit`` messages, and whenever the encoder
-    has no keyframe for the session's current fold (first snapshot, a reloaded state, a cache
-    eviction), so a delta never points at a keyframe that was not appended with it or before.
+    snapshots are deltas: they carry the messages added since the previous snapshot of their
+    chain and name it and the chain's keyframe (a snapshot holding every message). A keyframe
+    is written when the chain would exceed ``delta_limit`` messages or ``chain_limit`` deltas,
+    and whenever the encoder has no keyframe for the session's current fold (first snapshot,
+    a reloaded state, a cache eviction), so a delta never points at a snapshot that was not
+    appended with it or before.
     """
 
-    def __init__(self, cache_size: int = 1024, *, delta_limit: int = DELTA_LIMIT) -> None:
+    def __init__(
+        self, cache_size: int = 1024, *, delta_limit: int = DELTA_LIMIT, chain_limit: int = CHAIN_LIMIT
+    ) -> None:
         self._cache: OrderedDict[str, _Encoded] = OrderedDict()
         self._cache_size = cache_size
         self._delta_limit = delta_limit
+        self._chain_limit = chain_limit
 
     def encode(self, state: SessionState, version: int) -> Encoded:
         """The snapshot of ``state`` that will be written as event ``version``."""
         entry = self._entry(state)
-        if entry.keyframe_version and len(entry.parts) - entry.keyframe_count <= self._delta_limit:
-            base, skip = entry.keyframe_version, entry.keyframe_count
+        count = len(entry.parts)
+        if (
+            entry.keyframe_version
+            and count - entry.keyframe_count <= self._delta_limit
+            and entry.chain < self._chain_limit
+        ):
+            base, previous, skip = entry.keyframe_version, entry.previous_version, entry.previous_count
+            entry.chain += 1
         else:
-            base, skip = 0, 0
-            entry.keyframe_version, entry.keyframe_count = version, len(entry.parts)
-        return Encoded(encode_state(state, entry.parts[skip:], base=base, skip=skip), base)
+            base, previous, skip = 0, 0, 0
+            entry.keyframe_version, entry.keyframe_count, entry.chain = version, count, 0
+        entry.previous_version, entry.previous_count = version, count
+        text = encode_state(state, entry.parts[skip:], base=base, skip=skip, previous=previous)
+        return Encoded(text, base)
 
     def _entry(self, state: SessionState) -> _Encoded:
         messages = state.messages
@@ -199,9 +228,12 @@ class SnapshotEncoder:
         return cached
 
 
-def encode_state(state: SessionState, parts: list[str] | None = None, *, base: int = 0, skip: int = 0) -> str:
-    """The format-1 text of ``state``; ``parts`` are its encoded messages from index ``skip``
-    (all of them, encoded here, when None)."""
+def encode_state(
+    state: SessionState, parts: list[str] | None = None, *, base: int = 0, skip: int = 0, previous: int = 0
+) -> str:
+    """The ``FORMAT`` text of ``state``; ``parts`` are its encoded messages from index ``skip``
+    (all of them, encoded here, when None). A delta names its keyframe (``base``) and the
+    snapshot whose first ``skip`` messages it builds on (``previous``)."""
     if parts is None:
         parts = [_message(m) for m in state.messages[skip:]]
     turn = state.turn
@@ -220,16 +252,24 @@ def encode_state(state: SessionState, parts: list[str] | None = None, *, base: i
             "t": doc_turn,
             "b": base,
             "k": skip,
+            "p": previous,
         }
     )
     return head[:-1] + ',"m":[' + ",".join(parts) + "]}"
 
 
 def decode_state(
-    text: str, state_format: int, *, where: str, base: list[ChatMessage] | None = None
+    text: str,
+    state_format: int,
+    *,
+    where: str,
+    base: list[ChatMessage] | None = None,
+    base_version: int | None = None,
 ) -> SessionState:
-    """The state a snapshot holds; a delta needs ``base``, its keyframe's messages.
-    ``where`` names the record in errors. Format 1 messages get ref 0 (see ``load_latest``)."""
+    """The state a snapshot holds; a delta needs ``base``, the messages of the snapshot it
+    builds on (its keyframe; in format 4 the previous snapshot of its chain), which is at
+    ``base_version`` when given (checked). ``where`` names the record in errors. Format 1
+    messages get ref 0 (see ``load_latest``)."""
     layout = READS.get(state_format)
     if layout is None:
         raise SnapshotFormatError(
@@ -248,20 +288,22 @@ def decode_state(
         state = SessionState(**scalars)
         state.inbox = deque(InboundMessage(*row) for row in doc["i"])
         own = [_decode_message(row, layout.refs) for row in doc["m"]]
-        state.messages = _inherited(doc, base, where) + own
+        state.messages = _inherited(doc, base, base_version, layout, where) + own
         state.turn = None if doc["t"] is None else _turn(doc["t"], layout.turn)
     except (ValueError, KeyError, TypeError) as exc:
         raise SnapshotFormatError(f"{where}: corrupt snapshot: {type(exc).__name__}: {exc}") from exc
     return state
 
 
-def _inherited(doc: dict[str, Any], base: list[ChatMessage] | None, where: str) -> list[ChatMessage]:
+def _inherited(
+    doc: dict[str, Any], base: list[ChatMessage] | None, base_version: int | None, layout: Layout, where: str
+) -> list[ChatMessage]:
     if not doc["b"]:
         return []
-    if base is None or len(base) < doc["k"]:
-        raise SnapshotFormatError(
-            f"{where}: a delta snapshot needs the {doc['k']} messages of its keyframe v{doc['b']}"
-        )
+    on = doc["p"] if layout.chained else doc["b"]
+    what = "the previous snapshot of its chain" if layout.chained else "its keyframe"
+    if base is None or len(base) < doc["k"] or (base_version is not None and base_version != on):
+        raise SnapshotFormatError(f"{where}: a delta snapshot needs the {doc['k']} messages of {what} v{on}")
     return base[: doc["k"]]
 
 
@@ -298,12 +340,16 @@ def _turn(row: list[Any], names: tuple[str, ...]) -> TurnProgress:
     return turn
 
 
-def restore(snapshot: ev.SnapshotTaken, keyframe: ev.SnapshotTaken | None = None) -> SessionState:
+def restore(snapshot: ev.SnapshotTaken, *chain: ev.SnapshotTaken | None) -> SessionState:
     """The session's state as of ``snapshot.version - 1``; fold the snapshot event and what
-    follows it on top. A delta snapshot needs its keyframe (``snapshot.keyframe_version``)."""
+    follows it on top. A delta snapshot needs the snapshots it builds on, oldest first: its
+    keyframe (``snapshot.keyframe_version``) and, from format 4, the deltas of its chain
+    between them (``chain_of`` reads them)."""
     where = f"session {snapshot.session_id} v{snapshot.version}"
-    base = None
+    base = base_version = None
     if snapshot.keyframe_version:
+        links = [link for link in chain if link is not None]
+        keyframe = links[0] if links else None
         if (
             keyframe is None
             or keyframe.session_id != snapshot.session_id
@@ -311,8 +357,17 @@ def restore(snapshot: ev.SnapshotTaken, keyframe: ev.SnapshotTaken | None = None
             or keyframe.keyframe_version
         ):
             raise SnapshotFormatError(f"{where}: its keyframe v{snapshot.keyframe_version} is missing")
-        base = restore(keyframe).messages
-    state = decode_state(snapshot.state_json, snapshot.state_format, where=where, base=base)
+        base, base_version = restore(keyframe).messages, keyframe.version
+        for link in links[1:]:
+            if link.session_id != snapshot.session_id or link.keyframe_version != keyframe.version:
+                raise SnapshotFormatError(f"{where}: snapshot v{link.version} is not on its chain")
+            here = f"session {link.session_id} v{link.version}"
+            fmt, text = link.state_format, link.state_json
+            base = decode_state(text, fmt, where=here, base=base, base_version=base_version).messages
+            base_version = link.version
+    state = decode_state(
+        snapshot.state_json, snapshot.state_format, where=where, base=base, base_version=base_version
+    )
     if state.session_id != snapshot.session_id or state.version != snapshot.version - 1:
         raise SnapshotFormatError(
             f"{where}: the snapshot holds session {state.session_id} v{state.version}, "
@@ -321,19 +376,32 @@ def restore(snapshot: ev.SnapshotTaken, keyframe: ev.SnapshotTaken | None = None
     return state
 
 
+async def chain_of(log: EventLog, snapshot: ev.SnapshotTaken) -> list[ev.SnapshotTaken]:
+    """The snapshots a delta builds on, oldest first (``restore``'s ``chain``): its keyframe
+    (one index lookup) and, from format 4, the snapshots after it (one range read)."""
+    if not snapshot.keyframe_version:
+        return []
+    layout = READS.get(snapshot.state_format)
+    if layout is not None and layout.chained:
+        sid, first = snapshot.session_id, snapshot.keyframe_version
+        found = await log.snapshots_between(sid, first, snapshot.version - 1)
+    else:
+        keyframe = await log.latest_snapshot(snapshot.session_id, at_or_before=snapshot.keyframe_version)
+        found = [] if keyframe is None else [keyframe]
+    return [s for s in found if isinstance(s, ev.SnapshotTaken)]
+
+
 async def load_latest(log: EventLog, session_id: str) -> SessionState | None:
-    """The state of the session's newest snapshot (two index lookups at most), or None."""
+    """The state of the session's newest snapshot (an index lookup and a range read), or None."""
     snapshot = await log.latest_snapshot(session_id)
     if not isinstance(snapshot, ev.SnapshotTaken):
         return None
-    keyframe = None
-    if snapshot.keyframe_version:
-        found = await log.latest_snapshot(session_id, at_or_before=snapshot.keyframe_version)
-        keyframe = found if isinstance(found, ev.SnapshotTaken) else None
-    state = restore(snapshot, keyframe)
-    if READS[snapshot.state_format].refs and (keyframe is None or READS[keyframe.state_format].refs):
+    chain = await chain_of(log, snapshot)
+    state = restore(snapshot, *chain)
+    formats = {snapshot.state_format, *(link.state_format for link in chain)}
+    if all(READS[f].refs for f in formats):
         return state
-    if keyframe is not None and keyframe.state_format != snapshot.state_format:
+    if len(formats) > 1:
         return None  # refs on some messages only: fold from the start
     return _with_refs(state, await log.versions_of(session_id, MESSAGE_TYPES, snapshot.version))
 
@@ -436,6 +504,7 @@ __all__ = [
     "FORMAT",
     "Encoded",
     "SnapshotEncoder",
+    "chain_of",
     "decode_state",
     "encode_state",
     "last_tool",

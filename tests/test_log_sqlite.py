@@ -249,7 +249,9 @@ async def test_corrupt_row_raises_malformed_naming_partition_and_offset(
     bad = records[1]
     with sqlite3.connect(log_path) as raw:
         raw.execute(
-            "UPDATE events SET value = ? WHERE session_id = 'a' AND version = 2", (b"\x00garbage bytes",)
+            "UPDATE events SET value = ? WHERE version = 2 AND session = "
+            "(SELECT key FROM sessions WHERE session_id = 'a')",
+            (b"\x00garbage bytes",),
         )
     raw.close()
 

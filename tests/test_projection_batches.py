@@ -280,8 +280,9 @@ async def _poison(log: EventLog, log_path: Path, sid: str) -> None:
         return
     with contextlib.closing(sqlite3.connect(log_path)) as db, db:
         db.execute(
-            "INSERT INTO events (partition, session_id, version, type, value) VALUES (?, ?, 999, 'X', ?)",
-            (partition, sid, b"\x00junk"),
+            "INSERT INTO events (partition, session, version, type, value) "
+            "SELECT ?, key, 999, 'X', ? FROM sessions WHERE session_id = ?",
+            (partition, b"\x00junk", sid),
         )
 
 

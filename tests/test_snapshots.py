@@ -100,7 +100,10 @@ async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log:
     for event in events:
         snap = by_version.get(event.version)
         if snap is not None:
-            restored = snapshots.restore(snap, by_version.get(snap.keyframe_version))
+            chain = [s for s in snaps if snap.keyframe_version <= s.version < snap.version]
+            chain = chain if snap.keyframe_version else []
+            assert await snapshots.chain_of(log, snap) == chain
+            restored = snapshots.restore(snap, *chain)
             assert restored == running, f"snapshot v{snap.version} differs from the fold"
             assert forward is None or forward == running, f"folding on to v{snap.version} differs"
             if running.turn is not None:  # dict equality ignores order; the batch order matters
@@ -121,6 +124,12 @@ async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log:
     keyframes = [s for s in snaps if not s.keyframe_version]
     assert 3 < len(keyframes) < len(snaps) // 10, "mostly deltas, a keyframe now and then"
     assert max(len(s.state_json) for s in snaps if s.keyframe_version) < len(keyframes[-1].state_json)
+    # a delta holds the messages added since the snapshot before it, no more (format 4)
+    for before, snap in zip(snaps, snaps[1:], strict=False):
+        if snap.keyframe_version:
+            doc = json.loads(snap.state_json)
+            assert doc["p"] == before.version and doc["k"] == before.message_count
+            assert len(doc["m"]) == snap.message_count - before.message_count
     # the summaries say what happened at each snapshot
     assert {s.last_tool for s in snaps} == {"lookup", ""}
 
@@ -203,9 +212,12 @@ async def test_a_delta_whose_keyframe_is_missing_is_refused_and_loading_folds_fr
     wrong = snapshot_events(events)[-2]
     with pytest.raises(SnapshotFormatError, match="is missing"):
         snapshots.restore(delta, wrong)
-    assert snapshots.restore(delta, await log.latest_snapshot(sid, delta.keyframe_version)) == fold(
-        sid, [e for e in events if e.version < delta.version]
-    )
+    chain = await snapshots.chain_of(log, delta)
+    assert chain[0].version == delta.keyframe_version and len(chain) > 2
+    for gap in (1, len(chain) - 1):  # a link of the chain missing: refused, never a wrong state
+        with pytest.raises(SnapshotFormatError, match="previous snapshot of its chain"):
+            snapshots.restore(delta, *chain[:gap], *chain[gap + 1 :])
+    assert snapshots.restore(delta, *chain) == fold(sid, [e for e in events if e.version < delta.version])
 
 
 def test_a_corrupt_snapshot_names_the_record() -> None:
@@ -257,15 +269,25 @@ def test_a_snapshot_of_every_field_round_trips_exactly() -> None:
     first = encoder.encode(state, 43)
     assert first == snapshots.Encoded(text, 0)
     grown = [ChatMessage("assistant", "done"), ChatMessage.user("more")]
+    previous, previous_version = back.messages, 43
     for i, message in enumerate(grown):
         state.messages.append(message)
         delta = encoder.encode(state, 44 + i)
         assert delta.keyframe_version == 43 and len(delta.state_json) < len(text)
-        with pytest.raises(SnapshotFormatError, match="needs the 3 messages of its keyframe v43"):
+        assert len(json.loads(delta.state_json)["m"]) == 1  # only what changed since the last one
+        chain = "previous snapshot of its chain"
+        wanted = f"needs the {len(previous)} messages of the {chain} v{previous_version}"
+        with pytest.raises(SnapshotFormatError, match=wanted):
             snapshots.decode_state(delta.state_json, snapshots.FORMAT, where="d")
-        assert (
-            snapshots.decode_state(delta.state_json, snapshots.FORMAT, where="d", base=back.messages) == state
+        with pytest.raises(SnapshotFormatError, match=wanted):
+            snapshots.decode_state(
+                delta.state_json, snapshots.FORMAT, where="d", base=previous, base_version=0
+            )
+        decoded = snapshots.decode_state(
+            delta.state_json, snapshots.FORMAT, where="d", base=previous, base_version=previous_version
         )
+        assert decoded == state
+        previous, previous_version = decoded.messages, 44 + i
     state.messages.append(ChatMessage("assistant", "again"))
     assert encoder.encode(state, 46) == snapshots.Encoded(snapshots.encode_state(state), 0)
     assert encoder.encode(state, 47).keyframe_version == 46
@@ -349,5 +371,41 @@ def test_format_1_bodies_decode_with_the_defaults_of_later_fields() -> None:
     back = snapshots.decode_state(as_format_1(snapshots.encode_state(state)), 1, where="old")
     assert back.turn == state.turn and back.messages == [ChatMessage.user("hi")]  # ref unknown: 0
     assert back.task_state == {} and back.archived == 0 and back.origin_calls == {}
-    with pytest.raises(SnapshotFormatError, match="reads 1, 2, 3"):
-        snapshots.decode_state("{}", 4, where="new")
+    with pytest.raises(SnapshotFormatError, match="reads 1, 2, 3, 4"):
+        snapshots.decode_state("{}", 5, where="new")
+
+
+def as_format_3(text: str) -> str:
+    """A format-4 text as format 3 wrote it: no ``"p"`` (a delta then held every message since
+    its keyframe; the caller gives it those)."""
+    doc = json.loads(text)
+    del doc["p"]
+    return json.dumps(doc)
+
+
+async def test_format_3_deltas_on_their_keyframe_still_load(log: SqliteEventLog) -> None:
+    """Logs written before chained deltas: a format-3 delta carries every message since its
+    keyframe and builds on the keyframe alone."""
+    api, sid = await long_session(log, 6)
+    at_keyframe = fold(sid, await log.read_session(sid))
+    keyframe = ev.SnapshotTaken(
+        session_id=sid, version=at_keyframe.version + 1, state_format=3, status=str(at_keyframe.status),
+        last_tool="", turns=at_keyframe.turns_finished, input_tokens=0, output_tokens=0,
+        message_count=len(at_keyframe.messages), keyframe_version=0,
+        state_json=as_format_3(snapshots.encode_state(at_keyframe)),
+    )  # fmt: skip
+    await log.append([keyframe], expected_version=at_keyframe.version)
+    for turn in range(3):
+        async for _ in api.send_user_message(sid, f"more {turn}"):
+            pass
+    events = await log.read_session(sid)
+    state = fold(sid, events)
+    count = len(at_keyframe.messages)
+    text = snapshots.encode_state(state, base=keyframe.version, skip=count)
+    delta = dataclasses.replace(
+        keyframe, version=state.version + 1, keyframe_version=keyframe.version,
+        message_count=len(state.messages), state_json=as_format_3(text), event_id=ev.new_id(),
+    )  # fmt: skip
+    await log.append([delta], expected_version=state.version)
+    assert await snapshots.chain_of(log, delta) == [keyframe]
+    assert await snapshots.load_latest(log, sid) == state

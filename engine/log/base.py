@@ -174,6 +174,13 @@ class EventLog(abc.ABC):
                 return event
         return None
 
+    async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
+        """The session's ``SnapshotTaken`` events with ``first <= version <= last``, in order: a
+        delta snapshot's chain (engine.snapshots.chain_of). This default reads the session from
+        ``first``; the SQLite log answers from its snapshot index."""
+        events = await self.read_session(session_id, first - 1)
+        return [e for e in events if e.type == "SnapshotTaken" and e.version <= last]
+
     async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
         """(version, type) of the session's events of ``types`` below version ``before``, in order.
 

@@ -25,23 +25,35 @@ from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
 from .sqlite_commit import GroupCommit
 from .submissions import SUBMITTED_TYPES, submission_keys
+from .zdict import pack, unpack
 
 Durability = Literal["process", "power"]
 T = TypeVar("T")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
+_EVENTS = (
+    "CREATE TABLE IF NOT EXISTS sessions (key INTEGER PRIMARY KEY, session_id TEXT NOT NULL UNIQUE)",
+    """CREATE TABLE IF NOT EXISTS events (
     position   INTEGER PRIMARY KEY,
     partition  INTEGER NOT NULL,
-    session_id TEXT    NOT NULL,
+    session    INTEGER NOT NULL,
     version    INTEGER NOT NULL,
     type       TEXT    NOT NULL,
     value      BLOB    NOT NULL,
-    UNIQUE (session_id, version)
-);
-CREATE INDEX IF NOT EXISTS events_by_partition ON events (partition, position);
-CREATE INDEX IF NOT EXISTS snapshots_by_session ON events (session_id, version)
-    WHERE type = 'SnapshotTaken';
+    UNIQUE (session, version)
+)""",
+    "CREATE INDEX IF NOT EXISTS events_by_partition ON events (partition, position)",
+    "CREATE INDEX IF NOT EXISTS snapshots_by_session ON events (session, version) "
+    "WHERE type = 'SnapshotTaken'",
+)
+"""The events and their sessions (layout 2). A row names its session by ``sessions.key``, a
+small integer, not by the session id: the id is stored once, not in every row and every index
+entry (about 70 bytes per event). Layout 1 (files written before) had ``session_id`` in
+``events``; ``_migrate`` rewrites such a file once, on open."""
+_SESSION = "session = (SELECT key FROM sessions WHERE session_id = ?)"
+"""A row's session, by id (the subquery is evaluated once per statement, then the index is used)."""
+_SCHEMA = (
+    ";\n".join(_EVENTS)
+    + """;
 CREATE TABLE IF NOT EXISTS group_offsets (
     group_id    TEXT    NOT NULL,
     partition   INTEGER NOT NULL,
@@ -56,24 +68,36 @@ CREATE TABLE IF NOT EXISTS submissions (
     PRIMARY KEY (session_id, key)
 ) WITHOUT ROWID;
 """
+)
 """``submissions``: the keys of every submitted event (engine.log.submissions), written in the
 append's transaction, so a session takes each submission once, whichever process appends."""
 
 
 _HEADS = (
-    "SELECT (SELECT COALESCE(MAX(version), 0) FROM events WHERE session_id = ?), "
+    f"SELECT (SELECT COALESCE(MAX(version), 0) FROM events WHERE {_SESSION}), "
     "(SELECT COALESCE(MAX(position), 0) FROM events)"
 )
 """The session's last version and the log's last position, read under the write lock."""
 
 
 class SqliteEventLog(EventLog):
-    def __init__(self, path: str | Path, *, partitions: int = 8, durability: Durability = "process"):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        partitions: int = 8,
+        durability: Durability = "process",
+        compress: bool = True,
+    ):
         if durability not in ("process", "power"):
             raise ConfigurationError(f"durability must be 'process' or 'power', not {durability!r}")
         self.path = Path(path)
+        self.compress = compress
+        """Store new values compressed with the shipped zstd dictionary (engine.log.zdict);
+        values are read either way."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = _connect(self.path, durability)
+        self._migrate()
         self._db.executescript(_SCHEMA)
         self.partitions = self._fix_partitions(partitions)
         self._index_old_submissions()
@@ -95,6 +119,38 @@ class SqliteEventLog(EventLog):
                 f"{stored} or use a new log file."
             )
         return stored
+
+    def _migrate(self) -> None:
+        """Rewrite a layout-1 file (``events.session_id``) into layout 2, once: sessions get
+        their keys, plain values are compressed, and the file is vacuumed to give the space
+        back. Other processes wait on the write lock and then find the file migrated."""
+        db = self._db
+        if not _old_layout(db):
+            return
+        db.create_function("turnlog_pack", 1, _migrated_value, deterministic=True)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if _old_layout(db):  # still: no other process migrated it while we waited
+                db.execute("ALTER TABLE events RENAME TO events_layout_1")
+                db.execute("DROP INDEX IF EXISTS events_by_partition")
+                db.execute("DROP INDEX IF EXISTS snapshots_by_session")
+                for statement in _EVENTS:
+                    db.execute(statement)
+                db.execute(
+                    "INSERT INTO sessions (session_id) SELECT session_id FROM events_layout_1 "
+                    "GROUP BY session_id ORDER BY MIN(position)"
+                )
+                db.execute(
+                    "INSERT INTO events SELECT e.position, e.partition, s.key, e.version, e.type, "
+                    "turnlog_pack(e.value) FROM events_layout_1 e JOIN sessions s USING (session_id) "
+                    "ORDER BY e.position"
+                )
+                db.execute("DROP TABLE events_layout_1")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("VACUUM")
 
     def _index_old_submissions(self) -> None:
         """Fill ``submissions`` from a log written before it existed (once)."""
@@ -119,6 +175,8 @@ class SqliteEventLog(EventLog):
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
         values = [codec.encode(e) for e in events]
+        if self.compress:
+            values = [pack(v) for v in values]
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
 
         def write(db: sqlite3.Connection) -> range:
@@ -131,12 +189,13 @@ class SqliteEventLog(EventLog):
                 raise ConcurrencyError(session_id, expected_version, actual)
             if keys:
                 db.executemany("INSERT INTO submissions VALUES (?, ?, ?)", keys)
+            session = _session_key(db, session_id) if expected_version else _new_session_key(db, session_id)
             positions = range(last + 1, last + 1 + len(events))
             db.executemany(
-                "INSERT INTO events (position, partition, session_id, version, type, value) "
+                "INSERT INTO events (position, partition, session, version, type, value) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 [
-                    (pos, partition, session_id, e.version, e.type, value)
+                    (pos, partition, session, e.version, e.type, value)
                     for pos, e, value in zip(positions, events, values, strict=True)
                 ],
             )
@@ -177,7 +236,7 @@ class SqliteEventLog(EventLog):
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         rows = self._db.execute(
-            "SELECT partition, position, value FROM events WHERE session_id = ? AND version > ? "
+            f"SELECT partition, position, value FROM events WHERE {_SESSION} AND version > ? "
             "ORDER BY version",
             (session_id, after_version),
         ).fetchall()
@@ -186,16 +245,25 @@ class SqliteEventLog(EventLog):
     async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
         """One index lookup (the partial index ``snapshots_by_session``)."""
         row = self._db.execute(
-            "SELECT partition, position, value FROM events WHERE session_id = ? AND type = 'SnapshotTaken' "
+            f"SELECT partition, position, value FROM events WHERE {_SESSION} AND type = 'SnapshotTaken' "
             "AND version <= ? ORDER BY version DESC LIMIT 1",
             (session_id, (1 << 63) - 1 if at_or_before is None else at_or_before),
         ).fetchone()
         return None if row is None else _decode(*row)
 
+    async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
+        """One range read of the partial index ``snapshots_by_session``."""
+        rows = self._db.execute(
+            f"SELECT partition, position, value FROM events WHERE {_SESSION} AND type = 'SnapshotTaken' "
+            "AND version BETWEEN ? AND ? ORDER BY version",
+            (session_id, first, last),
+        ).fetchall()
+        return [_decode(*row) for row in rows]
+
     async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
         marks = ",".join("?" * len(types))
         rows = self._db.execute(
-            f"SELECT version, type FROM events WHERE session_id = ? AND version < ? AND type IN ({marks}) "
+            f"SELECT version, type FROM events WHERE {_SESSION} AND version < ? AND type IN ({marks}) "
             "ORDER BY version",
             (session_id, before, *types),
         ).fetchall()
@@ -203,7 +271,7 @@ class SqliteEventLog(EventLog):
 
     async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
         rows = self._db.execute(
-            "SELECT partition, position, value FROM events WHERE session_id = ? AND version > ? "
+            f"SELECT partition, position, value FROM events WHERE {_SESSION} AND version > ? "
             "ORDER BY version",
             (session_id, after_version),
         ).fetchall()
@@ -211,7 +279,7 @@ class SqliteEventLog(EventLog):
 
     async def session_version(self, session_id: str) -> int:
         (version,) = self._db.execute(
-            "SELECT COALESCE(MAX(version), 0) FROM events WHERE session_id = ?", (session_id,)
+            f"SELECT COALESCE(MAX(version), 0) FROM events WHERE {_SESSION}", (session_id,)
         ).fetchone()
         return int(version)
 
@@ -277,6 +345,18 @@ def _in_memory(path: str | Path) -> bool:
     return name in ("", ":memory:") or name.startswith("file::memory:") or "mode=memory" in name
 
 
+def _session_key(db: sqlite3.Connection, session_id: str) -> int:
+    row = db.execute("SELECT key FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+    return int(row[0]) if row is not None else _new_session_key(db, session_id)
+
+
+def _new_session_key(db: sqlite3.Connection, session_id: str) -> int:
+    """Inside the append's transaction: a rolled-back append takes its key back with it."""
+    db.execute("INSERT OR IGNORE INTO sessions (session_id) VALUES (?)", (session_id,))
+    (key,) = db.execute("SELECT key FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+    return int(key)
+
+
 def _refuse_held(db: sqlite3.Connection, keys: list[tuple[str, str, int]]) -> None:
     """DuplicateSubmissionError if the session already holds one of the batch's keys."""
     session_id = keys[0][0]
@@ -291,6 +371,17 @@ def _refuse_held(db: sqlite3.Connection, keys: list[tuple[str, str, int]]) -> No
 
 def _decode(partition: int, position: int, value: bytes) -> Event:
     try:
-        return codec.decode(value)
+        return codec.decode(unpack(value))
     except EventError as exc:
         raise type(exc)(f"partition {partition} offset {position}: {exc}") from exc
+
+
+def _old_layout(db: sqlite3.Connection) -> bool:
+    """Whether the file has layout 1: ``events`` rows carrying their session id."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(events)")}
+    return "session_id" in columns
+
+
+def _migrated_value(value: bytes) -> bytes:
+    """A layout-1 value as layout 2 stores it: plain Avro compressed (never twice)."""
+    return pack(value) if value[:2] == codec.MAGIC else value
