@@ -52,6 +52,8 @@ S = SessionStatus
 MessageCheck = Callable[[SessionState, str], None]
 """Accepts a new user message for a session or raises (too large, session closed...)."""
 log = structlog.get_logger("turnlog.turn")
+Runnable = list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]]
+"""A tool batch's calls to run: (call, attempts made before this run, tool, arguments)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,10 @@ Stop = interrupts.Stop
 Step = StartTurn | CallModel | RunTools | Stop | DropWaiting | Done
 REFOLDS = 8
 """Times a run folds again after a conflicting event slipped in, before giving up."""
+START_NOTICE_S = 0.1
+"""A tool batch whose starts need not be committed before it runs (needs_commit_before) has
+them committed once it has run this long: a fast batch goes out in one commit with its results,
+a slow one is seen running (streams, ``show``, a cancel) while it runs."""
 
 
 def next_step(state: SessionState, agent: Agent) -> Step:
@@ -489,8 +495,7 @@ class TurnRunner:
         if plan.approvals and plan.trip is None:
             batch.request_approvals(w, tid, plan.approvals)
             return
-        # (call, attempts made before this run, tool, arguments); the fold updates `call` as events are added
-        runnable: list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]] = []
+        runnable: Runnable = []  # the fold updates each `call` as events are added
         results: dict[str, tuple[int, tool_exec.ToolOutcome]] = {}  # call_id -> (prior attempts, outcome)
         w.mark_boundary()
         for call in step.calls:
@@ -509,19 +514,17 @@ class TurnRunner:
                     idempotency_key=key,
                     correlation_id=tid,
                 )
-        if needs_commit_before(runnable, w.recovered):
+        commit_first = needs_commit_before(runnable, w.recovered)
+        if commit_first:
             for event in await w.commit():
                 yield event
             if interrupts.stop_for(w.state, agent) is not None:
                 return  # a stop slipped in before the tools could start: the next step is Stop
-        scope = builtins.session_scope(self.log, w.state)
-        try:
-            if len(runnable) == 1:  # no task per call when there is nothing to run concurrently
-                outcomes = [await tool_exec.execute(runnable[0][2], runnable[0][3])]
-            else:
-                outcomes = await asyncio.gather(*(tool_exec.execute(t, args) for _, _, t, args in runnable))
-        finally:
-            builtins.end_scope(scope)
+        outcomes: list[tool_exec.ToolOutcome] = []
+        async for item in self._execute(w, agent, runnable, commit_first, outcomes):
+            yield item
+        if len(outcomes) < len(runnable):
+            return  # a stop slipped in while the tools ran: the next step is Stop
         for (call, prior, _, _), outcome in zip(runnable, outcomes, strict=True):
             results[call.call_id] = (prior, outcome)
         for call in step.calls:  # results go back in the order the model asked for them
@@ -534,16 +537,70 @@ class TurnRunner:
         if self.snapshots is not None:
             _snapshots.take(w, self.snapshots, correlation_id=tid)
 
+    async def _execute(
+        self,
+        w: SessionWriter,
+        agent: Agent,
+        runnable: Runnable,
+        commit_first: bool,
+        outcomes: list[tool_exec.ToolOutcome],
+    ) -> AsyncIterator[StreamItem]:
+        """Run the batch into ``outcomes``. A batch whose starts were not committed first has
+        them committed once it has run ``START_NOTICE_S``, while it runs; if a stop slipped in
+        then, its tools (all idempotent) are cancelled and ``outcomes`` stays empty."""
+        scope = builtins.session_scope(self.log, w.state)
+        try:
+            if commit_first or not runnable:
+                outcomes.extend(await _run_calls(runnable))
+                return
+            work = asyncio.ensure_future(_run_calls(runnable))
+            try:
+                if not await _finishes_within(work, START_NOTICE_S):
+                    for event in await w.commit():  # a slow batch: every stream shows it running
+                        yield event
+                    if interrupts.stop_for(w.state, agent) is not None:
+                        return
+                outcomes.extend(await work)
+            finally:
+                if not work.done():
+                    work.cancel()
+        finally:
+            builtins.end_scope(scope)
 
-def needs_commit_before(
-    runnable: list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]], recovered: bool
-) -> bool:
+
+async def _run_calls(runnable: Runnable) -> list[tool_exec.ToolOutcome]:
+    if len(runnable) == 1:  # no task per call when there is nothing to run concurrently
+        return [await tool_exec.execute(runnable[0][2], runnable[0][3])]
+    return list(await asyncio.gather(*(tool_exec.execute(t, args) for _, _, t, args in runnable)))
+
+
+async def _finishes_within(work: asyncio.Future[Any], seconds: float) -> bool:
+    """Whether ``work`` is done within ``seconds`` (it goes on either way)."""
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    timer = loop.call_later(seconds, wake)
+    work.add_done_callback(wake)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+        work.remove_done_callback(wake)
+    return work.done()
+
+
+def needs_commit_before(runnable: Runnable, recovered: bool) -> bool:
     """Whether a tool batch's starts must be on the log before it runs (the ledger's rule).
 
     Not when every call is a first start of an idempotent tool without a key: if the worker
     dies mid-batch, its successor finds the model call that asked for the batch unanswered,
     records it interrupted and asks again, and the tools run again, which they allow. The
-    answer, the starts and the results then go out in one commit with the next model call.
+    answer, the starts and the results then go out in one commit with the next model call; a
+    batch still running after ``START_NOTICE_S`` has its answer and starts committed then.
     A keyed tool needs its start on the log: a re-asked model may name new calls, so new keys,
     and the key's exactly-once promise would break. A re-run (attempt > 1) and every batch of
     a run that found a stopped worker's call (``recovered``) are committed first, so a tool

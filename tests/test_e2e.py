@@ -87,6 +87,8 @@ class Deployment:
             "projector", ["projector", *log_args, "--postgres", dsn, "--schema", live]
         )
         self.worker_args = [*log_args, *agents, "--no-memory"]
+        self.reader: KafkaEventLog | None = None
+        """Set by the test: a failed wait says what the log holds for its session."""
         self.workers = [self.worker(n) for n in (1, 2)]
 
     def program(self, name: str, args: list[str]) -> Program:
@@ -106,6 +108,12 @@ class Deployment:
         for program in (self.gateway, *self.workers, self.projector):
             program.stop()
 
+    async def on_log(self, session_id: str) -> list[tuple[str, str]]:
+        """The session's events on the log (type, producer): did a worker stall, or the stream?"""
+        if self.reader is None:
+            return []
+        return [(type(e).__name__, e.producer) for e in await self.reader.read_session(session_id)]
+
     def alive(self) -> None:
         for program in (self.gateway, self.projector, *[w for w in self.workers if w.name != "worker-1"]):
             program.check_alive()
@@ -120,6 +128,7 @@ async def test_a_deployment_on_kafka_and_postgres_with_a_worker_killed(tmp_path:
             conn.execute(SIDE_EFFECTS)
         deployment = Deployment(tmp_path, bootstrap, topic, dsn, live.schema)
         reader = KafkaEventLog(bootstrap, topic=topic, partitions=PARTITIONS, owner=False)
+        deployment.reader = reader
         try:
             deployment.start()
             await reader.start()
@@ -223,8 +232,10 @@ async def until(
         return await asyncio.wait_for(read(), WAIT_S)
     except TimeoutError:
         deployment.alive()
+        on_log = await deployment.on_log(run.sid)
         raise AssertionError(  # noqa: B904 (the timeout says nothing more)
-            f"{run.kind} session {run.sid} waited {WAIT_S:g} s; saw {[m.event for m in run.seen]}"
+            f"{run.kind} session {run.sid} waited {WAIT_S:g} s; saw {[m.event for m in run.seen]}; "
+            f"the log holds {on_log}"
         )
 
 

@@ -979,6 +979,40 @@ async def test_what_a_model_or_tool_acts_on_is_durable_before_it_acts(
     assert types(events).count("ToolCallStarted") == 2 == types(events).count("ToolCallFinished")
 
 
+async def test_a_slow_idempotent_tool_is_seen_running_before_it_returns(log: SqliteEventLog) -> None:
+    """An idempotent tool's start need not be committed before it runs, but one that is still
+    running after START_NOTICE_S has its start on the log while it runs: a stream or an admin
+    sees the tool running (a tool that waits for the user to see it would otherwise never end)."""
+    holder: list[Harness] = []
+    seen_while_running: list[list[str]] = []
+
+    @tool(idempotent=True, timeout_s=60)
+    async def wait_for_carrier(order_id: str) -> str:
+        """Wait until the carrier answers."""
+        async with asyncio.timeout(30):  # a bound: failing here means the start never showed
+            while "ToolCallStarted" not in (on_log := types(await holder[0].events())):
+                await asyncio.sleep(0.02)
+        seen_while_running.append(on_log)
+        return f"{order_id}: the carrier answered"
+
+    def model_fn(request: ModelRequest) -> ModelResponse | str:
+        if tool_messages(request):
+            return "the carrier answered"
+        return reply("", call("wait_for_carrier", {"order_id": "A1"}, "c1"))
+
+    h = await harness(log, FunctionModel(model_fn), [wait_for_carrier])
+    holder.append(h)
+    await h.send("where is A1?")
+
+    assert len(seen_while_running) == 1
+    running = seen_while_running[0]
+    assert running[-3:] == ["ToolCallRequested", "StateChanged", "ToolCallStarted"]
+    assert "ToolCallFinished" not in running
+    events = await h.events()
+    assert types(events).count("ToolCallStarted") == 1 == types(events).count("ToolCallFinished")
+    assert of(events, ev.TurnFinished)[-1].reason == "answered"
+
+
 async def test_a_message_that_loses_a_race_with_another_producer_is_retried(log: SqliteEventLog) -> None:
     """Another producer appends to the session between our read and our first commit: our
     message is not lost, and the two are answered one after the other in log order."""
