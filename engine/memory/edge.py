@@ -18,28 +18,25 @@ also makes a write's look-up-then-write atomic within the process.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import tempfile
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import qdrant_edge as qe
 
-from ..errors import ConfigurationError, MemoryStoreError, TurnlogError
-from ..events import now_ms
+from ..errors import ConfigurationError, MemoryStoreError
 from .base import Memory, MemoryWrite
 from .dedup import DUPLICATE_THRESHOLD
-from .embedders import Embedder, default_embedder
+from .embedders import Embedder
+from .threaded import ThreadedMemoryStore
 from .versions import (
     DEDUP_CANDIDATES,
     INDEXED,
     chain,
-    check_write,
     from_payload,
     merge_with,
     payload,
@@ -50,10 +47,8 @@ CONFIG_FILE = "edge_config.json"
 """What Qdrant Edge keeps in a shard folder (its vector size among it)."""
 UPSERT_BATCH = 512
 
-T = TypeVar("T")
 
-
-class EdgeMemoryStore:
+class EdgeMemoryStore(ThreadedMemoryStore):
     """A ``MemoryStore`` on a Qdrant Edge shard in the folder ``path`` (created on first use).
     Without ``path`` the store lives in a temporary folder removed by ``close``.
 
@@ -66,61 +61,11 @@ class EdgeMemoryStore:
         path: str | None = None,
         duplicate_threshold: float = DUPLICATE_THRESHOLD,
     ) -> None:
-        self.embedder = embedder if embedder is not None else default_embedder()
-        self.duplicate_threshold = duplicate_threshold
+        super().__init__(embedder, duplicate_threshold, "edge-memory")
         self._temporary = path is None
         self.path = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="turnlog-memory-"))
         self.where = f"the Qdrant Edge memory store at {self.path}"
         self._shard: qe.EdgeShard | None = None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-memory")
-
-    # -- the MemoryStore protocol -------------------------------------------------------------
-
-    async def search(
-        self,
-        user_id: str,
-        query: str,
-        *,
-        tags: Sequence[str] = (),
-        min_score: float = 0.0,
-        limit: int = 5,
-    ) -> list[Memory]:
-        if not query.strip() or limit < 1:
-            return []
-        vector = await self._embed_one(query)
-        return await self._call(self._query, user_id, vector, tuple(tags), min_score, limit)
-
-    async def remember(
-        self, user_id: str, text: str, tag: str, *, source: str = "", time_ms: int | None = None
-    ) -> MemoryWrite:
-        text = text.strip()
-        check_write(user_id, text, tag)
-        vector = await self._embed_one(text)
-        fact = Memory(
-            memory_id=str(uuid.uuid4()),
-            user_id=user_id,
-            text=text,
-            tag=tag,
-            valid_from_ms=time_ms if time_ms is not None else now_ms(),
-            source=source,
-        )
-        return await self._call(self._write, fact, vector)
-
-    async def history(self, user_id: str, memory_id: str) -> list[Memory]:
-        return await self._call(self._history, user_id, memory_id)
-
-    # -- extras -------------------------------------------------------------------------------
-
-    async def remember_many(self, facts: Sequence[Memory], vectors: np.ndarray | None = None) -> None:
-        """Bulk-load facts as they are, without the duplicate check (benchmarks, migrations);
-        ``vectors``: their embeddings, when already computed."""
-        if vectors is None:
-            vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
-        await self._call(self._upsert_many, list(facts), vectors)
-
-    async def count(self, user_id: str | None = None, *, current_only: bool = True) -> int:
-        """How many memories (versions, if not ``current_only``) are stored, for one user or all."""
-        return await self._call(self._count, user_id, current_only)
 
     async def close(self) -> None:
         """Flush and release the folder (its lock); idempotent. A temporary store is removed."""
@@ -130,20 +75,10 @@ class EdgeMemoryStore:
         if self._temporary:
             shutil.rmtree(self.path, ignore_errors=True)
 
+    def _remedy(self) -> str:
+        return "check that the folder is writable"
+
     # -- on the worker thread -----------------------------------------------------------------
-
-    async def _embed_one(self, text: str) -> np.ndarray:
-        vectors = await asyncio.to_thread(self.embedder.embed, [text])
-        return np.asarray(vectors[0])
-
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._worker, fn, *args)
-        except TurnlogError:
-            raise
-        except Exception as exc:  # the engine raises plain Exception with its own message
-            raise MemoryStoreError(f"{self.where} failed: {exc}; check that the folder is writable") from exc
 
     def _edge(self) -> qe.EdgeShard:
         if self._shard is None:

@@ -24,13 +24,11 @@ facts can both write; the next write of that fact merges them again.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 import warnings
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Sequence
 
 import numpy as np
 from qdrant_client import QdrantClient
@@ -38,15 +36,14 @@ from qdrant_client import models as qm
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from ..errors import ConfigurationError, MemoryStoreError
-from ..events import now_ms
 from .base import Memory, MemoryWrite
 from .dedup import DUPLICATE_THRESHOLD
-from .embedders import Embedder, default_embedder
+from .embedders import Embedder
+from .threaded import ThreadedMemoryStore
 from .versions import (
     DEDUP_CANDIDATES,
     INDEXED,
     chain,
-    check_write,
     from_payload,
     merge_with,
     payload,
@@ -60,10 +57,8 @@ collection and checks the user filter in Python (about 40 µs a point here), so 
 costs what the user's shard holds, not what the store holds. A server uses one collection and
 its payload index on ``user_id``."""
 
-T = TypeVar("T")
 
-
-class QdrantMemoryStore:
+class QdrantMemoryStore(ThreadedMemoryStore):
     """A ``MemoryStore`` on Qdrant. Give at most one of ``path`` (local mode on disk),
     ``location`` (``":memory:"``, the default) or ``url`` (a Qdrant server).
 
@@ -88,12 +83,11 @@ class QdrantMemoryStore:
                 "QdrantMemoryStore takes one of path= (local mode on disk), location=':memory:' "
                 "or url= (a Qdrant server), not several"
             )
-        self.embedder = embedder if embedder is not None else default_embedder()
+        super().__init__(embedder, duplicate_threshold, "qdrant-memory")
         self.collection = collection
         self.shards = shards if shards is not None else (1 if url else LOCAL_SHARDS)
         if self.shards < 1:
             raise ConfigurationError(f"shards must be at least 1, not {self.shards}")
-        self.duplicate_threshold = duplicate_threshold
         if location not in (None, ":memory:"):
             raise ConfigurationError(
                 f"location={location!r}: pass ':memory:' for an in-memory store, path= for local mode "
@@ -111,60 +105,17 @@ class QdrantMemoryStore:
         )
         self._client: QdrantClient | None = None
         self._ready: set[str] = set()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qdrant-memory")
 
     @property
     def local(self) -> bool:
         return "url" not in self._options
 
-    # -- the MemoryStore protocol -------------------------------------------------------------
+    engine_errors = (UnexpectedResponse, ResponseHandlingException, OSError)
 
-    async def search(
-        self,
-        user_id: str,
-        query: str,
-        *,
-        tags: Sequence[str] = (),
-        min_score: float = 0.0,
-        limit: int = 5,
-    ) -> list[Memory]:
-        if not query.strip() or limit < 1:
-            return []
-        vector = await self._embed_one(query)
-        points = await self._call(self._query, user_id, vector, tuple(tags), min_score, limit)
-        return [_memory(p.id, p.payload, p.score) for p in points]
-
-    async def remember(
-        self, user_id: str, text: str, tag: str, *, source: str = "", time_ms: int | None = None
-    ) -> MemoryWrite:
-        text = text.strip()
-        check_write(user_id, text, tag)
-        vector = await self._embed_one(text)
-        fact = Memory(
-            memory_id=str(uuid.uuid4()),
-            user_id=user_id,
-            text=text,
-            tag=tag,
-            valid_from_ms=time_ms if time_ms is not None else now_ms(),
-            source=source,
-        )
-        return await self._call(self._write, fact, vector)
-
-    async def history(self, user_id: str, memory_id: str) -> list[Memory]:
-        return await self._call(self._history, user_id, memory_id)
-
-    # -- extras -------------------------------------------------------------------------------
-
-    async def remember_many(self, facts: Sequence[Memory], vectors: np.ndarray | None = None) -> None:
-        """Bulk-load facts as they are, without the duplicate check (benchmarks, migrations);
-        ``vectors``: their embeddings, when already computed."""
-        if vectors is None:
-            vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
-        await self._call(self._upsert_many, list(facts), vectors)
-
-    async def count(self, user_id: str | None = None, *, current_only: bool = True) -> int:
-        """How many memories (versions, if not ``current_only``) are stored, for one user or all."""
-        return await self._call(self._count, user_id, current_only)
+    def _remedy(self) -> str:
+        if self.local:
+            return "check the path is writable"
+        return "check that the server is running and reachable"
 
     async def close(self) -> None:
         """Release the local storage lock or the server connection; idempotent."""
@@ -174,21 +125,6 @@ class QdrantMemoryStore:
         self._worker.shutdown(wait=True)
 
     # -- on the worker thread -----------------------------------------------------------------
-
-    async def _embed_one(self, text: str) -> np.ndarray:
-        vectors = await asyncio.to_thread(self.embedder.embed, [text])
-        return np.asarray(vectors[0])
-
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._worker, fn, *args)
-        except (UnexpectedResponse, ResponseHandlingException, OSError) as exc:
-            raise MemoryStoreError(
-                f"{self.where} failed: {exc}; check that the server is running and reachable"
-                if not self.local
-                else f"{self.where} failed: {exc}; check the path is writable"
-            ) from exc
 
     def _qdrant(self) -> QdrantClient:
         if self._client is None:
@@ -243,7 +179,7 @@ class QdrantMemoryStore:
 
     def _query(
         self, user_id: str, vector: np.ndarray, tags: tuple[str, ...], min_score: float, limit: int
-    ) -> list[qm.ScoredPoint]:
+    ) -> list[Memory]:
         response = self._qdrant().query_points(
             self._shard(user_id),
             query=vector.tolist(),
@@ -252,11 +188,11 @@ class QdrantMemoryStore:
             score_threshold=min_score,
             with_payload=True,
         )
-        return response.points
+        return [from_payload(p.id, p.payload, p.score) for p in response.points]
 
     def _write(self, fact: Memory, vector: np.ndarray) -> MemoryWrite:
         near = self._query(fact.user_id, vector, (), self.duplicate_threshold, DEDUP_CANDIDATES)
-        match = merge_with(fact, [_memory(p.id, p.payload, p.score) for p in near], self.duplicate_threshold)
+        match = merge_with(fact, near, self.duplicate_threshold)
         if match is None:
             self._qdrant().upsert(self._shard(fact.user_id), [_point(fact, vector)])
             return MemoryWrite(fact)
@@ -292,7 +228,7 @@ class QdrantMemoryStore:
         except ValueError:
             return None
         records = self._qdrant().retrieve(self._shard(user_id), [memory_id], with_payload=True)
-        found = [_memory(r.id, r.payload) for r in records]
+        found = [from_payload(r.id, r.payload) for r in records]
         return found[0] if found and found[0].user_id == user_id else None
 
     def _successor(self, user_id: str, memory_id: str) -> Memory | None:
@@ -300,7 +236,7 @@ class QdrantMemoryStore:
         records, _ = self._qdrant().scroll(
             self._shard(user_id), scroll_filter=match, limit=1, with_payload=True
         )
-        return _memory(records[0].id, records[0].payload) if records else None
+        return from_payload(records[0].id, records[0].payload) if records else None
 
     def _upsert_many(self, facts: list[Memory], vectors: np.ndarray, batch: int = 512) -> None:
         by_shard: dict[str, list[qm.PointStruct]] = {}
@@ -365,7 +301,3 @@ def _current(user_id: str, tags: Sequence[str]) -> qm.Filter:
 
 def _point(fact: Memory, vector: np.ndarray) -> qm.PointStruct:
     return qm.PointStruct(id=fact.memory_id, vector=np.asarray(vector).tolist(), payload=payload(fact))
-
-
-def _memory(point_id: Any, data: dict[str, Any] | None, score: float = 0.0) -> Memory:
-    return from_payload(point_id, data, score)
