@@ -6,8 +6,8 @@ notified exactly once, the report saved once, the failed notice named in the ans
 JSON shown to the user. When it does not, the failure says why: the turn's outcome, the model's
 error, and every model step with its tokens and time.
 
-It runs in CI (about two minutes on two busy cores; bench/README.md, section 10, has the spread
-over many runs). The conditions are pinned so that a run is reproducible: a fixed date (the
+It runs in CI (about 3 minutes on two quiet cores, 2-6 on two busy ones; bench/README.md,
+section 13, has the spread over many runs). The conditions are pinned so that a run is reproducible: a fixed date (the
 prompt's dates), one generating thread (the choice on a busy machine; generation on this VM is
 as fast with one thread as with two when idle), a fresh server. Outside CI it is skipped when the
 `local` extra is not installed.

@@ -1,5 +1,5 @@
 """How many threads the local model's server runs: every core reads the prompt; generation gets
-the cores the load average leaves idle (bench/README.md, section 10, for why), or what
+the cores the load average leaves idle (bench/README.md, section 13, for why), or what
 TURNLOG_LOCAL_THREADS says."""
 
 from __future__ import annotations
