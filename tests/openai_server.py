@@ -12,6 +12,8 @@ The server plays a script, one step per chat completion request:
   with empty ``choices``, then ``data: [DONE]``.
 * ``FakeError``: an HTTP error with an OpenAI-style ``{"error": {...}}`` body.
 * ``FakeDrop``: streams some text, then closes the connection without finishing the response.
+* ``FakeStreamError``: streams some text, then an ``{"error": {...}}`` event, as servers report
+  a failure after the 200 (an overloaded backend, a generation error).
 
 A request's ``stop`` texts are honoured as the real API does: the answer ends before the first one
 (and carries no tool calls then).
@@ -81,7 +83,14 @@ class FakeDrop:
     """Text streamed before the connection is cut."""
 
 
-Step = FakeReply | FakeError | FakeDrop | FakeMalformed
+@dataclass(frozen=True)
+class FakeStreamError:
+    after_text: str
+    message: str
+    """The error event's message, sent after ``after_text``."""
+
+
+Step = FakeReply | FakeError | FakeDrop | FakeMalformed | FakeStreamError
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -328,6 +337,13 @@ async def _stream_malformed(step: FakeMalformed, model: str) -> AsyncIterator[by
     yield b"data: {this is not json\n\n"
 
 
+async def _stream_then_error(step: FakeStreamError, model: str) -> AsyncIterator[bytes]:
+    writer = _ChunkWriter(model, include_usage=False)
+    for chunk in _text_chunks(writer, step.after_text, 5):
+        yield _sse(chunk)
+    yield _sse({"error": {"message": step.message, "type": "server_error", "code": None}})
+
+
 async def _stream_then_drop(drop: FakeDrop, body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
     writer = _ChunkWriter(model, include_usage=False)
     for chunk in _text_chunks(writer, drop.after_text, 5):
@@ -468,6 +484,8 @@ class FakeOpenAIServer:
             return response
         if isinstance(step, FakeMalformed):
             return StreamingResponse(_stream_malformed(step, model), media_type="text/event-stream")
+        if isinstance(step, FakeStreamError):
+            return StreamingResponse(_stream_then_error(step, model), media_type="text/event-stream")
         if isinstance(step, FakeDrop):
             if streaming:
                 return StreamingResponse(_stream_then_drop(step, body, model), media_type="text/event-stream")

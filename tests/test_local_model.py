@@ -7,10 +7,10 @@ JSON shown to the user. When it does not, the failure says why: the turn's outco
 error, and every model step with its tokens and time.
 
 It runs in CI (about 3 minutes on two quiet cores, 2-6 on two busy ones; bench/README.md,
-section 13, has the spread over many runs). The conditions are pinned so that a run is reproducible: a fixed date (the
-prompt's dates), one generating thread (the choice on a busy machine; generation on this VM is
-as fast with one thread as with two when idle), a fresh server. Outside CI it is skipped when the
-`local` extra is not installed.
+section 13, has the spread over many runs). The conditions are pinned so that a run is
+reproducible: a fixed date (the prompt's dates), one generating thread (the choice on a busy
+machine; generation on this VM is as fast with one thread as with two when idle), a fresh server.
+Outside CI it is skipped when the `local` extra is not installed.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from engine.events import ToolCallSpec
 from engine.messages import ChatMessage
 from engine.models.base import ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
 from engine.models.openai_compat import OpenAICompatibleModel
-from tests.openai_server import FakeDrop, FakeError, FakeReply, free_port, serve_openai
+from tests.openai_server import FakeDrop, FakeError, FakeReply, FakeStreamError, free_port, serve_openai
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -190,11 +190,26 @@ async def test_dropped_stream_raises_model_error_and_yields_no_response() -> Non
     assert not any(isinstance(c, ModelResponse) for c in chunks)
     assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "The answer is forty"
     assert server.base_url in str(error) and "discarded" in str(error)
-    assert isinstance(error.__cause__, openai.APIConnectionError)
+    assert "RemoteProtocolError" in str(error)  # what broke, from the transport
     assert split(retried)[1].text == "next call works"
 
 
 @pytest.mark.asyncio
+async def test_an_error_event_mid_stream_is_a_model_error_with_its_message() -> None:
+    script = [FakeStreamError("Half an ans", "the backend ran out of memory"), FakeReply("next call works")]
+    with serve_openai(script, log_level="critical") as server:
+        model = OpenAICompatibleModel("fake-model", base_url=server.base_url)
+        try:
+            chunks, error = await collect_until_error(model, ask("hi"))
+            retried = await collect(model, ask("hi"))
+        finally:
+            await model.aclose()
+    assert not any(isinstance(c, ModelResponse) for c in chunks)
+    assert "the backend ran out of memory" in str(error) and server.base_url in str(error)
+    assert "discarded" in str(error)
+    assert split(retried)[1].text == "next call works"
+
+
 async def test_unreachable_endpoint_raises_model_error_naming_the_url() -> None:
     base_url = f"http://127.0.0.1:{free_port()}/v1"
     model = OpenAICompatibleModel("fake-model", base_url=base_url, request_timeout_s=5)
