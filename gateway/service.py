@@ -64,8 +64,8 @@ class GatewayConfig:
     """How often an event stream re-reads the log for writers in other processes."""
     ping_s: float = 15.0
     """Keep-alive comment interval on event streams."""
-    log_sample_rate: float = 0.01
-    """Share of turns whose full context is logged (0..1)."""
+    log_sample_rate: float = 0.0
+    """Share of turns whose full context is logged, redacted (0..1; opt-in)."""
     linger_s: float = 0.05
     """How long the read-side consumers let appends gather before a pass."""
     idle_wait_s: float = 1.0

@@ -70,7 +70,7 @@ async def run_one_turn(tmp_path: Path) -> tuple[SqliteEventLog, AgentSessions, G
 async def test_logs_carry_sizes_and_statuses_never_values_and_redact_secrets(tmp_path: Path) -> None:
     log, _, _, sid = await run_one_turn(tmp_path)
     with structlog.testing.capture_logs() as lines:
-        await ObservabilityConsumer(log, logger=EventLogger(sample_rate=0)).poll_once()
+        await ObservabilityConsumer(log, logger=EventLogger()).poll_once()  # the defaults
     events = await log.read_session(sid)
     by_kind: dict[str, list[dict[str, object]]] = {}
     for line in lines:
@@ -90,7 +90,7 @@ async def test_logs_carry_sizes_and_statuses_never_values_and_redact_secrets(tmp
     assert tools["send"]["argument_keys"] == ["api_key", "to"]
     assert tools["send"]["status"] == "success" and tools["flaky"]["status"] == "failed"
     assert tools["send"]["summary"] == "sent to [EMAIL] using [REDACTED]"  # personal data too
-    assert "turn.context" not in by_kind  # sample rate 0
+    assert "turn.context" not in by_kind  # full context is opt-in (sample_rate 0 by default)
     everything = repr(lines)
     assert SECRET not in everything and EMAIL not in everything
 

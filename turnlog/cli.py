@@ -403,7 +403,10 @@ def serve_cmd(
     partitions: PartitionsOption = 8,
     postgres: PostgresOption = None,
     schema: SchemaOption = "public",
-    sample_rate: Annotated[float, typer.Option(help="Share of turns that log full context.")] = 0.01,
+    sample_rate: Annotated[
+        float,
+        typer.Option(help="Share of turns that log their full context, redacted (opt-in; 0.01: 1 %)."),
+    ] = 0.0,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,

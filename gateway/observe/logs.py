@@ -1,7 +1,8 @@
 """Structured logs derived from the event stream (seed §7.4): one line per model call, state
 transition and tool execution, with sizes, statuses and durations, never full argument or result
-values. A configurable share of turns (``sample_rate``; 0 and 1 allowed) logs its full context,
-marked ``sampled=true``; the choice is a hash of the turn id, so a replay samples the same turns.
+values. A configurable share of turns (``sample_rate``, opt-in: 0 by default, the seed's 1 % is
+0.01) logs its full context, redacted, marked ``sampled=true``; the choice is a hash of the turn
+id, so a replay samples the same turns.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def sampled(turn_id: str, rate: float) -> bool:
 class EventLogger:
     """Turns log events into log lines; remembers just enough (argument sizes, session model)."""
 
-    def __init__(self, sample_rate: float = 0.01) -> None:
+    def __init__(self, sample_rate: float = 0.0) -> None:
         if not 0 <= sample_rate <= 1:
             raise ValueError(f"sample_rate must be between 0 and 1, not {sample_rate}")
         self.sample_rate = sample_rate
