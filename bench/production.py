@@ -10,9 +10,13 @@ latency -> tools -> projections, with many users at once.
 
 Processes, all on this machine:
 
-* a model server: the OpenAI-compatible fake of tests/openai_server.py on loopback, answering
-  every chat completion after ``--latency`` seconds: ``lookup``, then ``notify``, then a text
-  answer (three model calls and two tool steps per turn), through the real ``openai`` SDK;
+* a model server: bench/lean_model_server.py on loopback (OpenAI-compatible, next to no CPU
+  per call), answering every chat completion after ``--latency`` seconds: ``lookup``, then
+  ``notify``, then a text answer (three model calls and two tool steps per turn), called
+  through the real ``openai`` SDK;
+* the model layer alone: the same calls, one after the other per session, all sessions at once,
+  through the same model adapter in a process of its own, without the engine: the floor that
+  the model latency and the model layer's CPU allow on this machine;
 * ``embedded``: one ``turnlog serve``-shaped gateway process (SQLite log and projections, the
   turn worker, projector, analytics and observability consumers in it);
 * ``kafka-N``: a gateway process on Kafka + PostgreSQL that owns no partition (it posts through
@@ -83,22 +87,9 @@ def bench_agent(model_url: str) -> Any:
 
 
 def model_server(port: int, latency: float) -> None:
-    import uvicorn
+    from bench.lean_model_server import serve
 
-    from tests.openai_server import FakeOpenAIServer, FakeReply
-
-    def respond(body: dict[str, Any]) -> FakeReply:
-        messages = body["messages"]
-        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-        results = sum(1 for m in messages[last_user + 1 :] if m["role"] == "tool")
-        if results == 0:
-            return FakeReply(tool_calls=[("c1", "lookup", '{"order_id": "A-1"}')], delay_s=latency)
-        if results == 1:
-            return FakeReply(tool_calls=[("c2", "notify", '{"order_id": "A-1"}')], delay_s=latency)
-        return FakeReply(text="The order is delayed; the customer was told.", delay_s=latency)
-
-    fake = FakeOpenAIServer((), respond=respond)
-    uvicorn.run(fake.app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    asyncio.run(serve(port, latency))
 
 
 def gateway(args: argparse.Namespace) -> None:
@@ -142,6 +133,51 @@ async def worker(args: argparse.Namespace) -> None:
     loop.add_signal_handler(signal.SIGTERM, turn_worker.stop)
     await turn_worker.run()
     await log.close()
+
+
+async def model_floor(args: argparse.Namespace) -> None:
+    """The model layer alone, in a process of its own: every session's calls, one after the
+    other as its turns make them, all sessions at once, through the same model adapter (one
+    OpenAI SDK client) against the same model server, with the history growing as in a turn:
+    what the model latency and the model layer's CPU allow on this machine, minus the engine."""
+    from engine.messages import ChatMessage
+    from engine.models.base import ModelRequest, ModelResponse
+    from engine.models.openai_compat import OpenAICompatibleModel
+
+    model = OpenAICompatibleModel("bench-model", base_url=args.model_url, api_key="bench")
+
+    async def one_session() -> None:
+        messages = [ChatMessage.system("You are the bench agent.")]
+        for _ in range(args.turns):
+            messages.append(ChatMessage.user("Where is order A-1?"))
+            for _step in range(CALLS_PER_TURN):
+                request = ModelRequest(list(messages), (), "floor", "floor")
+                response = None
+                async for chunk in model.stream(request):
+                    response = chunk
+                assert isinstance(response, ModelResponse)
+                messages.append(ChatMessage("assistant", response.text, response.tool_calls))
+                for call in response.tool_calls:
+                    messages.append(ChatMessage("tool", "delayed", tool_call_id=call.call_id, name=call.name))
+
+    await one_session()  # warm: connections, imports
+    started = time.perf_counter()
+    await asyncio.gather(*(one_session() for _ in range(args.sessions)))
+    print(json.dumps({"wall_s": round(time.perf_counter() - started, 2)}), flush=True)
+    await model.aclose()
+
+
+async def measure_model_floor(model_url: str, args: argparse.Namespace) -> float:
+    """Run ``model_floor`` in a process of its own; its wall time in seconds."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__)), "--sessions", str(args.sessions), "--turns", str(args.turns),
+        "model-floor", "--model-url", model_url,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"the model-layer floor run failed ({proc.returncode})")
+    return float(json.loads(out.decode().strip().splitlines()[-1])["wall_s"])
 
 
 # --- the driver --------------------------------------------------------------------------------
@@ -473,6 +509,10 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     rows = [
         ("turns", lambda r: r["turns"]),
         ("wall time (s) / floor (s)", lambda r: f"{r['wall_s']} / {r['floor_s']} ({r['wall_over_floor']}x)"),
+        (
+            "model layer alone (s): wall / it",
+            lambda r: f"{r['model_layer_s']} ({r['wall_over_model_layer']}x)",
+        ),
         ("turns/s (floor)", lambda r: f"{r['turns_per_s']} ({r['floor_turns_per_s']})"),
         ("POST -> first event p50 / p95 / max (ms)", lambda r: _ms(r["post_to_first_event_ms"])),
         ("POST -> turn end p50 / p95 / max (ms)", lambda r: _ms(r["post_to_turn_end_ms"])),
@@ -498,9 +538,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         process("model-server", "--port", str(port), "--latency", str(args.latency), name="model") as model,
     ):
         await wait_accepting(port, model, "the model server")
+        model_url = f"http://127.0.0.1:{port}/v1"
+        print(
+            f"the model layer alone: {args.sessions} sessions x {args.turns} turns",
+            file=sys.stderr,
+            flush=True,
+        )
+        model_layer_s = await measure_model_floor(model_url, args)
         for case in cases(args.cases.split(","), Path(tmp)):
-            results[case.name] = await run_case(case, f"http://127.0.0.1:{port}/v1", args)
-            print(json.dumps(results[case.name]), file=sys.stderr, flush=True)
+            result = await run_case(case, model_url, args)
+            result["model_layer_s"] = model_layer_s
+            result["wall_over_model_layer"] = round(result["wall_s"] / model_layer_s, 2)
+            results[case.name] = result
+            print(json.dumps(result), file=sys.stderr, flush=True)
     return results
 
 
@@ -522,6 +572,8 @@ def main() -> None:
     gw.add_argument("--postgres")
     gw.add_argument("--schema", default="")
     wk.add_argument("--id", required=True)
+    mf = sub.add_parser("model-floor")
+    mf.add_argument("--model-url", required=True)
     parser.add_argument("--sessions", type=int, default=500)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--latency", type=float, default=0.2)
@@ -534,6 +586,8 @@ def main() -> None:
         gateway(args)
     elif args.command == "worker":
         asyncio.run(worker(args))
+    elif args.command == "model-floor":
+        asyncio.run(model_floor(args))
     else:
         results = asyncio.run(run(args))
         load = os.getloadavg()

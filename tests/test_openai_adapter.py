@@ -190,7 +190,7 @@ async def test_dropped_stream_raises_model_error_and_yields_no_response() -> Non
     assert not any(isinstance(c, ModelResponse) for c in chunks)
     assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "The answer is forty"
     assert server.base_url in str(error) and "discarded" in str(error)
-    assert "RemoteProtocolError" in str(error)  # what broke, from the transport
+    assert "broke before the answer was complete" in str(error)
     assert split(retried)[1].text == "next call works"
 
 
@@ -208,6 +208,17 @@ async def test_an_error_event_mid_stream_is_a_model_error_with_its_message() -> 
     assert "the backend ran out of memory" in str(error) and server.base_url in str(error)
     assert "discarded" in str(error)
     assert split(retried)[1].text == "next call works"
+
+
+async def test_a_server_slower_than_the_request_timeout_is_a_timeout_naming_the_limit() -> None:
+    with serve_openai([FakeReply("too late", delay_s=3.0)], log_level="critical") as server:
+        model = OpenAICompatibleModel("fake-model", base_url=server.base_url, request_timeout_s=0.5)
+        try:
+            chunks, error = await collect_until_error(model, ask("hi"))
+        finally:
+            await model.aclose()
+    assert chunks == []
+    assert "did not answer within 0.5 s" in str(error) and server.base_url in str(error)
 
 
 async def test_unreachable_endpoint_raises_model_error_naming_the_url() -> None:
