@@ -6,7 +6,7 @@ latency -> tools -> projections, with many users at once.
     export TURNLOG_KAFKA_BOOTSTRAP=127.0.0.1:9092
     export TURNLOG_POSTGRES_DSN=postgresql://turnlog:turnlog@127.0.0.1:5432/turnlog_test
     PYTHONPATH=. .venv/bin/python bench/production.py [--sessions 500] [--turns 3] [--latency 0.2] \
-        [--cases embedded,kafka-1,kafka-2] [--out bench/results/production.json]
+        [--cases embedded,kafka-1,kafka-2] [--out bench/results/production-500.json]
 
 Processes, all on this machine:
 
@@ -578,7 +578,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--cases", default="embedded,kafka-1,kafka-2")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "production.json")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.command == "model-server":
         model_server(args.port, args.latency)
@@ -591,8 +591,12 @@ def main() -> None:
     else:
         results = asyncio.run(run(args))
         load = os.getloadavg()
+        from bench.engine_version import fingerprint
+
         settings = {"sessions": args.sessions, "turns": args.turns, "latency_s": args.latency}
-        args.out.write_text(json.dumps({"settings": settings, "results": results, "loadavg": load}, indent=1))
+        doc = {"settings": settings, "engine": fingerprint(), "results": results, "loadavg": load}
+        out = args.out or REPO / "bench" / "results" / f"production-{args.sessions}.json"
+        out.write_text(json.dumps(doc, indent=1))
         print(table(results))
         print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
 
