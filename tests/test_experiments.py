@@ -149,11 +149,18 @@ async def test_a_model_that_skips_a_notice_changes_exactly_the_task_turns(sqlite
     summary = report.summary()
     assert summary["turns_divergent"] == len(expected)
     assert summary["calls_missing"] == summary["calls_changed"] == summary["calls_unmatched"] == len(expected)
-    assert (
-        candidates.BACKEND.outbox == []
-        and candidates.BACKEND.reports_dir.exists() is False
-        or not any(candidates.BACKEND.reports_dir.glob("*.md"))
-    )
+    assert candidates.BACKEND.outbox == []
+    assert not candidates.BACKEND.reports_dir.exists() or not any(candidates.BACKEND.reports_dir.glob("*.md"))
+
+
+async def test_a_model_stopped_by_a_loop_guard_is_a_different_outcome(sqlite_log: SqliteEventLog) -> None:
+    await record(sqlite_log, 2)
+    _, report = await experiment(sqlite_log, "loops")
+    turns = [t for s in report.sessions for t in s.turns]
+    assert turns and all(t.outcome_original == "answered" for t in turns)
+    assert all(t.outcome_replay != "answered" and t.outcome_differs and t.divergent for t in turns)
+    assert all("repeated_call" in t.outcome_replay for t in turns), [t.outcome_replay for t in turns]
+    assert report.summary()["outcomes_differ"] == len(turns)
 
 
 async def test_a_write_tool_with_other_arguments_is_never_run_and_is_reported(
@@ -185,6 +192,24 @@ async def test_only_idempotent_tools_run_live_and_only_when_asked(sqlite_log: Sq
     """A candidate whose query has other arguments: unmatched and not run by default; run live
     (a real result) with live=['query_orders']; send_notification is never live."""
     from engine.experiments.tool_server import RecordedTools
+
+    await record(sqlite_log, 4)
+
+    async def query_results(live: list[str]) -> list[ev.ToolCallFinished]:
+        _, report = await experiment(sqlite_log, "wider_query", live=live)
+        finished = []
+        for s in report.sessions:
+            events = await sqlite_log.read_session(s.replay_session_id)
+            finished += [e for e in events if isinstance(e, ev.ToolCallFinished)]
+        # the first query's slashed dates are refused by validation before anything answers it
+        return [e for e in finished if e.tool_name == "query_orders" and e.status != "rejected"]
+
+    recorded_only = await query_results([])
+    assert recorded_only and all((e.error or "").startswith(UNMATCHED_ERROR) for e in recorded_only)
+    ran_live = [e for e in await query_results(["query_orders"]) if e.status == "success"]
+    assert ran_live and all(UNMATCHED_ERROR not in e.content for e in ran_live)
+    assert all("between 2026-11-22 and" in e.content for e in ran_live)  # the wider window: live
+    assert candidates.BACKEND.outbox == []  # a notice is never live, matched or not
 
     agent = next(iter(candidates.same()))
     tools = {t.name: t for t in agent.tools}

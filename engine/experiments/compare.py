@@ -105,9 +105,16 @@ def compare_session(
     )
 
 
+def _outcome(turn: RecordedTurn) -> str:
+    """How the turn ended, with the loop guards that tripped on the way (a guard that only
+    corrected the model is an outcome too: the turn went another way)."""
+    guards = [g for g in dict.fromkeys(turn.guards) if g != turn.reason]
+    return f"{turn.reason} after {', '.join(guards)}" if guards else turn.reason
+
+
 def _turn(index: int, original: RecordedTurn, replay: RecordedTurn | None) -> TurnDiff:
     diff = TurnDiff(index, original.text, original.turn_id)
-    diff.answer_original, diff.outcome_original = original.answer, original.reason
+    diff.answer_original, diff.outcome_original = original.answer, _outcome(original)
     diff.errors_original = list(original.errors)
     if replay is None:
         diff.replayed, diff.similarity = False, 0.0
@@ -119,7 +126,7 @@ def _turn(index: int, original: RecordedTurn, replay: RecordedTurn | None) -> Tu
         for c in replay.calls
         if (c.error or "").startswith(UNMATCHED_ERROR)
     ]
-    diff.answer_replay, diff.outcome_replay = replay.answer, replay.reason
+    diff.answer_replay, diff.outcome_replay = replay.answer, _outcome(replay)
     diff.errors_replay = list(replay.errors)
     diff.similarity = similarity(original.answer, replay.answer)
     diff.input_tokens = (original.input_tokens, replay.input_tokens)

@@ -5,6 +5,9 @@
 * ``skips_notice``: a scripted model that leaves out the first apology notice of each task;
 * ``other_message``: a scripted model that sends every notice with another text (a write tool
   called with other arguments: the experiment must never run it);
+* ``loops``: a model that asks for the same query again and again (a loop guard ends its turns);
+* ``wider_query``: a scripted model that queries from one day earlier (a read-only tool called
+  with other arguments: run live only when the experiment allows it);
 * ``hangs``: the recorded model until TURNLOG_EXPERIMENT_HANG_AFTER model calls were made in this
   process; then it writes the file TURNLOG_EXPERIMENT_HANG_FILE and never answers (the test
   kills the process there).
@@ -17,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import json
 import os
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-from engine import AgentDirectory, FunctionModel, ModelRequest, ModelResponse
+from engine import AgentDirectory, FunctionModel, ModelRequest, ModelResponse, call, reply
 from engine.models.base import Model, ModelChunk
 from examples.logistics import LogisticsBackend, build_agent, demo_model
 
@@ -65,6 +69,21 @@ def _other_message(response: ModelResponse) -> ModelResponse:
     return dataclasses.replace(response, tool_calls=calls)
 
 
+def _wider_query(response: ModelResponse) -> ModelResponse:
+    def widened(arguments_json: str) -> str:
+        arguments = json.loads(arguments_json)
+        start = dt.date.fromisoformat(arguments["start_date"])  # the valid call (ISO dates)
+        return json.dumps({**arguments, "start_date": (start - dt.timedelta(days=1)).isoformat()})
+
+    calls = tuple(
+        dataclasses.replace(c, arguments_json=widened(c.arguments_json))
+        if c.name == "query_orders" and "-" in c.arguments_json
+        else c
+        for c in response.tool_calls
+    )
+    return dataclasses.replace(response, tool_calls=calls)
+
+
 def same() -> AgentDirectory:
     return _agents(recorded_model())
 
@@ -75,6 +94,15 @@ def skips_notice() -> AgentDirectory:
 
 def other_message() -> AgentDirectory:
     return _agents(_changed(_other_message, "scripted-other-message"))
+
+
+def loops() -> AgentDirectory:
+    query = {"start_date": "2026-11-23", "end_date": "2026-11-29", "anomalies_only": True}
+    return _agents(FunctionModel(lambda request: reply("", call("query_orders", query)), name="loops"))
+
+
+def wider_query() -> AgentDirectory:
+    return _agents(_changed(_wider_query, "scripted-wider-query"))
 
 
 class HangingModel(Model):
