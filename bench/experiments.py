@@ -89,6 +89,8 @@ async def run(args: argparse.Namespace, folder: Path, model_factory: Any) -> dic
             log, agents(model_factory(), folder), args.sessions, args.concurrency, args.message
         )
         recorded_s = time.perf_counter() - started
+        done = f"recorded {args.sessions} sessions, {turns} turns in {recorded_s:.1f} s"
+        print(done, file=sys.stderr, flush=True)
         runner = ExperimentRunner(log, agents(model_factory(), folder / "candidate"))
         spec = await runner.define(Selection(), candidate="the recorded agent", concurrency=args.concurrency)
         started = time.perf_counter()
