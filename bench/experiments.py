@@ -82,16 +82,16 @@ async def record(
 
 async def run(args: argparse.Namespace, folder: Path, model_factory: Any) -> dict[str, Any]:
     log = SqliteEventLog(folder / "log.db", partitions=8)
+    recorded_model, candidate_model = model_factory(), model_factory()
     try:
         load_before = os.getloadavg()
         started = time.perf_counter()
-        turns = await record(
-            log, agents(model_factory(), folder), args.sessions, args.concurrency, args.message
-        )
+        recorder = agents(recorded_model, folder)
+        turns = await record(log, recorder, args.sessions, args.concurrency, args.message)
         recorded_s = time.perf_counter() - started
         done = f"recorded {args.sessions} sessions, {turns} turns in {recorded_s:.1f} s"
         print(done, file=sys.stderr, flush=True)
-        runner = ExperimentRunner(log, agents(model_factory(), folder / "candidate"))
+        runner = ExperimentRunner(log, agents(candidate_model, folder / "candidate"))
         spec = await runner.define(Selection(), candidate="the recorded agent", concurrency=args.concurrency)
         started = time.perf_counter()
         await runner.replay(spec)
@@ -126,6 +126,8 @@ async def run(args: argparse.Namespace, folder: Path, model_factory: Any) -> dic
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         }
     finally:
+        for model in (recorded_model, candidate_model):
+            await model.aclose()
         await log.close()
 
 
