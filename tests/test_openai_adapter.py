@@ -13,7 +13,7 @@ from engine.events import ToolCallSpec
 from engine.messages import ChatMessage
 from engine.models.base import ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
 from engine.models.openai_compat import OpenAICompatibleModel
-from tests.openai_server import FakeDrop, FakeError, FakeReply, FakeStreamError, free_port, serve_openai
+from tests.openai_server import FakeDrop, FakeError, FakeReply, FakeStreamError, Step, free_port, serve_openai
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -177,35 +177,35 @@ async def test_unknown_model_404_says_what_to_check() -> None:
     assert "404" in str(error) and "does not exist" in str(error) and "model name" in str(error)
 
 
-@pytest.mark.asyncio
-async def test_dropped_stream_raises_model_error_and_yields_no_response() -> None:
-    script = [FakeDrop("The answer is forty"), FakeReply("next call works")]
-    with serve_openai(script, log_level="critical") as server:
+async def broken_then_working(broken: Step) -> tuple[list[ModelChunk], ModelError, list[ModelChunk], str]:
+    """A call the server breaks with ``broken``, then one it answers on the same model: what
+    the first streamed, its error, what the second streamed, the server's URL."""
+    with serve_openai([broken, FakeReply("next call works")], log_level="critical") as server:
         model = OpenAICompatibleModel("fake-model", base_url=server.base_url)
         try:
             chunks, error = await collect_until_error(model, ask("hi"))
             retried = await collect(model, ask("hi"))
         finally:
             await model.aclose()
+    return chunks, error, retried, server.base_url
+
+
+@pytest.mark.asyncio
+async def test_dropped_stream_raises_model_error_and_yields_no_response() -> None:
+    chunks, error, retried, base_url = await broken_then_working(FakeDrop("The answer is forty"))
     assert not any(isinstance(c, ModelResponse) for c in chunks)
     assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "The answer is forty"
-    assert server.base_url in str(error) and "discarded" in str(error)
+    assert base_url in str(error) and "discarded" in str(error)
     assert "broke before the answer was complete" in str(error)
     assert split(retried)[1].text == "next call works"
 
 
 @pytest.mark.asyncio
 async def test_an_error_event_mid_stream_is_a_model_error_with_its_message() -> None:
-    script = [FakeStreamError("Half an ans", "the backend ran out of memory"), FakeReply("next call works")]
-    with serve_openai(script, log_level="critical") as server:
-        model = OpenAICompatibleModel("fake-model", base_url=server.base_url)
-        try:
-            chunks, error = await collect_until_error(model, ask("hi"))
-            retried = await collect(model, ask("hi"))
-        finally:
-            await model.aclose()
+    broken = FakeStreamError("Half an ans", "the backend ran out of memory")
+    chunks, error, retried, base_url = await broken_then_working(broken)
     assert not any(isinstance(c, ModelResponse) for c in chunks)
-    assert "the backend ran out of memory" in str(error) and server.base_url in str(error)
+    assert "the backend ran out of memory" in str(error) and base_url in str(error)
     assert "discarded" in str(error)
     assert split(retried)[1].text == "next call works"
 
