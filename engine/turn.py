@@ -575,7 +575,8 @@ async def _run_calls(runnable: Runnable) -> list[tool_exec.ToolOutcome]:
 
 
 async def _finishes_within(work: asyncio.Future[Any], seconds: float) -> bool:
-    """Whether ``work`` is done within ``seconds`` (it goes on either way)."""
+    """Whether ``work`` is done within ``seconds`` (it goes on either way). A timer and a
+    done-callback on one future: ``asyncio.wait`` costs twice as much, on every tool step."""
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
 

@@ -99,9 +99,9 @@ class ThreadedMemoryStore(ABC):
         except self.engine_errors as exc:
             raise MemoryStoreError(f"{self.where} failed: {exc}; {self._remedy()}") from exc
 
+    @abstractmethod
     def _remedy(self) -> str:
         """What to check when an engine call fails."""
-        return "check the path is writable"
 
     # -- the engine's calls, run on the worker thread -----------------------------------------
 

@@ -299,22 +299,28 @@ class _StreamedError(Exception):
     """The server sent an error object as an event of the stream (after its 200)."""
 
 
-async def _chunks(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of a chat-completions event stream, up to ``[DONE]``. The rest of the
-    body is read too (there is normally none), so the connection goes back to the pool."""
+async def _events(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The data of each server-sent event (its ``data:`` lines joined), the last one even
+    without the blank line that ends an event."""
     data: list[str] = []
-    done = False
     async for line in lines:
         if line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
-        elif not line and data:  # a blank line ends an event
-            event, data = "\n".join(data), []
-            if done or event.startswith("[DONE]"):
-                done = True
-                continue
+        elif not line and data:
+            yield "\n".join(data)
+            data = []
+    if data:
+        yield "\n".join(data)
+
+
+async def _chunks(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of a chat-completions event stream, up to ``[DONE]``. The rest of the
+    body is read too (there is normally none), so the connection goes back to the pool."""
+    done = False
+    async for event in _events(lines):
+        done = done or event.startswith("[DONE]")
+        if not done:
             yield _chunk(event)
-    if data and not done and not "\n".join(data).startswith("[DONE]"):
-        yield _chunk("\n".join(data))
 
 
 def _chunk(event: str) -> dict[str, Any]:
