@@ -183,6 +183,59 @@ async def measure_model_floor(model_url: str, args: argparse.Namespace) -> float
 # --- the driver --------------------------------------------------------------------------------
 
 
+class CpuMeter:
+    """CPU seconds (user + system) each named group of processes spends between ``start`` and
+    ``stop``: the gateway, the workers, and the services (the broker, PostgreSQL) next to them."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self.groups = groups
+        self.spent: dict[str, float] = {}
+        self._at_start: dict[str, float] = {}
+
+    @classmethod
+    def cpu_s(cls, pid: int) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / cls.TICK  # utime, stime
+
+    def _sample(self) -> dict[str, float]:
+        return {name: sum(self.cpu_s(pid) for pid in pids) for name, pids in self.groups.items()}
+
+    def start(self) -> None:
+        self._at_start = self._sample()
+
+    def stop(self) -> None:
+        now = self._sample()
+        self.spent = {name: round(now[name] - self._at_start[name], 2) for name in now}
+
+
+def service_pids(case: Case) -> dict[str, list[int]]:
+    """The broker's and PostgreSQL's processes, from the pid files the repo's scripts write."""
+    if not case.kafka:
+        return {}
+    services = REPO / ".services"
+    groups: dict[str, list[int]] = {}
+    with contextlib.suppress(OSError, ValueError):
+        groups["kafka broker"] = [int((services / "kafka" / "broker.pid").read_text().split()[0])]
+    with contextlib.suppress(OSError, ValueError):
+        postmaster = int((services / "postgres" / "data" / "postmaster.pid").read_text().split()[0])
+        groups["postgresql"] = [postmaster, *children(postmaster)]
+    return groups
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -411,7 +464,9 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-async def drive(case: Case, port: int, sessions: int, turns: int, latency: float) -> dict[str, Any]:
+async def drive(
+    case: Case, port: int, sessions: int, turns: int, latency: float, meter: CpuMeter
+) -> dict[str, Any]:
     watcher, sampler = LogWatcher(case), ProjectionSampler(case)
     key = (case.home / "key.txt").read_text().strip()
     headers = {"Authorization": f"Bearer {key}"}
@@ -426,9 +481,11 @@ async def drive(case: Case, port: int, sessions: int, turns: int, latency: float
             await converse(client, watcher, warm, 1)
             sids = [s for s in await create_sessions(client, sessions + 1) if s != warm][:sessions]
             base = await asyncio.to_thread(sampler.count)
+            meter.start()
             started = time.perf_counter()
             await asyncio.gather(*(converse(client, watcher, sid, turns) for sid in sids))
             wall = time.perf_counter() - started
+            meter.stop()
             for _ in range(600):  # let the projections catch up, then measure their lag
                 if sampler.samples and sampler.samples[-1][1] - base >= sessions * turns:
                     break
@@ -451,6 +508,7 @@ async def drive(case: Case, port: int, sessions: int, turns: int, latency: float
         "post_to_turn_end_ms": percentiles([t.ended.result() - t.posted for t in measured]),
         "turn_floor_ms": round(CALLS_PER_TURN * latency * 1000, 1),
         "projector_lag_ms": percentiles(sampler.lag(base, watcher.finished_at[1:])),
+        "cpu_ms_per_turn": {name: round(s * 1000 / len(measured), 2) for name, s in meter.spent.items()},
     }
 
 
@@ -472,16 +530,45 @@ async def run_case(case: Case, model_url: str, args: argparse.Namespace) -> dict
     with contextlib.ExitStack() as stack:
         gw = stack.enter_context(process(*gw_args, name=f"{case.name}-gateway"))
         await wait_accepting(port, gw, "the gateway")
+        workers = []
         for i in range(case.workers):
             worker_args = ["worker", "--kafka", str(case.kafka), "--topic", case.topic, "--id", f"w{i}"]
-            stack.enter_context(process(*worker_args, *common, name=f"{case.name}-worker-{i}"))
+            name = f"{case.name}-worker-{i}"
+            workers.append(stack.enter_context(process(*worker_args, *common, name=name)))
+        if case.workers > 1:
+            await wait_owners(case)  # a rebalance while measuring would move partitions mid-run
+        meter = CpuMeter({"gateway": [gw.pid], "workers": [w.pid for w in workers], **service_pids(case)})
         print(f"{case.name}: {args.sessions} sessions x {args.turns} turns", file=sys.stderr, flush=True)
-        result = await drive(case, port, args.sessions, args.turns, args.latency)
-    if case.kafka:
+        result = await drive(case, port, args.sessions, args.turns, args.latency, meter)
+    if case.kafka and args.keep_topics:
+        print(f"{case.name}: the log is kept in topic {case.topic}", file=sys.stderr, flush=True)
+    elif case.kafka:
         from tests.services import delete_topics
 
         await delete_topics(case.kafka, case.topic)
     return result
+
+
+async def wait_owners(case: Case, timeout_s: float = 120.0) -> None:
+    """Until every worker is a member of the owners' group and its rebalance is over."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from engine.log.kafka_topics import TopicNames
+
+    group = TopicNames(case.topic).owners_group
+    admin = AIOKafkaAdminClient(bootstrap_servers=case.kafka)
+    await admin.start()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                (response,) = await admin.describe_consumer_groups([group])
+                _error, _group, state, _kind, _protocol, members, *_ = response.groups[0]
+                if state == "Stable" and len(members) == case.workers:
+                    break
+                await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+    await asyncio.sleep(2.0)  # each member takes its partitions over once assigned
 
 
 def cases(names: list[str], root: Path) -> list[Case]:
@@ -518,12 +605,17 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         ("POST -> turn end p50 / p95 / max (ms)", lambda r: _ms(r["post_to_turn_end_ms"])),
         ("turn floor (ms)", lambda r: r["turn_floor_ms"]),
         ("projector lag p50 / p95 / max (ms)", lambda r: _ms(r["projector_lag_ms"])),
+        ("CPU per turn (ms)", lambda r: _cpu(r.get("cpu_ms_per_turn", {}))),
     ]
     names = list(results)
     out = ["| measure | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for label, cell in rows:
         out.append(f"| {label} | " + " | ".join(str(cell(results[n])) for n in names) + " |")
     return "\n".join(out)
+
+
+def _cpu(spent: dict[str, float]) -> str:
+    return ", ".join(f"{name} {ms}" for name, ms in spent.items() if ms) or "-"
 
 
 def _ms(p: dict[str, float]) -> str:
@@ -579,6 +671,9 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--cases", default="embedded,kafka-1,kafka-2")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--keep-topics", action="store_true", help="keep each Kafka case's topics, to read what happened"
+    )
     args = parser.parse_args()
     if args.command == "model-server":
         model_server(args.port, args.latency)

@@ -327,3 +327,66 @@ async def test_an_inbox_read_again_by_a_new_owner_sequences_nothing_twice(
     after = [(e.type, e.event_id) for e in await owner.read_session(sid)]
     assert after == [*before, ("UserMessageReceived", marker.event_id)]
     assert marker.version == len(before) + 1
+
+
+def on_other_partitions(log: KafkaEventLog, prefix: str, count: int) -> list[str]:
+    """``count`` session ids, each on a partition of its own."""
+    found: dict[int, str] = {}
+    for i in range(1000):
+        found.setdefault(log.partition_of(f"{prefix}-{i}"), f"{prefix}-{i}")
+        if len(found) == count:
+            return list(found.values())
+    raise AssertionError(f"{count} partitions not reached")
+
+
+async def test_a_partition_that_cannot_sequence_yet_holds_up_no_other(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    """Each inbox partition is sequenced in a task of its own: while one partition waits for its
+    lock (a long append group in flight), another partition's messages are sequenced, and the
+    waiting one's follow once it can, in order."""
+    slow, fast = on_other_partitions(owner, "s-seq", 2)
+    for sid in (slow, fast):
+        await owner.submit(created(sid))
+    assert owner._inbox is not None
+    slow_inbox = TopicPartition(owner.topics.inbox, owner.partition_of(slow))
+    async with kafka_log(bootstrap, partitions=3, topic=owner.topics.events, owner=False) as producer:
+        async with owner._parts[owner.partition_of(slow)].lock:
+            await producer.submit(message(slow, "waits"))
+            await producer.submit(message(slow, "waits too"))
+            for _ in range(400):  # fetched, and waiting for the lock: its partition is paused
+                if slow_inbox in owner._inbox.paused():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the owner never fetched the slow session's message")
+            await producer.submit(message(fast, "passes"))
+            for _ in range(400):
+                if [e.text for e in await owner.read_session(fast) if isinstance(e, ev.UserMessageReceived)]:
+                    break
+                await asyncio.sleep(0.05)
+            fast_events = await owner.read_session(fast)
+            assert [e.type for e in fast_events] == ["SessionCreated", "UserMessageReceived"]
+            assert [e.type for e in await owner.read_session(slow)] == ["SessionCreated"]
+        for _ in range(400):
+            if len(await owner.read_session(slow)) == 3:
+                break
+            await asyncio.sleep(0.05)
+    texts = [e.text for e in await owner.read_session(slow) if isinstance(e, ev.UserMessageReceived)]
+    assert texts == ["waits", "waits too"]
+
+
+async def test_owner_producers_retry_a_busy_transaction_coordinator_within_milliseconds(
+    owner: KafkaEventLog,
+) -> None:
+    """aiokafka waits 20 ms (100 ms for offsets) before asking again while the previous
+    transaction's markers are written; the owners wait 2 ms and 10 ms (engine.log.kafka_txn).
+    aiokafka reads the constant it keeps in its sender module: an upgrade that renames it shows here."""
+    from aiokafka.producer import sender
+
+    from engine.log.kafka_txn import CONCURRENT_TXN_RETRY_S, TXN_RETRY_BACKOFF_MS
+
+    part = owner._parts[0]
+    assert part.producer is not None
+    assert sender.BACKOFF_OVERRIDE == CONCURRENT_TXN_RETRY_S == 0.002
+    assert part.producer._sender._retry_backoff == TXN_RETRY_BACKOFF_MS / 1000

@@ -68,6 +68,7 @@ from .kafka_sessions import (
     read_runs,
 )
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
+from .kafka_txn import owner_producer
 from .submissions import SUBMITTABLE
 
 log = structlog.get_logger("turnlog.kafka")
@@ -159,6 +160,9 @@ class KafkaEventLog(EventLog):
                 isolation_level="read_committed",
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
+                # a partition resumed after its batch was sequenced is fetched with the next
+                # request, which waits for the one in flight: keep that wait short
+                fetch_max_wait_ms=50,
                 session_timeout_ms=self.session_timeout_ms,
                 heartbeat_interval_ms=max(100, self.session_timeout_ms // 10),
             )
@@ -217,13 +221,7 @@ class KafkaEventLog(EventLog):
 
     def _owner_producer(self, partition: int) -> AIOKafkaProducer:
         """The transactional producer that makes this process the partition's only writer."""
-        return AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap,
-            client_id=self.client_id,
-            transactional_id=self.topics.transactional_id(partition),
-            enable_idempotence=True,
-            acks="all",
-        )
+        return owner_producer(self.bootstrap, self.client_id, self.topics.transactional_id(partition))
 
     async def _start_owning(self, part: PartitionIndex) -> None:
         producer = self._owner_producer(part.partition)
@@ -500,11 +498,12 @@ class KafkaEventLog(EventLog):
             "the partition before appending again, retry the operation"
         )
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` in the background, holding a reference until it ends."""
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _reacquire(self, part: PartitionIndex, delay: float = 0.0) -> None:
         await asyncio.sleep(delay)
@@ -556,23 +555,45 @@ class KafkaEventLog(EventLog):
     # -- the owner's sequencer ------------------------------------------------------------------
 
     async def _sequence_loop(self) -> None:
+        """Fetch inbox records and sequence each partition's batch in a task of its own, so one
+        partition's transaction (or its wait for the lock an append group holds) never delays
+        another's records. A partition is paused while its batch is sequenced: its batches are
+        sequenced one after the other, in order, and a batch that must be read again is."""
         inbox = self._inbox
         assert inbox is not None
         loop = asyncio.get_running_loop()
         tailed = loop.time()
+        housekeeping: asyncio.Task[None] | None = None
         while True:
             try:
                 batches = await inbox.getmany(timeout_ms=100, max_records=500)
                 for tp, messages in batches.items():
-                    await self._sequence(self._parts[tp.partition], tp, messages)
-                if not batches:
-                    await self._flush_commits()
-                if loop.time() - tailed >= TAIL_EVERY_S:
-                    await self._tail_owned()
-                    tailed = loop.time()
+                    inbox.pause(tp)
+                    self._spawn(self._sequence_then_resume(tp, messages))
+                tail = loop.time() - tailed >= TAIL_EVERY_S
+                if (tail or not batches) and (housekeeping is None or housekeeping.done()):
+                    housekeeping = self._spawn(self._housekeeping(tail))
+                    tailed = loop.time() if tail else tailed
             except (KafkaError, LogError) as exc:  # the broker is away: nothing was sequenced, retry
                 log.warning("kafka.sequencer_retry", error=repr(exc))
                 await asyncio.sleep(1.0)
+
+    async def _sequence_then_resume(self, tp: TopicPartition, messages: list[Any]) -> None:
+        try:
+            await self._sequence(self._parts[tp.partition], tp, messages)
+        finally:
+            if self._inbox is not None and tp in self._inbox.assignment():
+                self._inbox.resume(tp)
+
+    async def _housekeeping(self, tail: bool) -> None:
+        """When the inbox is quiet, commit pending group offsets; every ``TAIL_EVERY_S``, index
+        what others wrote to our partitions."""
+        try:
+            await self._flush_commits()
+            if tail:
+                await self._tail_owned()
+        except (KafkaError, LogError) as exc:
+            log.warning("kafka.housekeeping_retry", error=repr(exc))
 
     async def _sequence(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
         """Sequence inbox records fetched for ``tp``; whatever stops that reads them again (the
@@ -644,13 +665,16 @@ class KafkaEventLog(EventLog):
             fut.set_result(event)
 
     async def _flush_commits(self, force_index: bool = False) -> None:
-        """Commit pending group offsets, and the session index when due (``force_index``: now)."""
-        for part in self._parts:
-            if part.owned and (part.pending_commits or self._index_due(part, force_index)):
-                async with part.lock:
-                    if part.owned and (part.pending_commits or self._index_due(part, force_index)):
-                        with contextlib.suppress(LogError):
-                            await self._transaction(part, [], force_index=force_index)
+        """Commit pending group offsets, and the session index when due (``force_index``: now),
+        every owned partition in its own transaction, all at once."""
+        await asyncio.gather(*(self._flush_partition(part, force_index) for part in self._parts))
+
+    async def _flush_partition(self, part: PartitionIndex, force_index: bool) -> None:
+        if part.owned and (part.pending_commits or self._index_due(part, force_index)):
+            async with part.lock:
+                if part.owned and (part.pending_commits or self._index_due(part, force_index)):
+                    with contextlib.suppress(LogError):
+                        await self._transaction(part, [], force_index=force_index)
 
     async def _tail_owned(self) -> None:
         """Index what others wrote to our partitions since we read them, and settle poison."""
