@@ -31,7 +31,7 @@ from engine.log.kafka import KafkaEventLog
 from projections import PostgresProjectionStore, rebuild
 from projections.schema import READ_MODELS
 from tests.fleet import AGENT, SIDE_EFFECTS_DDL, deliveries, side_effects
-from tests.services import fresh_topic, kafka_log, need_service, postgres_store
+from tests.services import delete_topics, fresh_topic, kafka_log, need_service, postgres_store
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 6
@@ -126,6 +126,13 @@ async def test_killed_workers_and_a_restarted_broker_lose_nothing_and_repeat_no_
     dsn = need_service("TURNLOG_POSTGRES_DSN")
     rng = random.Random(int(os.environ.get("TURNLOG_FAULT_SEED", "7")))
     topic = fresh_topic()
+    try:
+        await _faults_on(topic, bootstrap, dsn, rng)
+    finally:
+        await delete_topics(bootstrap, topic)
+
+
+async def _faults_on(topic: str, bootstrap: str, dsn: str, rng: random.Random) -> None:
     with postgres_store(dsn) as live, postgres_store(dsn) as rebuilt:
         with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={live.schema}") as conn:
             conn.execute(SIDE_EFFECTS_DDL)
