@@ -348,14 +348,13 @@ async def test_a_partition_that_cannot_sequence_yet_holds_up_no_other(
     slow, fast = on_other_partitions(owner, "s-seq", 2)
     for sid in (slow, fast):
         await owner.submit(created(sid))
-    assert owner._inbox is not None
-    slow_inbox = TopicPartition(owner.topics.inbox, owner.partition_of(slow))
+    slow_queue = owner._inbox_queues[owner.partition_of(slow)]
     async with kafka_log(bootstrap, partitions=3, topic=owner.topics.events, owner=False) as producer:
         async with owner._parts[owner.partition_of(slow)].lock:
             await producer.submit(message(slow, "waits"))
             await producer.submit(message(slow, "waits too"))
-            for _ in range(400):  # fetched, and waiting for the lock: its partition is paused
-                if slow_inbox in owner._inbox.paused():
+            for _ in range(400):  # fetched, and its sequencer waits for the lock
+                if slow_queue.task is not None:
                     break
                 await asyncio.sleep(0.05)
             else:
@@ -390,3 +389,24 @@ async def test_owner_producers_retry_a_busy_transaction_coordinator_within_milli
     assert part.producer is not None
     assert sender.BACKOFF_OVERRIDE == CONCURRENT_TXN_RETRY_S == 0.002
     assert part.producer._sender._retry_backoff == TXN_RETRY_BACKOFF_MS / 1000
+
+
+def test_an_inbox_queue_drops_the_batches_fetched_before_a_rewind() -> None:
+    """After a batch is read again (the consumer seeked back to its first record), the batches
+    fetched before the seek are skipped up to the one the seek brings back."""
+    from types import SimpleNamespace
+
+    from engine.log.kafka_inbox import InboxQueue
+
+    def batch(first: int, last: int) -> list:
+        return [SimpleNamespace(offset=o) for o in range(first, last + 1)]
+
+    queue = InboxQueue()
+    queue.batches.extend([batch(0, 4), batch(5, 9), batch(10, 12)])
+    assert [m.offset for m in queue.next() or []] == [0, 1, 2, 3, 4]
+    queue.rewound(0)  # batch 0-4 failed: the inbox reads from 0 again
+    queue.batches.append(batch(0, 12))  # what the seek brings back
+    assert [m.offset for m in queue.next() or []] == list(range(13))
+    assert queue.next() is None
+    queue.batches.append(batch(13, 13))
+    assert [m.offset for m in queue.next() or []] == [13]

@@ -45,7 +45,7 @@ from ..errors import (
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch
 from .kafka_appends import PendingAppend, fail_group, settle_group, take_group
-from .kafka_inbox import admit
+from .kafka_inbox import InboxQueue, admit
 from .kafka_index import PartitionIndex
 from .kafka_offsets import DirectOffsets
 from .kafka_poison import (
@@ -129,6 +129,7 @@ class KafkaEventLog(EventLog):
         self._reader_lock = asyncio.Lock()
         self._inbox: AIOKafkaConsumer | None = None
         self._sequencer: asyncio.Task[None] | None = None
+        self._inbox_queues = [InboxQueue() for _ in range(partitions)]
         self._waiters: list[asyncio.Future[None]] = []
         self._submitted: dict[str, asyncio.Future[Event]] = {}
         self._committed: dict[tuple[str, int], int] = {}
@@ -160,9 +161,6 @@ class KafkaEventLog(EventLog):
                 isolation_level="read_committed",
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
-                # a partition resumed after its batch was sequenced is fetched with the next
-                # request, which waits for the one in flight: keep that wait short
-                fetch_max_wait_ms=50,
                 session_timeout_ms=self.session_timeout_ms,
                 heartbeat_interval_ms=max(100, self.session_timeout_ms // 10),
             )
@@ -314,6 +312,7 @@ class KafkaEventLog(EventLog):
             part.load(sid, [r for r in decoded if isinstance(r, LogRecord)])
 
     async def _release(self, part: PartitionIndex) -> None:
+        self._inbox_queues[part.partition].clear()  # fetched while ours: the next owner reads them
         async with part.acquiring, part.lock:
             producer, part.producer, part.owned = part.producer, None, False
             part.pending_commits.clear()
@@ -555,10 +554,10 @@ class KafkaEventLog(EventLog):
     # -- the owner's sequencer ------------------------------------------------------------------
 
     async def _sequence_loop(self) -> None:
-        """Fetch inbox records and sequence each partition's batch in a task of its own, so one
-        partition's transaction (or its wait for the lock an append group holds) never delays
-        another's records. A partition is paused while its batch is sequenced: its batches are
-        sequenced one after the other, in order, and a batch that must be read again is."""
+        """Fetch inbox records and hand each partition's batches to a task of its own that
+        sequences them in order (``InboxQueue``), so one partition's transaction (or its wait
+        for the lock an append group holds) never delays another's records, and the fetch goes
+        on meanwhile (a paused partition would wait for the next fetch request)."""
         inbox = self._inbox
         assert inbox is not None
         loop = asyncio.get_running_loop()
@@ -568,8 +567,7 @@ class KafkaEventLog(EventLog):
             try:
                 batches = await inbox.getmany(timeout_ms=100, max_records=500)
                 for tp, messages in batches.items():
-                    inbox.pause(tp)
-                    self._spawn(self._sequence_then_resume(tp, messages))
+                    self._queue_inbox(tp, messages)
                 tail = loop.time() - tailed >= TAIL_EVERY_S
                 if (tail or not batches) and (housekeeping is None or housekeeping.done()):
                     housekeeping = self._spawn(self._housekeeping(tail))
@@ -578,12 +576,18 @@ class KafkaEventLog(EventLog):
                 log.warning("kafka.sequencer_retry", error=repr(exc))
                 await asyncio.sleep(1.0)
 
-    async def _sequence_then_resume(self, tp: TopicPartition, messages: list[Any]) -> None:
+    def _queue_inbox(self, tp: TopicPartition, messages: list[Any]) -> None:
+        queue = self._inbox_queues[tp.partition]
+        queue.batches.append(messages)
+        if queue.task is None:
+            queue.task = self._spawn(self._sequence_queued(tp, queue))
+
+    async def _sequence_queued(self, tp: TopicPartition, queue: InboxQueue) -> None:
         try:
-            await self._sequence(self._parts[tp.partition], tp, messages)
+            while (messages := queue.next()) is not None:
+                await self._sequence(self._parts[tp.partition], tp, messages)
         finally:
-            if self._inbox is not None and tp in self._inbox.assignment():
-                self._inbox.resume(tp)
+            queue.task = None
 
     async def _housekeeping(self, tail: bool) -> None:
         """When the inbox is quiet, commit pending group offsets; every ``TAIL_EVERY_S``, index
@@ -619,6 +623,7 @@ class KafkaEventLog(EventLog):
     def _rewind(self, tp: TopicPartition, messages: list[Any]) -> None:
         if self._inbox is not None and tp in self._inbox.assignment():
             self._inbox.seek(tp, messages[0].offset)
+            self._inbox_queues[tp.partition].rewound(messages[0].offset)
 
     async def _sequence_owned(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
         """Sequence a batch of inbox records; called with ``part.lock`` held by the owner."""

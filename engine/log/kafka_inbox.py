@@ -7,7 +7,9 @@ resting session it names to ERROR (``kafka_poison.poisoned``)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,3 +216,35 @@ def _after_close(
     w = SessionWriter(writer_log, state, message.producer)
     drop_waiting(w, "closed", f"the session was closed ({state.close_reason}) before this message arrived")
     return [received, *w.take_pending()]
+
+
+@dataclass(eq=False)
+class InboxQueue:
+    """One inbox partition's fetched batches waiting to be sequenced, in fetch order, and the
+    task that sequences them one after the other (``KafkaEventLog._sequence_loop``).
+
+    A batch that must be read again seeks the inbox consumer back to its first record
+    (``rewound``); the batches fetched before that seek are stale and are dropped, up to the
+    batch the seek brings back, which starts at that same offset. A revoke drops them all."""
+
+    batches: deque[list[Any]] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+    rewound_to: int | None = None
+
+    def next(self) -> list[Any] | None:
+        """The next batch to sequence, stale ones skipped; None when none is waiting."""
+        while self.batches:
+            batch = self.batches.popleft()
+            if self.rewound_to is None:
+                return batch
+            if batch[0].offset == self.rewound_to:
+                self.rewound_to = None
+                return batch
+        return None
+
+    def rewound(self, offset: int) -> None:
+        self.rewound_to = offset
+
+    def clear(self) -> None:
+        self.batches.clear()
+        self.rewound_to = None
