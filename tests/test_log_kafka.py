@@ -392,8 +392,9 @@ async def test_owner_producers_retry_a_busy_transaction_coordinator_within_milli
 
 
 def test_an_inbox_queue_drops_the_batches_fetched_before_a_rewind() -> None:
-    """After a batch is read again (the consumer seeked back to its first record), the batches
-    fetched before the seek are skipped up to the one the seek brings back."""
+    """What waits is taken together; after a batch is read again (the consumer seeked back to
+    its first record), the batches fetched before the seek are skipped up to the one the seek
+    brings back."""
     from types import SimpleNamespace
 
     from engine.log.kafka_inbox import InboxQueue
@@ -402,11 +403,12 @@ def test_an_inbox_queue_drops_the_batches_fetched_before_a_rewind() -> None:
         return [SimpleNamespace(offset=o) for o in range(first, last + 1)]
 
     queue = InboxQueue()
-    queue.batches.extend([batch(0, 4), batch(5, 9), batch(10, 12)])
+    queue.batches.append(batch(0, 4))
     assert [m.offset for m in queue.next() or []] == [0, 1, 2, 3, 4]
-    queue.rewound(0)  # batch 0-4 failed: the inbox reads from 0 again
-    queue.batches.append(batch(0, 12))  # what the seek brings back
-    assert [m.offset for m in queue.next() or []] == list(range(13))
+    queue.batches.extend([batch(5, 9), batch(10, 12)])  # fetched while 0-4 was sequenced
+    queue.rewound(0)  # 0-4 failed: the inbox reads from 0 again; 5-9 and 10-12 are stale
+    queue.batches.extend([batch(0, 8), batch(9, 12)])  # what the seek brings back
+    assert [m.offset for m in queue.next() or []] == list(range(13))  # one transaction's worth
     assert queue.next() is None
     queue.batches.append(batch(13, 13))
     assert [m.offset for m in queue.next() or []] == [13]

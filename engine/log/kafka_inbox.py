@@ -221,7 +221,8 @@ def _after_close(
 @dataclass(eq=False)
 class InboxQueue:
     """One inbox partition's fetched batches waiting to be sequenced, in fetch order, and the
-    task that sequences them one after the other (``KafkaEventLog._sequence_loop``).
+    task that sequences them in order (``KafkaEventLog._sequence_loop``): what waits when it
+    is free goes into its next transaction together.
 
     A batch that must be read again seeks the inbox consumer back to its first record
     (``rewound``); the batches fetched before that seek are stale and are dropped, up to the
@@ -232,15 +233,19 @@ class InboxQueue:
     rewound_to: int | None = None
 
     def next(self) -> list[Any] | None:
-        """The next batch to sequence, stale ones skipped; None when none is waiting."""
-        while self.batches:
-            batch = self.batches.popleft()
-            if self.rewound_to is None:
-                return batch
-            if batch[0].offset == self.rewound_to:
+        """Every batch waiting, as one (they follow each other: one transaction sequences them
+        all, as many as arrived while the last one was committed), stale ones skipped; None
+        when none is waiting."""
+        while self.batches and self.rewound_to is not None:
+            if self.batches[0][0].offset == self.rewound_to:
                 self.rewound_to = None
-                return batch
-        return None
+            else:
+                self.batches.popleft()
+        if not self.batches:
+            return None
+        taken = [message for batch in self.batches for message in batch]
+        self.batches.clear()
+        return taken
 
     def rewound(self, offset: int) -> None:
         self.rewound_to = offset
