@@ -185,32 +185,42 @@ async def measure_model_floor(model_url: str, args: argparse.Namespace) -> float
 
 class CpuMeter:
     """CPU seconds (user + system) each named group of processes spends between ``start`` and
-    ``stop``: the gateway, the workers, and the services (the broker, PostgreSQL) next to them."""
+    ``stop``: the gateway, the workers, and the services (the broker, PostgreSQL) next to them.
+    A process that ended in between is left out (its CPU can no longer be read)."""
 
     TICK = os.sysconf("SC_CLK_TCK")
 
     def __init__(self, groups: dict[str, list[int]]) -> None:
         self.groups = groups
         self.spent: dict[str, float] = {}
-        self._at_start: dict[str, float] = {}
+        self._at_start: dict[int, float] = {}
 
     @classmethod
-    def cpu_s(cls, pid: int) -> float:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / cls.TICK  # utime, stime
+    def cpu_s(cls, pid: int) -> float | None:
+        fields = proc_stat(pid)
+        return None if fields is None else (int(fields[11]) + int(fields[12])) / cls.TICK  # utime, stime
 
-    def _sample(self) -> dict[str, float]:
-        return {name: sum(self.cpu_s(pid) for pid in pids) for name, pids in self.groups.items()}
+    def _sample(self) -> dict[int, float]:
+        now = {pid: self.cpu_s(pid) for pids in self.groups.values() for pid in pids}
+        return {pid: cpu for pid, cpu in now.items() if cpu is not None}
 
     def start(self) -> None:
         self._at_start = self._sample()
 
     def stop(self) -> None:
-        now = self._sample()
-        self.spent = {name: round(now[name] - self._at_start[name], 2) for name in now}
+        now, before = self._sample(), self._at_start
+        self.spent = {
+            name: round(sum(now[pid] - before[pid] for pid in pids if pid in now and pid in before), 2)
+            for name, pids in self.groups.items()
+        }
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def service_pids(case: Case) -> dict[str, list[int]]:
@@ -228,11 +238,12 @@ def service_pids(case: Case) -> dict[str, list[int]]:
 
 
 def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` now (PostgreSQL's backends and helpers)."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = proc_stat(int(entry.name))
+        if fields is not None and fields[1] == str(pid):
+            found.append(int(entry.name))
     return found
 
 

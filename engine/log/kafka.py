@@ -571,7 +571,8 @@ class KafkaEventLog(EventLog):
                 tail = loop.time() - tailed >= TAIL_EVERY_S
                 if (tail or not batches) and (housekeeping is None or housekeeping.done()):
                     housekeeping = self._spawn(self._housekeeping(tail))
-                    tailed = loop.time() if tail else tailed
+                    if tail:
+                        tailed = loop.time()
             except (KafkaError, LogError) as exc:  # the broker is away: nothing was sequenced, retry
                 log.warning("kafka.sequencer_retry", error=repr(exc))
                 await asyncio.sleep(1.0)
@@ -675,11 +676,14 @@ class KafkaEventLog(EventLog):
         await asyncio.gather(*(self._flush_partition(part, force_index) for part in self._parts))
 
     async def _flush_partition(self, part: PartitionIndex, force_index: bool) -> None:
-        if part.owned and (part.pending_commits or self._index_due(part, force_index)):
+        if self._flush_due(part, force_index):
             async with part.lock:
-                if part.owned and (part.pending_commits or self._index_due(part, force_index)):
+                if self._flush_due(part, force_index):  # again: an append may have carried it
                     with contextlib.suppress(LogError):
                         await self._transaction(part, [], force_index=force_index)
+
+    def _flush_due(self, part: PartitionIndex, force_index: bool) -> bool:
+        return part.owned and bool(part.pending_commits or self._index_due(part, force_index))
 
     async def _tail_owned(self) -> None:
         """Index what others wrote to our partitions since we read them, and settle poison."""
