@@ -15,6 +15,9 @@ The server plays a script, one step per chat completion request:
 * ``FakeStreamError``: streams some text, then an ``{"error": {...}}`` event, as servers report
   a failure after the 200 (an overloaded backend, a generation error).
 
+``ClosingFront`` sits in front of the server and closes connections the way a server's keep-alive
+timeout does when it runs out as the client reuses the connection.
+
 A request's ``stop`` texts are honoured as the real API does: the answer ends before the first one
 (and carries no tool calls then).
 
@@ -524,6 +527,67 @@ def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float 
             return
         time.sleep(0.02)
     raise RuntimeError(f"the fake OpenAI server did not accept connections on port {port} in {timeout_s} s")
+
+
+class ClosingFront:
+    """A TCP front for a server that closes connections the way a server's keep-alive ends.
+
+    ``reused``: a connection that has carried a response is closed when the next request arrives
+    on it, unread, as when the server's keep-alive timeout runs out just as the client reuses the
+    connection (the server never sees that request). ``every``: every connection is closed on its
+    first request, as a server that crashes on it. Run it with ``async with`` in the test's loop.
+    """
+
+    def __init__(self, port: int, close: str = "reused") -> None:
+        if close not in ("reused", "every"):
+            raise ValueError(f"close must be 'reused' or 'every', not {close!r}")
+        self.port, self.close = port, close
+        self.connections = 0
+        self.closed = 0
+        """Requests the front closed the connection on (they never reached the server)."""
+        self.base_url = ""
+        """Set on entering: where the client should send its requests."""
+        self._server: asyncio.Server | None = None
+        self._relays: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> ClosingFront:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.base_url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/v1"
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+        await asyncio.gather(*self._relays)  # each ends when its client has closed its connection
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._relays.add(task)
+        self.connections += 1
+        answered = asyncio.Event()
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+        async def relay_responses() -> None:
+            while data := await upstream_reader.read(65536):
+                answered.set()
+                writer.write(data)
+
+        responses = asyncio.create_task(relay_responses())
+        try:
+            while data := await reader.read(65536):
+                if self.close == "every" or answered.is_set():  # no pipelining: this is a new request
+                    self.closed += 1
+                    writer.transport.abort()  # the request unread, as the server's close leaves it
+                    return
+                upstream_writer.write(data)
+        finally:
+            responses.cancel()
+            for stream in (upstream_writer, writer):
+                stream.close()
+                with contextlib.suppress(ConnectionError):
+                    await stream.wait_closed()
 
 
 @contextlib.contextmanager

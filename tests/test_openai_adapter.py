@@ -13,7 +13,16 @@ from engine.events import ToolCallSpec
 from engine.messages import ChatMessage
 from engine.models.base import ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
 from engine.models.openai_compat import OpenAICompatibleModel
-from tests.openai_server import FakeDrop, FakeError, FakeReply, FakeStreamError, Step, free_port, serve_openai
+from tests.openai_server import (
+    ClosingFront,
+    FakeDrop,
+    FakeError,
+    FakeReply,
+    FakeStreamError,
+    Step,
+    free_port,
+    serve_openai,
+)
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -219,6 +228,37 @@ async def test_a_server_slower_than_the_request_timeout_is_a_timeout_naming_the_
             await model.aclose()
     assert chunks == []
     assert "did not answer within 0.5 s" in str(error) and server.base_url in str(error)
+
+
+async def test_a_kept_alive_connection_the_server_closed_as_it_was_reused_is_sent_again() -> None:
+    """The local-model test once failed here: llama.cpp's keep-alive (5 s, as the client's) ran
+    out as the next call reused the connection ('Cannot write to closing transport')."""
+    with serve_openai([FakeReply("first answer"), FakeReply("second answer")]) as server:
+        async with ClosingFront(server.port, close="reused") as front:
+            model = OpenAICompatibleModel("fake-model", base_url=front.base_url, request_timeout_s=5)
+            try:
+                first = await collect(model, ask("one"))
+                second = await collect(model, ask("two"))
+            finally:
+                await model.aclose()
+    assert split(first)[1].text == "first answer"
+    assert split(second)[1].text == "second answer"
+    assert front.closed == 1 and front.connections == 2  # the second call went out on a new connection
+    assert [r["messages"][-1]["content"] for r in server.requests] == ["one", "two"]
+
+
+async def test_a_server_that_closes_every_connection_is_asked_twice_then_named() -> None:
+    with serve_openai([FakeReply("never sent")]) as server:
+        async with ClosingFront(server.port, close="every") as front:
+            model = OpenAICompatibleModel("fake-model", base_url=front.base_url, request_timeout_s=30)
+            try:
+                chunks, error = await collect_until_error(model, ask("hi"))
+            finally:
+                await model.aclose()
+    assert chunks == [] and server.requests == []
+    assert front.closed == 2  # sent once more, not retried without end
+    assert "closed the connection before answering" in str(error) and front.base_url in str(error)
+    assert "did not answer within" not in str(error)  # the transport calls it a timeout; it is not
 
 
 async def test_unreachable_endpoint_raises_model_error_naming_the_url() -> None:

@@ -12,7 +12,9 @@ Two rules shape the code:
   ModelError and yields no ModelResponse, so a half-streamed answer never reaches history.
 * Every failure is a ModelError whose message names the endpoint and the model and says what
   to check, because the person reading it is usually configuring a server URL. Retries and
-  overall time limits belong to the engine, so the SDK's own retries default to 0.
+  overall time limits belong to the engine, so the SDK's own retries default to 0. The one
+  resend here is not a retry of a failed call: a request the server closed the connection on
+  before answering (a kept-alive connection it had just timed out) is sent again, once.
 
 The SDK sends the request and maps HTTP errors; the stream's server-sent events are read as
 plain JSON (``with_streaming_response``), not built into the SDK's typed chunk objects: that
@@ -28,8 +30,9 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Iterator, Sequence
 
+import aiohttp
 import openai
 
 from ..errors import ContextLengthError, ModelError
@@ -187,11 +190,7 @@ class OpenAICompatibleModel(Model):
         return count_chat_tokens(counter, request.messages, request.tools)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        opened = self._open(request)
-        try:
-            response = await opened.__aenter__()
-        except Exception as exc:
-            raise self._error(exc, streaming=False) from exc
+        opened, response = await self._send(request)
         state = _StreamState()
         try:
             chunks = _chunks(response.iter_lines()).__aiter__()
@@ -213,6 +212,25 @@ class OpenAICompatibleModel(Model):
         finally:
             await opened.__aexit__(None, None, None)
         yield self._response(state, request)
+
+    async def _send(self, request: ModelRequest) -> tuple[Any, Any]:
+        """The streaming request, sent: its context and its response (headers read).
+
+        A request the server closed the connection on before answering is sent once more, on
+        another connection: that is how a kept-alive connection ends when the server's keep-alive
+        timeout (5 s in llama.cpp's, uvicorn's and Node's servers, the same as the client's) runs
+        out just as the client reuses it, and the server never saw the request. Nothing has
+        been streamed yet, so the resend is invisible; a second close is the server's answer.
+        """
+        for attempt in range(1 + _RESENDS_ON_CLOSE):
+            opened = self._open(request)
+            try:
+                return opened, await opened.__aenter__()
+            except Exception as exc:
+                if attempt < _RESENDS_ON_CLOSE and _closed_before_answering(exc):
+                    continue
+                raise self._error(exc, streaming=False) from exc
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _open(self, request: ModelRequest) -> Any:
         """The streaming request, not sent yet: entering it sends it (an HTTP error raises)."""
@@ -276,7 +294,7 @@ class OpenAICompatibleModel(Model):
                 f"{_excerpt(exc)}; {hint}"
             )
         refused = _refused(exc)
-        if (isinstance(exc, openai.APITimeoutError) or _is_transport_timeout(exc)) and refused is None:
+        if _timed_out(exc) and refused is None:
             return ModelError(
                 f"model endpoint {where} did not answer within {self.request_timeout_s:g} s for model "
                 f"{model!r}; check the server is not overloaded or raise request_timeout_s"
@@ -286,6 +304,12 @@ class OpenAICompatibleModel(Model):
             return ModelError(
                 f"the stream from model endpoint {where} for model {model!r} broke before the answer "
                 f"was complete: {reason}; the partial answer was discarded"
+            )
+        if _closed_before_answering(exc):
+            return ModelError(
+                f"model endpoint {where} closed the connection before answering for model {model!r}, "
+                f"also when the request was sent again ({reason}); check the server's log: it may have "
+                "crashed on the request, or something between turnlog and the server cut it"
             )
         if isinstance(exc, openai.APIConnectionError):
             return ModelError(
@@ -335,22 +359,49 @@ def _chunk(event: str) -> dict[str, Any]:
 
 
 def _refused(exc: BaseException) -> str | None:
-    """The refused or reset connection behind ``exc``, if one is (the aiohttp transport reports
-    a refused connection as a connect timeout)."""
-    seen: BaseException | None = exc
-    while seen is not None:
+    """The refused connection behind ``exc``, if one is (the aiohttp transport reports a refused
+    connection as a connect timeout)."""
+    for seen in _chain(exc):
         os_error = getattr(seen, "os_error", None)
         for candidate in (seen, os_error):
-            if isinstance(candidate, ConnectionError):
+            if isinstance(candidate, ConnectionRefusedError):
                 return f"{type(candidate).__name__}: {candidate}"
-        seen = seen.__cause__ or seen.__context__
     return None
 
 
-def _is_transport_timeout(exc: BaseException) -> bool:
-    """A timeout of the SDK's HTTP transport while reading the stream (the SDK maps these to
-    APITimeoutError only for the typed stream this adapter does not use)."""
-    return any(cls.__name__ == "TimeoutException" for cls in type(exc).__mro__)
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from (the SDK and its transport wrap them)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """A time limit ran out. The aiohttp transport maps every connection error (a server closing
+    the connection too) to a connect timeout and the SDK that to APITimeoutError, so where aiohttp
+    raised, its own error decides; the SDK's default (httpx) transport raises timeouts as such."""
+    chain = list(_chain(exc))
+    if any(isinstance(e, aiohttp.ClientError) for e in chain):
+        return any(isinstance(e, TimeoutError) for e in chain)  # aiohttp's timeouts are TimeoutErrors
+    return any(
+        isinstance(e, (TimeoutError, openai.APITimeoutError))
+        or any(cls.__name__ == "TimeoutException" for cls in type(e).__mro__)
+        for e in chain
+    )
+
+
+def _closed_before_answering(exc: BaseException) -> bool:
+    """The server closed the connection (or reset it) before the response's headers: no answer,
+    and no sign the server processed the request. A refused connection is not this."""
+    return any(
+        isinstance(e, (aiohttp.ServerDisconnectedError, ConnectionResetError, BrokenPipeError))
+        or type(e).__name__ == "RemoteProtocolError"  # the SDK's default (httpx) transport
+        for e in _chain(exc)
+    )
+
+
+_RESENDS_ON_CLOSE = 1
 
 
 def _reason(exc: BaseException) -> str:
