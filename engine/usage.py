@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from . import events as ev
 from .models.base import ModelChunk, TextDelta, Usage
@@ -144,48 +144,56 @@ def add_auxiliary_call(
     )
 
 
-class _End:
-    pass
-
-
-_END = _End()
-
-
 class LiveCall:
-    """A model stream run in a task of its own, read through a queue, so ``stop()`` ends it at
-    once: the task is cancelled (the provider's connection closed) and the reader's iteration
-    ends. ``streamed`` is the answer text that had arrived."""
+    """A model stream read by the turn's own task, so ``stop()`` (a cancel, from another task)
+    ends it at once: when the reader is waiting for the model, its task is cancelled at that
+    await, as ``asyncio.timeout`` does (the provider's stream closes), and the iteration ends;
+    between chunks it ends before the next is asked for. ``streamed`` is the answer text that
+    had arrived. (No task or queue of its own: that cost a task per model call and a loop
+    iteration per chunk.)"""
 
     def __init__(self, chunks: AsyncIterator[ModelChunk]) -> None:
         self.stopped = False
         self.streamed: list[str] = []
-        self._queue: asyncio.Queue[ModelChunk | BaseException | _End] = asyncio.Queue()
-        self._task = asyncio.create_task(self._pump(chunks))
-
-    async def _pump(self, chunks: AsyncIterator[ModelChunk]) -> None:
-        try:
-            async for chunk in chunks:
-                self._queue.put_nowait(chunk)
-        except Exception as exc:  # handed to the reader, who records the failed call
-            self._queue.put_nowait(exc)
-            return
-        self._queue.put_nowait(_END)
+        self._source = chunks
+        self._waiting: asyncio.Task[Any] | None = None
+        """The reader's task while it waits for the model's next chunk."""
 
     def stop(self) -> None:
+        if self.stopped:
+            return  # one cancel: a second would look like someone else's
         self.stopped = True
-        self._task.cancel()
-        self._queue.put_nowait(_END)
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     async def chunks(self) -> AsyncIterator[ModelChunk]:
         try:
-            while not isinstance(item := await self._queue.get(), _End):
-                if isinstance(item, BaseException):
-                    raise item
+            while not self.stopped:
+                item = await self._next()
+                if item is None:
+                    return
                 if isinstance(item, TextDelta):
                     self.streamed.append(item.text)
                 yield item
         finally:
-            self._task.cancel()
+            aclose = getattr(self._source, "aclose", None)
+            if aclose is not None:
+                await aclose()  # a stream not read to its end is closed (no-op if it ended)
+
+    async def _next(self) -> ModelChunk | None:
+        """The next chunk; None when the stream ends or ``stop()`` cut it off."""
+        task = asyncio.current_task()
+        self._waiting = task
+        try:
+            return await anext(self._source)
+        except StopAsyncIteration:
+            return None
+        except asyncio.CancelledError:
+            if not self.stopped or task is None or task.uncancel() > 0:
+                raise  # not (only) our stop: a cancel of the turn itself goes on
+            return None
+        finally:
+            self._waiting = None
 
 
 __all__ = [

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
+from .tokens import shared_counter
 
 if TYPE_CHECKING:
     from .tokens import TokenCounter
@@ -142,8 +143,6 @@ class Model(abc.ABC):
     def token_counter(self) -> TokenCounter:
         """The tokenizer context budgets count with: tiktoken's cl100k_base unless the model has
         its own (an OpenAI model's encoding, a local model's server tokenizer)."""
-        from .tokens import shared_counter
-
         return shared_counter("cl100k_base")
 
 
