@@ -5,7 +5,7 @@ partition's owner, fencing of a zombie owner, dead letters. On a real broker
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -45,6 +45,19 @@ def created(sid: str) -> ev.SessionCreated:
 
 def message(sid: str, text: str = "hi") -> ev.UserMessageReceived:
     return ev.UserMessageReceived(session_id=sid, version=0, message_id=ev.new_id(), text=text, user_id="u")
+
+
+async def until(what: str, condition: Callable[[], Awaitable[bool]], attempts: int = 400) -> None:
+    """Poll ``condition`` every 50 ms until it holds; fail naming ``what`` if it never does."""
+    for _ in range(attempts):
+        if await condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{what}: not within {attempts * 0.05:g} s")
+
+
+async def has_events(log: KafkaEventLog, sid: str, count: int) -> bool:
+    return len(await log.read_session(sid)) >= count
 
 
 async def read_topic(bootstrap: str, topic: str, partition: int) -> list:
@@ -140,10 +153,7 @@ async def test_a_producer_that_owns_nothing_submits_through_the_inbox(
             await producer.append(
                 [ev.TurnStarted(session_id="s-2", version=4, turn_id="t", message_id="m")], expected_version=3
             )
-        for _ in range(200):
-            if len(await producer.read_session("s-2")) == 3:
-                break
-            await asyncio.sleep(0.05)
+        await until("the owner sequenced s-2", lambda: has_events(producer, "s-2", 3), attempts=200)
     events = await owner.read_session("s-2")
     assert [(e.type, e.version) for e in events] == [
         ("SessionCreated", 1),
@@ -349,28 +359,21 @@ async def test_a_partition_that_cannot_sequence_yet_holds_up_no_other(
     for sid in (slow, fast):
         await owner.submit(created(sid))
     slow_queue = owner._inbox_queues[owner.partition_of(slow)]
+
+    async def sequencer_started() -> bool:  # fetched, and its sequencer waits for the lock
+        return slow_queue.task is not None
+
     async with kafka_log(bootstrap, partitions=3, topic=owner.topics.events, owner=False) as producer:
         async with owner._parts[owner.partition_of(slow)].lock:
             await producer.submit(message(slow, "waits"))
             await producer.submit(message(slow, "waits too"))
-            for _ in range(400):  # fetched, and its sequencer waits for the lock
-                if slow_queue.task is not None:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the owner never fetched the slow session's message")
+            await until("the owner fetched the slow session's messages", sequencer_started)
             await producer.submit(message(fast, "passes"))
-            for _ in range(400):
-                if [e.text for e in await owner.read_session(fast) if isinstance(e, ev.UserMessageReceived)]:
-                    break
-                await asyncio.sleep(0.05)
+            await until("the fast session's message sequenced", lambda: has_events(owner, fast, 2))
             fast_events = await owner.read_session(fast)
             assert [e.type for e in fast_events] == ["SessionCreated", "UserMessageReceived"]
             assert [e.type for e in await owner.read_session(slow)] == ["SessionCreated"]
-        for _ in range(400):
-            if len(await owner.read_session(slow)) == 3:
-                break
-            await asyncio.sleep(0.05)
+        await until("the slow session's messages sequenced", lambda: has_events(owner, slow, 3))
     texts = [e.text for e in await owner.read_session(slow) if isinstance(e, ev.UserMessageReceived)]
     assert texts == ["waits", "waits too"]
 
