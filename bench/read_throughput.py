@@ -62,15 +62,14 @@ async def read_all(path: Path, partitions: int) -> tuple[int, float, float]:
 
 def raw_values(path: Path) -> list[bytes]:
     """Every record as the codec wrote it (decompressed where the file stores it compressed)."""
-    try:
-        from engine.log.zdict import unpack
-    except ImportError:  # a checkout before compression
-
-        def unpack(v: bytes) -> bytes:
-            return v
-
     with sqlite3.connect(path) as db:
-        return [unpack(bytes(v)) for (v,) in db.execute("SELECT value FROM events ORDER BY position")]
+        try:
+            from engine.log.sqlite_layout import all_records
+        except ImportError:  # a checkout before layout 3: a row per event, compressed or not
+            from engine.log.zdict import unpack
+
+            return [unpack(bytes(v)) for (v,) in db.execute("SELECT value FROM events ORDER BY position")]
+        return all_records(db)
 
 
 def fastavro_decode(values: list[bytes]) -> None:

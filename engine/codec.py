@@ -196,6 +196,15 @@ def encode(event: Event) -> bytes:
     return bytes(out)
 
 
+def type_of(record: bytes) -> str | None:
+    """The event type a record's header names, without decoding it; None if the header is not
+    a turnlog event's or names a schema this turnlog does not know (``decode`` says which)."""
+    if len(record) < HEADER_LEN or record[:2] != MAGIC:
+        return None
+    codec = _registry()[1].get(bytes(record[2:HEADER_LEN]))
+    return None if codec is None else codec.cls.type
+
+
 def decode(data: bytes) -> Event:
     """Decode one record; raises MalformedEventError / UnknownSchemaError naming the problem."""
     if len(data) < HEADER_LEN or data[:2] != MAGIC:

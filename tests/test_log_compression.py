@@ -1,7 +1,8 @@
-"""The embedded log's storage: values compressed with the shipped zstd dictionary
-(engine.log.zdict), sessions named by a key (layout 2), and files of older releases (layout 1,
-plain Avro values) migrated on open; a value the shipped dictionaries cannot read is refused
-with a message that says what to do."""
+"""The embedded log's storage: a row per append whose records are compressed together with the
+shipped zstd dictionary (layout 3: engine.log.sqlite_batch, engine.log.zdict), sessions named by
+a key, and files of older releases (layout 1: a row per event with its session id and a plain
+Avro value; layout 2: a row per event, each value compressed alone) migrated on open; a value
+the shipped dictionaries cannot read is refused with a message that says what to do."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import zstandard
 from engine import codec
 from engine import events as ev
 from engine.errors import ConcurrencyError, MalformedEventError
-from engine.log import zdict
+from engine.log import LogRecord, zdict
 from engine.log.sqlite import SqliteEventLog
+from engine.log.sqlite_batch import split_batch
+from engine.log.sqlite_layout import layout
 from engine.log.submissions import submission_keys
 
 
@@ -35,21 +38,27 @@ def _turn(sid: str, start: int, n: int) -> list[ev.Event]:
     return out
 
 
-def _stored(path: Path) -> list[tuple[str, bytes]]:
-    with sqlite3.connect(path) as db:
-        return [(t, bytes(v)) for t, v in db.execute("SELECT type, value FROM events ORDER BY position")]
+def _stored(path: Path) -> list[tuple[int, bytes]]:
+    """(event count, stored value) of each batch, in position order."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return [(n, bytes(v)) for n, v in db.execute("SELECT count, value FROM batches ORDER BY position")]
 
 
-async def test_new_values_are_stored_compressed_with_the_shipped_dictionary(tmp_path: Path) -> None:
+async def test_an_append_is_one_row_compressed_with_the_shipped_dictionary(tmp_path: Path) -> None:
     log = SqliteEventLog(tmp_path / "log.db")
-    written = _turn("6a0b4c2e9f3d41b7a8e5c1d2f3a4b5c6", 1, 20)
-    await log.append(written, expected_version=0)
-    assert await log.read_session(written[0].session_id) == written
+    sid = "6a0b4c2e9f3d41b7a8e5c1d2f3a4b5c6"
+    written = _turn(sid, 1, 20)
+    await log.append(written[:12], expected_version=0)
+    await log.append(written[12:], expected_version=12)
+    assert await log.read_session(sid) == written
     await log.close()
     rows = _stored(tmp_path / "log.db")
+    assert [n for n, _ in rows] == [12, 8]
     assert all(v[:4] == zdict.ZSTD_MAGIC for _, v in rows)
     assert {zstandard.get_frame_parameters(v).dict_id for _, v in rows} == {zdict.DICT_ID}
-    assert sum(len(v) for _, v in rows) < 0.9 * sum(len(codec.encode(e)) for e in written)
+    alone = sum(len(zdict.pack(codec.encode(e))) for e in written)
+    assert sum(len(v) for _, v in rows) < 0.8 * alone, "records compressed together share their context"
+    assert [codec.decode(r) for _, v in rows for r in split_batch(v)] == written
 
 
 async def test_a_log_written_uncompressed_opens_reads_and_goes_on_compressed(tmp_path: Path) -> None:
@@ -59,7 +68,7 @@ async def test_a_log_written_uncompressed_opens_reads_and_goes_on_compressed(tmp
     first = _turn("s1", 1, 10)
     await old.append(first, expected_version=0)
     await old.close()
-    assert all(v[:2] == codec.MAGIC for _, v in _stored(path))
+    assert all(v[:4] != zdict.ZSTD_MAGIC for _, v in _stored(path))
 
     log = SqliteEventLog(path)
     assert await log.read_session("s1") == first
@@ -68,8 +77,7 @@ async def test_a_log_written_uncompressed_opens_reads_and_goes_on_compressed(tmp
     assert await log.read_session("s1") == first + more
     assert [r.event for r in await log.read_partition(log_partition(log, "s1"), 0, 100)] == first + more
     await log.close()
-    kinds = [v[:2] == codec.MAGIC for _, v in _stored(path)]
-    assert kinds == [True] * 10 + [False] * 5
+    assert [v[:4] == zdict.ZSTD_MAGIC for _, v in _stored(path)] == [False, True]
 
 
 def log_partition(log: SqliteEventLog, sid: str) -> int:
@@ -95,16 +103,18 @@ def test_a_value_compressed_with_a_dictionary_this_turnlog_lacks_is_refused() ->
         zdict.unpack(foreign)
 
 
-async def test_a_corrupt_compressed_value_names_its_position(tmp_path: Path) -> None:
+async def test_a_corrupt_compressed_batch_names_where_it_starts(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     log = SqliteEventLog(path)
     await log.append(_turn("s1", 1, 3), expected_version=0)
-    with sqlite3.connect(path) as db:
-        (value,) = db.execute("SELECT value FROM events WHERE version = 2").fetchone()
+    await log.append(_turn("s1", 4, 2), expected_version=3)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        (value,) = db.execute("SELECT value FROM batches WHERE version = 4").fetchone()
         broken = bytes(value[:-4]) + b"\xff\xff\xff\xff"
-        db.execute("UPDATE events SET value = ? WHERE version = 2", (broken,))
-    with pytest.raises(MalformedEventError, match=r"offset 2: corrupt"):
+        db.execute("UPDATE batches SET value = ? WHERE version = 4", (broken,))
+    with pytest.raises(MalformedEventError, match=r"offsets from 4: corrupt compressed value"):
         await log.read_session("s1")
+    assert [r.event.version for r in await log.read_partition(log_partition(log, "s1"), 0, 3)] == [1, 2, 3]
     await log.close()
 
 
@@ -204,11 +214,10 @@ async def test_a_layout_1_file_is_migrated_on_open_and_reads_as_before(tmp_path:
     await log.close()
 
     with contextlib.closing(sqlite3.connect(path)) as db:
-        columns = {row[1] for row in db.execute("PRAGMA table_info(events)")}
-        assert "session_id" not in columns and "session" in columns
-        values = [bytes(v) for (v,) in db.execute("SELECT value FROM events")]
-    assert all(v[:4] == zdict.ZSTD_MAGIC for v in values if len(v) > 150), "old values compressed"
-    reopened = SqliteEventLog(path, partitions=4)  # migrated once: opens as layout 2
+        assert layout(db) == 3 and not db.execute("PRAGMA table_info(events)").fetchall()
+    rows = _stored(path)
+    assert all(v[:4] == zdict.ZSTD_MAGIC for _, v in rows), "old values compressed"
+    reopened = SqliteEventLog(path, partitions=4)  # migrated once: opens as layout 3
     assert await reopened.read_session(sid) == sessions[sid] + more
     await reopened.close()
 
@@ -225,3 +234,102 @@ async def test_a_session_key_taken_by_a_refused_append_is_given_back(tmp_path: P
             ("a", 1),
             ("b", 2),
         ]
+
+
+LAYOUT_2 = """
+CREATE TABLE sessions (key INTEGER PRIMARY KEY, session_id TEXT NOT NULL UNIQUE);
+CREATE TABLE events (
+    position   INTEGER PRIMARY KEY,
+    partition  INTEGER NOT NULL,
+    session    INTEGER NOT NULL,
+    version    INTEGER NOT NULL,
+    type       TEXT    NOT NULL,
+    value      BLOB    NOT NULL,
+    UNIQUE (session, version)
+);
+CREATE INDEX events_by_partition ON events (partition, position);
+CREATE INDEX snapshots_by_session ON events (session, version) WHERE type = 'SnapshotTaken';
+CREATE TABLE group_offsets (
+    group_id    TEXT    NOT NULL,
+    partition   INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    PRIMARY KEY (group_id, partition)
+);
+CREATE TABLE log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO log_meta VALUES ('partitions', '4');
+CREATE TABLE submissions (
+    session_id TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    PRIMARY KEY (session_id, key)
+) WITHOUT ROWID;
+INSERT INTO log_meta VALUES ('submissions_indexed', '1');
+"""
+"""The tables as turnlog wrote them in layout 2 (verbatim): a row per event."""
+
+
+def _layout_2_file(path: Path, runs: list[list[ev.Event]]) -> dict[int, str]:
+    """A layout-2 file whose appends were ``runs``, in this order; position -> session:version."""
+    from engine.log.base import partition_for
+
+    keys: dict[str, int] = {}
+    rows: list[tuple[int, int, int, int, str, bytes]] = []
+    for run in runs:
+        for e in run:
+            key = keys.setdefault(e.session_id, len(keys) + 1)
+            value = zdict.pack(codec.encode(e))
+            rows.append((len(rows) + 1, partition_for(e.session_id, 4), key, e.version, e.type, value))
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.executescript(LAYOUT_2)
+        db.executemany("INSERT INTO sessions VALUES (?, ?)", [(k, s) for s, k in keys.items()])
+        db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)", rows)
+        db.execute("INSERT INTO group_offsets VALUES ('projector', 2, 7)")
+    return {r[0]: f"{next(s for s, k in keys.items() if k == r[2])}:{r[3]}" for r in rows}
+
+
+async def test_a_layout_2_file_is_migrated_on_open_keeping_every_offset(tmp_path: Path) -> None:
+    path = tmp_path / "layout2.db"
+    a, b = "a" * 32, "b" * 32
+    sessions = {a: _turn(a, 1, 150) + [_snapshot(a, 151)], b: _turn(b, 1, 30)}
+    runs = [sessions[a][:100], sessions[b][:10], sessions[a][100:], sessions[b][10:]]
+    old_positions = _layout_2_file(path, runs)
+    bad = next(p for p, name in old_positions.items() if name == f"{b}:5")
+    with contextlib.closing(sqlite3.connect(path)) as db, db:  # one value the old file had broken
+        db.execute("UPDATE events SET value = ? WHERE position = ?", (zdict.ZSTD_MAGIC + b"\x00broken", bad))
+
+    log = SqliteEventLog(path, partitions=4)
+    assert await log.read_session(a) == sessions[a]
+    assert await log.read_session(b, 5) == sessions[b][5:]
+    with pytest.raises(MalformedEventError, match=rf"offsets from {bad}: corrupt compressed value"):
+        await log.read_session(b)
+    assert await log.latest_snapshot(a) == sessions[a][-1]
+    assert await log.session_version(a) == 151 and await log.session_version(b) == 30
+    assert await log.committed("projector", 2) == 7
+    positions, skipped = {}, []
+    for p in range(4):
+        offset = 0
+        while (page := await _page(log, p, offset, 7)) != []:
+            if page is None:  # the broken value: a consumer stops there; step over it
+                skipped.append(offset)
+                offset += 1
+                continue
+            positions.update({r.offset: f"{r.event.session_id}:{r.event.version}" for r in page})
+            offset = page[-1].offset + 1
+    assert skipped == [bad]
+    assert positions == {p: name for p, name in old_positions.items() if p != bad}, "offsets kept"
+    await log.append(_turn(a, 152, 2), expected_version=151)
+    await log.close()
+
+    rows = _stored(path)
+    assert len(rows) < 10, "runs of one session become batches of up to MIGRATED_BATCH events"
+    assert sum(n for n, _ in rows) == 183
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert layout(db) == 3
+
+
+async def _page(log: SqliteEventLog, partition: int, offset: int, limit: int) -> list[LogRecord] | None:
+    """``read_partition``, or the records up to an undecodable one, or None at it."""
+    try:
+        return await log.read_partition(partition, offset, limit)
+    except MalformedEventError:
+        return None if limit == 1 else await _page(log, partition, offset, 1)

@@ -16,7 +16,8 @@ import pytest
 
 from engine import events as ev
 from engine.errors import ConcurrencyError, ConfigurationError, LogError, MalformedEventError
-from engine.log import SqliteEventLog, murmur2, partition_for
+from engine.log import EventLog, SqliteEventLog, murmur2, partition_for
+from engine.log.sqlite_batch import pack_batch, split_batch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -140,6 +141,48 @@ async def test_read_partition_returns_only_its_records_in_offset_order(log_path:
         await log.close()
 
 
+def snapshot(session_id: str, version: int) -> ev.SnapshotTaken:
+    return ev.SnapshotTaken(
+        session_id=session_id, version=version, state_format=4, status="PROCESSING", last_tool="",
+        turns=1, input_tokens=0, output_tokens=0, message_count=0, keyframe_version=0, state_json="{}",
+    )  # fmt: skip
+
+
+async def test_reads_start_and_end_inside_an_append(log: EventLog) -> None:
+    """SQLite stores an append as one row: every read must still start and stop at any event
+    of it, and find a snapshot wherever it sits in its append."""
+    a, b = "appends-a", "appends-b"
+    first = await log.append([msg(a, v) for v in range(1, 6)], expected_version=0)
+    await log.append([msg(b, 1), msg(b, 2)], expected_version=0)
+    last = await log.append([msg(a, 6), snapshot(a, 7), snapshot(a, 8), msg(a, 9)], expected_version=5)
+    mine = first + last
+
+    assert [e.version for e in await log.read_session(a, 3)] == [4, 5, 6, 7, 8, 9]
+    assert [e.version for e in await log.read_session(a, 8)] == [9]
+    assert await log.read_session(a, 9) == []
+    assert await log.session_version(a) == 9 and await log.session_version(b) == 2
+    records = await log.read_session_records(a, 6)
+    assert [(r.offset, r.event.version) for r in records] == [(r.offset, r.event.version) for r in mine[6:]]
+
+    partition = log.partition_of(a)
+    page = await log.read_partition(partition, first[2].offset, limit=2)
+    assert [(r.event.session_id, r.event.version) for r in page] == [(a, 3), (a, 4)]
+    assert [r.offset for r in page] == [first[2].offset, first[3].offset]
+    tail = await log.read_partition(partition, last[2].offset)
+    assert [r.event.version for r in tail if r.event.session_id == a] == [8, 9]
+    assert await log.end_offset(partition) > last[-1].offset
+
+    latest = await log.latest_snapshot(a)
+    assert latest is not None and latest.version == 8
+    at_7 = await log.latest_snapshot(a, at_or_before=7)
+    assert at_7 is not None and at_7.version == 7
+    assert await log.latest_snapshot(a, at_or_before=6) is None
+    assert [e.version for e in await log.snapshots_between(a, 8, 9)] == [8]
+    assert [e.version for e in await log.snapshots_between(a, 1, 9)] == [7, 8]
+    assert await log.versions_of(a, ["SnapshotTaken"], 8) == [(7, "SnapshotTaken")]
+    assert await log.latest_snapshot(b) is None
+
+
 KAFKA_MURMUR2 = [
     (b"21", -973932308),
     (b"foobar", -790332482),
@@ -245,13 +288,17 @@ def test_bad_options_raise_configuration_error(
 async def test_corrupt_row_raises_malformed_naming_partition_and_offset(
     log: SqliteEventLog, log_path: Path
 ) -> None:
+    """The append is one stored batch; its second record is overwritten with garbage."""
     records = await log.append([msg("a", 1), msg("a", 2), msg("a", 3)], expected_version=0)
     bad = records[1]
     with sqlite3.connect(log_path) as raw:
+        query = "SELECT value FROM batches WHERE position = ?"
+        (value,) = raw.execute(query, (records[0].offset,)).fetchone()
+        parts = split_batch(bytes(value))
+        parts[1] = b"\x00garbage bytes"
         raw.execute(
-            "UPDATE events SET value = ? WHERE version = 2 AND session = "
-            "(SELECT key FROM sessions WHERE session_id = 'a')",
-            (b"\x00garbage bytes",),
+            "UPDATE batches SET value = ? WHERE position = ?",
+            (pack_batch(parts, compress=True), records[0].offset),
         )
     raw.close()
 

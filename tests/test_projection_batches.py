@@ -36,6 +36,7 @@ from engine import events as ev
 from engine.errors import MalformedEventError
 from engine.log.base import EventLog, LogRecord
 from engine.log.kafka import KafkaEventLog
+from engine.log.sqlite_batch import pack_batch
 from engine.models.base import ModelRequest
 from projections import PostgresProjectionStore, ProjectionStore, SqliteProjectionStore, rebuild
 from projections.rebuild import AppliedBatch, catch_up
@@ -280,9 +281,10 @@ async def _poison(log: EventLog, log_path: Path, sid: str) -> None:
         return
     with contextlib.closing(sqlite3.connect(log_path)) as db, db:
         db.execute(
-            "INSERT INTO events (partition, session, version, type, value) "
-            "SELECT ?, key, 999, 'X', ? FROM sessions WHERE session_id = ?",
-            (partition, b"\x00junk", sid),
+            "INSERT INTO batches (position, partition, session, version, count, value) "
+            "SELECT (SELECT MAX(position + count) FROM batches), ?, key, 999, 1, ? FROM sessions "
+            "WHERE session_id = ?",
+            (partition, pack_batch([b"\x00junk"], compress=False), sid),
         )
 
 

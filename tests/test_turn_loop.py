@@ -7,6 +7,7 @@ StateChanged events walk), the folded history, what the model was sent, and what
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import sqlite3
@@ -38,10 +39,12 @@ from engine import (
     ToolStatus,
     TurnRunner,
     call,
+    codec,
     reply,
     tool,
 )
 from engine import events as ev
+from engine.log.sqlite_layout import all_records
 from engine.models.base import ModelChunk
 
 AGENT = "helper"
@@ -945,8 +948,8 @@ async def test_what_a_model_or_tool_acts_on_is_durable_before_it_acts(
     seen: list[tuple[str, list[str]]] = []
 
     def on_disk() -> list[str]:
-        with sqlite3.connect(log_path) as db:
-            return [t for (t,) in db.execute("SELECT type FROM events ORDER BY position")]
+        with contextlib.closing(sqlite3.connect(log_path)) as db:
+            return [str(codec.type_of(record)) for record in all_records(db)]
 
     @tool(idempotent=idempotent)
     async def lookup(order_id: str) -> str:

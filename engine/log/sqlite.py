@@ -23,44 +23,46 @@ from .. import codec
 from ..errors import ConcurrencyError, ConfigurationError, DuplicateSubmissionError, EventError, LogError
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
+from .sqlite_batch import pack_batch, split_batch
 from .sqlite_commit import GroupCommit
+from .sqlite_layout import migrate
 from .submissions import SUBMITTED_TYPES, submission_keys
-from .zdict import pack, unpack
 
 Durability = Literal["process", "power"]
 T = TypeVar("T")
 
-_EVENTS = (
+_BATCHES = (
     "CREATE TABLE IF NOT EXISTS sessions (key INTEGER PRIMARY KEY, session_id TEXT NOT NULL UNIQUE)",
-    """CREATE TABLE IF NOT EXISTS events (
+    """CREATE TABLE IF NOT EXISTS batches (
     position   INTEGER PRIMARY KEY,
     partition  INTEGER NOT NULL,
     session    INTEGER NOT NULL,
     version    INTEGER NOT NULL,
-    type       TEXT    NOT NULL,
+    count      INTEGER NOT NULL,
+    snapshot   INTEGER,
     value      BLOB    NOT NULL,
     UNIQUE (session, version)
 )""",
-    "CREATE INDEX IF NOT EXISTS events_by_partition ON events (partition, position)",
-    "CREATE INDEX IF NOT EXISTS snapshots_by_session ON events (session, version) "
-    "WHERE type = 'SnapshotTaken'",
+    "CREATE INDEX IF NOT EXISTS batches_by_partition ON batches (partition, position)",
+    "CREATE INDEX IF NOT EXISTS batches_with_snapshots ON batches (session, snapshot) "
+    "WHERE snapshot IS NOT NULL",
 )
-"""The events and their sessions (layout 2). A row names its session by ``sessions.key``, a
-small integer, not by the session id: the id is stored once, not in every row and every index
-entry (about 70 bytes per event). Layout 1 (files written before) had ``session_id`` in
-``events``; ``_migrate`` rewrites such a file once, on open."""
-_SESSION = "session = (SELECT key FROM sessions WHERE session_id = ?)"
-"""A row's session, by id (the subquery is evaluated once per statement, then the index is used)."""
+"""The events (layout 3): one row per append (engine.log.sqlite_batch). ``position`` and
+``version`` are its first event's, ``count`` how many it holds (the others follow at position +
+1, version + 1, ...), ``snapshot`` the version of its first ``SnapshotTaken`` (NULL if none).
+A row names its session by ``sessions.key``, a small integer, not by the session id. Files of
+layout 2 (an ``events`` row per event) and layout 1 (``session_id`` in every row) are migrated
+once, on open (engine.log.sqlite_layout)."""
 _SCHEMA = (
-    ";\n".join(_EVENTS)
+    ";\n".join(_BATCHES)
     + """;
 CREATE TABLE IF NOT EXISTS group_offsets (
     group_id    TEXT    NOT NULL,
     partition   INTEGER NOT NULL,
     next_offset INTEGER NOT NULL,
     PRIMARY KEY (group_id, partition)
-);
-CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS submissions (
     session_id TEXT    NOT NULL,
     key        TEXT    NOT NULL,
@@ -70,14 +72,38 @@ CREATE TABLE IF NOT EXISTS submissions (
 """
 )
 """``submissions``: the keys of every submitted event (engine.log.submissions), written in the
-append's transaction, so a session takes each submission once, whichever process appends."""
+append's transaction, so a session takes each submission once, whichever process appends.
+``group_offsets`` and ``log_meta`` are WITHOUT ROWID in files made since layout 3 (one B-tree
+each instead of two; older files keep theirs, which read and write the same)."""
 
-
+_SESSION_KEY = "SELECT key FROM sessions WHERE session_id = ?"
 _HEADS = (
-    f"SELECT (SELECT COALESCE(MAX(version), 0) FROM events WHERE {_SESSION}), "
-    "(SELECT COALESCE(MAX(position), 0) FROM events)"
+    "SELECT (SELECT version + count - 1 FROM batches WHERE session = (" + _SESSION_KEY + ") "
+    "ORDER BY version DESC LIMIT 1), "
+    "(SELECT position + count - 1 FROM batches ORDER BY position DESC LIMIT 1)"
 )
-"""The session's last version and the log's last position, read under the write lock."""
+"""The session's last version and the log's last position (NULL if none), read under the write
+lock."""
+_FROM_VERSION = (
+    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
+    "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 ORDER BY version DESC "
+    "LIMIT 1), 0) ORDER BY version"
+)
+"""A session's batches from the one that holds version ?2 on."""
+_SNAPSHOTS_FROM = (
+    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND snapshot IS NOT NULL "
+    "AND snapshot >= COALESCE((SELECT snapshot FROM batches WHERE session = ?1 AND snapshot IS NOT NULL "
+    "AND snapshot <= ?2 ORDER BY snapshot DESC LIMIT 1), 0) AND snapshot <= ?3 ORDER BY snapshot"
+)
+"""The batches that may hold a session's snapshots between ?2 and ?3: from the last batch whose
+first snapshot is at or before ?2 (it may hold more after it) to ?3."""
+_FROM_POSITION = (
+    "SELECT position, value FROM batches WHERE partition = ?1 AND position >= "
+    "COALESCE((SELECT position FROM batches WHERE partition = ?1 AND position <= ?2 ORDER BY position "
+    "DESC LIMIT 1), 0) ORDER BY position"
+)
+"""A partition's batches from the one that holds position ?2 on."""
+SNAPSHOT = "SnapshotTaken"
 
 
 class SqliteEventLog(EventLog):
@@ -97,7 +123,7 @@ class SqliteEventLog(EventLog):
         values are read either way."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = _connect(self.path, durability)
-        self._migrate()
+        migrate(self._db, _BATCHES, compress=compress)
         self._db.executescript(_SCHEMA)
         self.partitions = self._fix_partitions(partitions)
         self._index_old_submissions()
@@ -120,47 +146,18 @@ class SqliteEventLog(EventLog):
             )
         return stored
 
-    def _migrate(self) -> None:
-        """Rewrite a layout-1 file (``events.session_id``) into layout 2, once: sessions get
-        their keys, plain values are compressed, and the file is vacuumed to give the space
-        back. Other processes wait on the write lock and then find the file migrated."""
-        db = self._db
-        if not _old_layout(db):
-            return
-        db.create_function("turnlog_pack", 1, _migrated_value, deterministic=True)
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            if _old_layout(db):  # still: no other process migrated it while we waited
-                db.execute("ALTER TABLE events RENAME TO events_layout_1")
-                db.execute("DROP INDEX IF EXISTS events_by_partition")
-                db.execute("DROP INDEX IF EXISTS snapshots_by_session")
-                for statement in _EVENTS:
-                    db.execute(statement)
-                db.execute(
-                    "INSERT INTO sessions (session_id) SELECT session_id FROM events_layout_1 "
-                    "GROUP BY session_id ORDER BY MIN(position)"
-                )
-                db.execute(
-                    "INSERT INTO events SELECT e.position, e.partition, s.key, e.version, e.type, "
-                    "turnlog_pack(e.value) FROM events_layout_1 e JOIN sessions s USING (session_id) "
-                    "ORDER BY e.position"
-                )
-                db.execute("DROP TABLE events_layout_1")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("VACUUM")
-
     def _index_old_submissions(self) -> None:
         """Fill ``submissions`` from a log written before it existed (once)."""
         if self._db.execute("SELECT 1 FROM log_meta WHERE key = 'submissions_indexed'").fetchone():
             return
-        marks = ",".join("?" * len(SUBMITTED_TYPES))
-        rows = self._db.execute(
-            f"SELECT partition, position, value FROM events WHERE type IN ({marks})", SUBMITTED_TYPES
-        ).fetchall()
-        events = [_decode(*row) for row in rows]
+        wanted = set(SUBMITTED_TYPES)
+        rows = self._db.execute("SELECT partition, position, version, value FROM batches").fetchall()
+        events = [
+            _decode(p, o + i, record)
+            for p, o, _v, value in rows
+            for i, record in enumerate(_records(p, o, value))
+            if codec.type_of(record) in wanted
+        ]
         keys = [(e.session_id, key, e.version) for e in events for key in submission_keys(e)]
         self._db.execute("BEGIN IMMEDIATE")
         try:
@@ -174,9 +171,8 @@ class SqliteEventLog(EventLog):
     async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
-        values = [codec.encode(e) for e in events]
-        if self.compress:
-            values = [pack(v) for v in values]
+        value = pack_batch([codec.encode(e) for e in events], compress=self.compress)
+        snapshot = next((e.version for e in events if e.type == SNAPSHOT), None)
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
 
         def write(db: sqlite3.Connection) -> range:
@@ -185,21 +181,17 @@ class SqliteEventLog(EventLog):
             if keys:
                 _refuse_held(db, keys)
             actual, last = db.execute(_HEADS, (session_id,)).fetchone()
-            if actual != expected_version:
-                raise ConcurrencyError(session_id, expected_version, actual)
+            if (actual or 0) != expected_version:
+                raise ConcurrencyError(session_id, expected_version, actual or 0)
             if keys:
                 db.executemany("INSERT INTO submissions VALUES (?, ?, ?)", keys)
             session = _session_key(db, session_id) if expected_version else _new_session_key(db, session_id)
-            positions = range(last + 1, last + 1 + len(events))
-            db.executemany(
-                "INSERT INTO events (position, partition, session, version, type, value) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    (pos, partition, session, e.version, e.type, value)
-                    for pos, e, value in zip(positions, events, values, strict=True)
-                ],
+            position = (last or 0) + 1
+            db.execute(
+                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (position, partition, session, expected_version + 1, len(events), snapshot, value),
             )
-            return positions
+            return range(position, position + len(events))
 
         positions = await self._write(write)
         self._notify()
@@ -235,69 +227,103 @@ class SqliteEventLog(EventLog):
             pass
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
-        rows = self._db.execute(
-            f"SELECT partition, position, value FROM events WHERE {_SESSION} AND version > ? "
-            "ORDER BY version",
-            (session_id, after_version),
-        ).fetchall()
-        return [_decode(p, o, v) for p, o, v in rows]
-
-    async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
-        """One index lookup (the partial index ``snapshots_by_session``)."""
-        row = self._db.execute(
-            f"SELECT partition, position, value FROM events WHERE {_SESSION} AND type = 'SnapshotTaken' "
-            "AND version <= ? ORDER BY version DESC LIMIT 1",
-            (session_id, (1 << 63) - 1 if at_or_before is None else at_or_before),
-        ).fetchone()
-        return None if row is None else _decode(*row)
-
-    async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
-        """One range read of the partial index ``snapshots_by_session``."""
-        rows = self._db.execute(
-            f"SELECT partition, position, value FROM events WHERE {_SESSION} AND type = 'SnapshotTaken' "
-            "AND version BETWEEN ? AND ? ORDER BY version",
-            (session_id, first, last),
-        ).fetchall()
-        return [_decode(*row) for row in rows]
-
-    async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
-        marks = ",".join("?" * len(types))
-        rows = self._db.execute(
-            f"SELECT version, type FROM events WHERE {_SESSION} AND version < ? AND type IN ({marks}) "
-            "ORDER BY version",
-            (session_id, before, *types),
-        ).fetchall()
-        return [(int(v), str(t)) for v, t in rows]
+        return [record.event for record in await self.read_session_records(session_id, after_version)]
 
     async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
+        key = self._session(session_id)
+        if key is None:
+            return []
+        out: list[LogRecord] = []
+        for p, o, v, value in self._db.execute(_FROM_VERSION, (key, after_version + 1)).fetchall():
+            records = _records(p, o, value)
+            for i in range(max(after_version + 1 - v, 0), len(records)):
+                out.append(LogRecord(p, o + i, _decode(p, o + i, records[i])))
+        return out
+
+    async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
+        """One lookup in the partial index ``batches_with_snapshots``; only snapshots are decoded."""
+        last = (1 << 63) - 1 if at_or_before is None else at_or_before
+        snapshots = self._snapshots(session_id, last, last, lowest=0)
+        return snapshots[-1] if snapshots else None
+
+    async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
+        """One range read of the partial index ``batches_with_snapshots``."""
+        return self._snapshots(session_id, first, last, lowest=first)
+
+    def _snapshots(self, session_id: str, first: int, last: int, *, lowest: int) -> list[Event]:
+        """The snapshots from version ``lowest`` to ``last`` in the batches from the one holding
+        the newest snapshot at or before ``first`` to ``last``."""
+        key = self._session(session_id)
+        if key is None:
+            return []
+        rows = self._db.execute(_SNAPSHOTS_FROM, (key, first, last)).fetchall()
+        return [
+            _decode(p, o + i, record)
+            for p, o, v, value in rows
+            for i, record in enumerate(_records(p, o, value))
+            if lowest <= v + i <= last and codec.type_of(record) == SNAPSHOT
+        ]
+
+    async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
+        """Reads the session's batches before ``before`` without decoding their events: a
+        record's type is in its header."""
+        key = self._session(session_id)
+        if key is None:
+            return []
+        wanted = set(types)
         rows = self._db.execute(
-            f"SELECT partition, position, value FROM events WHERE {_SESSION} AND version > ? "
+            "SELECT partition, position, version, value FROM batches WHERE session = ? AND version < ? "
             "ORDER BY version",
-            (session_id, after_version),
+            (key, before),
         ).fetchall()
-        return [LogRecord(p, o, _decode(p, o, v)) for p, o, v in rows]
+        found: list[tuple[int, str]] = []
+        for p, o, v, value in rows:
+            for i, record in enumerate(_records(p, o, value)):
+                kind = codec.type_of(record)
+                if v + i < before and kind in wanted:
+                    found.append((v + i, kind))
+        return found
 
     async def session_version(self, session_id: str) -> int:
-        (version,) = self._db.execute(
-            f"SELECT COALESCE(MAX(version), 0) FROM events WHERE {_SESSION}", (session_id,)
+        key = self._session(session_id)
+        if key is None:
+            return 0
+        row = self._db.execute(
+            "SELECT version + count - 1 FROM batches WHERE session = ? ORDER BY version DESC LIMIT 1", (key,)
         ).fetchone()
-        return int(version)
+        return 0 if row is None else int(row[0])
 
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
         self._check_partition(partition)
-        rows = self._db.execute(
-            "SELECT position, value FROM events WHERE partition = ? AND position >= ? "
-            "ORDER BY position LIMIT ?",
-            (partition, offset, limit),
-        ).fetchall()
-        return [LogRecord(partition, pos, _decode(partition, pos, value)) for pos, value in rows]
+        out: list[LogRecord] = []
+        if limit <= 0:
+            return out
+        cursor = self._db.execute(_FROM_POSITION, (partition, offset))
+        try:  # row by row: a batch is decompressed only if its events are wanted
+            for position, value in cursor:
+                records = _records(partition, position, value)
+                start = max(offset - position, 0)
+                for i in range(start, min(len(records), start + limit - len(out))):
+                    event = _decode(partition, position + i, records[i])
+                    out.append(LogRecord(partition, position + i, event))
+                if len(out) >= limit:
+                    break
+        finally:
+            cursor.close()
+        return out
 
     async def end_offset(self, partition: int) -> int:
         self._check_partition(partition)
-        (last,) = self._db.execute(
-            "SELECT MAX(position) FROM events WHERE partition = ?", (partition,)
+        row = self._db.execute(
+            "SELECT position + count FROM batches WHERE partition = ? ORDER BY position DESC LIMIT 1",
+            (partition,),
         ).fetchone()
-        return 0 if last is None else int(last) + 1
+        return 0 if row is None else int(row[0])
+
+    def _session(self, session_id: str) -> int | None:
+        """The session's key, as the committed log has it (None: no events)."""
+        row = self._db.execute(_SESSION_KEY, (session_id,)).fetchone()
+        return None if row is None else int(row[0])
 
     async def committed(self, group: str, partition: int) -> int:
         row = self._db.execute(
@@ -369,19 +395,16 @@ def _refuse_held(db: sqlite3.Connection, keys: list[tuple[str, str, int]]) -> No
         raise DuplicateSubmissionError(session_id, held[0], held[1])
 
 
-def _decode(partition: int, position: int, value: bytes) -> Event:
+def _records(partition: int, position: int, value: bytes) -> list[bytes]:
+    """A stored batch's records; an error names where the batch starts."""
     try:
-        return codec.decode(unpack(value))
+        return split_batch(value)
+    except EventError as exc:
+        raise type(exc)(f"partition {partition} offsets from {position}: {exc}") from exc
+
+
+def _decode(partition: int, position: int, record: bytes) -> Event:
+    try:
+        return codec.decode(record)
     except EventError as exc:
         raise type(exc)(f"partition {partition} offset {position}: {exc}") from exc
-
-
-def _old_layout(db: sqlite3.Connection) -> bool:
-    """Whether the file has layout 1: ``events`` rows carrying their session id."""
-    columns = {row[1] for row in db.execute("PRAGMA table_info(events)")}
-    return "session_id" in columns
-
-
-def _migrated_value(value: bytes) -> bytes:
-    """A layout-1 value as layout 2 stores it: plain Avro compressed (never twice)."""
-    return pack(value) if value[:2] == codec.MAGIC else value

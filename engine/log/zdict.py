@@ -83,8 +83,8 @@ def unpack(stored: bytes) -> bytes:
     try:
         dict_id = zstandard.get_frame_parameters(stored).dict_id
         decompressor = _local.decompressors.get(dict_id)
-        if decompressor is None:
-            decompressor = zstandard.ZstdDecompressor(dict_data=_dictionary(dict_id))
+        if decompressor is None:  # dictionary id 0: a frame made without one
+            decompressor = zstandard.ZstdDecompressor(dict_data=_dictionary(dict_id) if dict_id else None)
             _local.decompressors[dict_id] = decompressor
         return decompressor.decompress(stored)
     except zstandard.ZstdError as exc:
@@ -114,6 +114,7 @@ async def corpus(sessions: int = 24, turns: int = 30, seed: int = 1) -> list[byt
     from ..session import AgentSessions
     from ..tools import tool
     from .sqlite import SqliteEventLog
+    from .sqlite_layout import all_records
 
     rng = random.Random(seed)
 
@@ -167,9 +168,9 @@ async def corpus(sessions: int = 24, turns: int = 30, seed: int = 1) -> list[byt
             for _ in range(rng.randint(turns // 2, turns)):
                 async for _item in api.send_user_message(sid, _sentence(rng)):
                     pass
-        rows = log._db.execute("SELECT value FROM events ORDER BY position").fetchall()
+        records = all_records(log._db)
         await log.close()
-    return [bytes(v) for (v,) in rows]
+    return records
 
 
 Sample = bytes | bytearray | memoryview
