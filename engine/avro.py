@@ -1,167 +1,224 @@
 """A compiled Avro binary encoder for the event schemas (the write hot path).
 
 fastavro's ``schemaless_writer`` costs several microseconds of per-call setup on top of a dict
-built for it; an append writes several events per step, so the engine compiles each event
-schema once into a list of small field writers that read the dataclass attributes directly.
-It covers the types our schemas use (long, double, boolean, string, ["null", T] unions,
-arrays and nested records). Decoding is compiled too (engine.avro_read); tests/test_codec.py
-checks that this encoder's bytes equal fastavro's for every event type.
+built for it, and a tree of small per-field writer closures still pays a Python call (plus a
+tuple of attribute values and a loop) for every field. An append writes several events per
+step, so for each event schema this module generates the Python source of ONE function
+``write(out, obj)`` that writes the whole record with every field inlined: the attribute read
+(``obj.<name>``), the type check, zigzag varints with their one- and two-byte forms inline,
+UTF-8 strings with their length prefix, ``["null", T]`` unions, arrays and nested records.
+It is compiled once (``compile_writer``; the codec keeps the result per event type); the
+generated source is the function's ``__doc__``, for whoever debugs it.
+
+Records named in ``inline_records`` (the envelope) read their fields from the same object as
+their parent; any other nested record is a separate object read from the attribute. Values
+are checked where fastavro would silently convert or truncate them: a long takes only an
+``int`` (not bool or float) within 64 bits, a double an int or a float, a boolean only a bool,
+a string only a str that is valid Unicode (no lone surrogates). A refused value raises
+TypeError, ValueError or OverflowError whose message names the field (``field text: ...``; a
+field of a nested record as ``field tool_calls: field name: ...``): each record's code keeps
+the name of the field it is writing in a local, and its ``except`` clause (free until
+something raises) builds the message from it.
+
+It covers the types our schemas use (long, int, double, float, boolean, string, ``["null", T]``
+unions, arrays and nested records). Decoding is compiled the same way (engine.avro_read);
+tests/test_codec.py checks that this encoder's bytes equal fastavro's for every event type and
+tests/test_avro_write.py does so for nested and edge-case schemas and checks the refusals.
 """
 
 from __future__ import annotations
 
+import keyword
 import struct
-from operator import attrgetter
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 Writer = Callable[[bytearray, Any], None]
-_DOUBLE = struct.Struct("<d").pack
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
+_ERRORS = (TypeError, ValueError, OverflowError, AttributeError)
+_UNSUPPORTED = frozenset({"null", "bytes", "map", "enum", "fixed"})
 
 
-def write_long(out: bytearray, n: Any) -> None:
-    if type(n) is not int:  # bool and float are refused: fastavro would silently convert them
-        raise TypeError(f"must be an integer, got {n!r}")
-    if 0 <= n < 64:  # the common case (versions, counters): one byte
-        out.append(n << 1)
-        return
-    if not _LONG_MIN <= n <= _LONG_MAX:
-        raise OverflowError(f"{n} does not fit an Avro long")
-    z = (n << 1) ^ (n >> 63)
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
+def _surrogate(s: str, exc: UnicodeEncodeError) -> ValueError:
+    """The error for a string UTF-8 cannot encode: it holds a lone surrogate."""
+    return ValueError(
+        f"is not valid Unicode text: a lone surrogate U+{ord(s[exc.start]):04X} at position {exc.start}"
+    )
 
 
-def write_double(out: bytearray, x: Any) -> None:
-    if type(x) is not float and type(x) is not int:
-        raise TypeError(f"must be a number, got {x!r}")
-    out += _DOUBLE(x)
+def _fail(exc: Exception, field: str, obj: Any, record: str) -> NoReturn:
+    """Re-raise ``exc`` (raised while writing ``field`` of ``obj``) naming the field."""
+    if isinstance(exc, AttributeError) and not hasattr(obj, field):
+        raise TypeError(f"field {field}: {obj!r} is not a {record}")  # the AttributeError as context
+    raise type(exc)(f"field {field}: {exc}") from None
 
 
-def write_boolean(out: bytearray, v: Any) -> None:
-    if type(v) is not bool:
-        raise TypeError(f"must be true or false, got {v!r}")
-    out.append(1 if v else 0)
-
-
-def write_string(out: bytearray, s: Any) -> None:
-    if not isinstance(s, str):
-        raise TypeError(f"must be a string, got {s!r}")
-    try:
-        data = s.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 for it, so no Avro string
-        raise ValueError(
-            f"is not valid Unicode text: a lone surrogate U+{ord(s[exc.start]):04X} at position {exc.start}"
-        ) from None
-    if len(data) < 64:
-        out.append(len(data) << 1)
-    else:
-        write_long(out, len(data))
-    out += data
-
-
-_PRIMITIVES: dict[str, Writer] = {
-    "long": write_long,
-    "int": write_long,
-    "double": write_double,
-    "float": write_double,
-    "boolean": write_boolean,
-    "string": write_string,
+_RUNTIME: dict[str, Any] = {
+    "_double": struct.Struct("<d").pack,
+    "_float": struct.Struct("<f").pack,
+    "_surrogate": _surrogate,
+    "_fail": _fail,
+    "_ERRORS": _ERRORS,
 }
+
+
+class _Gen:
+    """Source lines of one writer function ``write(out, obj)``; ``a`` is ``out.append``."""
+
+    def __init__(self, named: dict[str, Any], inline: frozenset[str]) -> None:
+        self.lines: list[str] = []
+        self.n = 0
+        self.named = named
+        self.inline = inline
+        self.open: list[str] = []
+        """Records being written out (a record that contains itself cannot be inlined)."""
+
+    def var(self, prefix: str = "v") -> str:
+        self.n += 1
+        return f"{prefix}{self.n}"
+
+    def emit(self, indent: int, line: str) -> None:
+        self.lines.append("    " * indent + line)
+
+    # --- values -------------------------------------------------------------------------------
+
+    def value(self, ind: int, schema: Any, src: str) -> None:
+        """Write the value held in the local ``src`` as ``schema``."""
+        if isinstance(schema, list):
+            self.union(ind, schema, src)
+        elif isinstance(schema, dict):
+            kind = schema["type"]
+            if kind == "record":
+                self.record(ind, schema, src)
+            elif kind == "array":
+                self.array(ind, schema["items"], src)
+            else:
+                self.value(ind, kind, src)
+        elif schema in ("long", "int"):
+            self.emit(ind, f"if type({src}) is not int:")  # bool and float are refused
+            self.emit(ind + 1, f"raise TypeError(f'must be an integer, got {{{src}!r}}')")
+            self.varint(ind, src, signed=True)
+        elif schema == "string":
+            self.string(ind, src)
+        elif schema in ("double", "float"):
+            self.emit(ind, f"if type({src}) is not float and type({src}) is not int:")
+            self.emit(ind + 1, f"raise TypeError(f'must be a number, got {{{src}!r}}')")
+            self.emit(ind, f"out += {'_double' if schema == 'double' else '_float'}({src})")
+        elif schema == "boolean":
+            self.emit(ind, f"if type({src}) is not bool:")
+            self.emit(ind + 1, f"raise TypeError(f'must be true or false, got {{{src}!r}}')")
+            self.emit(ind, f"a({src})")  # True is 1, False 0
+        elif schema in _UNSUPPORTED:
+            raise ValueError(f"the Avro type {schema} is not supported")
+        else:
+            self.value(ind, self.named[schema], src)
+
+    def varint(self, ind: int, src: str, *, signed: bool) -> None:
+        """The zigzag varint of the int ``src``; the one- and two-byte forms (versions, counts,
+        string lengths) without a loop. ``signed``: ``src`` may be negative or beyond 64 bits."""
+        self.emit(ind, f"if 0 <= {src} < 64:" if signed else f"if {src} < 64:")
+        self.emit(ind + 1, f"a({src} << 1)")
+        self.emit(ind, f"elif 0 < {src} < 8192:" if signed else f"elif {src} < 8192:")
+        self.emit(ind + 1, f"a((({src} << 1) & 0x7F) | 0x80)")
+        self.emit(ind + 1, f"a({src} >> 6)")
+        self.emit(ind, "else:")
+        if signed:
+            self.emit(ind + 1, f"if not {_LONG_MIN} <= {src} <= {_LONG_MAX}:")
+            self.emit(ind + 2, f"raise OverflowError(f'{{{src}}} does not fit an Avro long')")
+            self.emit(ind + 1, f"z = ({src} << 1) ^ ({src} >> 63)")
+        else:
+            self.emit(ind + 1, f"z = {src} << 1")
+        self.emit(ind + 1, "while z > 0x7F:")
+        self.emit(ind + 2, "a((z & 0x7F) | 0x80)")
+        self.emit(ind + 2, "z >>= 7")
+        self.emit(ind + 1, "a(z)")
+
+    def string(self, ind: int, src: str) -> None:
+        data, size = self.var("d"), self.var("n")
+        self.emit(ind, f"if type({src}) is not str and not isinstance({src}, str):")
+        self.emit(ind + 1, f"raise TypeError(f'must be a string, got {{{src}!r}}')")
+        self.emit(ind, "try:")
+        self.emit(ind + 1, f"{data} = {src}.encode()")
+        self.emit(ind, "except UnicodeEncodeError as x:")  # a lone surrogate: no UTF-8 for it
+        self.emit(ind + 1, f"raise _surrogate({src}, x) from None")
+        self.emit(ind, f"{size} = len({data})")
+        self.varint(ind, size, signed=False)
+        self.emit(ind, f"out += {data}")
+
+    def union(self, ind: int, branches: list[Any], src: str) -> None:
+        if len(branches) != 2 or branches[0] != "null":
+            raise ValueError(f'only ["null", T] unions are supported, got {branches}')
+        self.emit(ind, f"if {src} is None:")
+        self.emit(ind + 1, "a(0)")
+        self.emit(ind, "else:")
+        self.emit(ind + 1, "a(2)")  # zigzag(1): the second branch
+        self.value(ind + 1, branches[1], src)
+
+    def array(self, ind: int, items: Any, src: str) -> None:
+        """One block of ``len(src)`` items, then the empty block that ends the array."""
+        count, item = self.var("n"), self.var()
+        self.emit(ind, f"if {src}:")
+        self.emit(ind + 1, f"{count} = len({src})")
+        self.varint(ind + 1, count, signed=False)
+        self.emit(ind + 1, f"for {item} in {src}:")
+        self.value(ind + 2, items, item)
+        self.emit(ind, "a(0)")
+
+    def record(self, ind: int, schema: dict[str, Any], obj: str) -> None:
+        """The record's fields, read from the object in ``obj``. Any error on the way is
+        re-raised naming the field (held in a local while the field is written)."""
+        depth = len(self.open)
+        fields = self.flat_fields(schema)
+        if fields:
+            current = self.var("f")
+            self.emit(ind, "try:")
+            for name, ftype in fields:
+                src = self.var()
+                plain = name.isidentifier() and not keyword.iskeyword(name)
+                self.emit(ind + 1, f"{current} = {name!r}")
+                self.emit(ind + 1, f"{src} = {obj}.{name}" if plain else f"{src} = getattr({obj}, {name!r})")
+                self.value(ind + 1, ftype, src)
+            self.emit(ind, "except _ERRORS as e:")
+            self.emit(ind + 1, f"_fail(e, {current}, {obj}, {schema['name']!r})")
+        del self.open[depth:]
+
+    def flat_fields(self, schema: dict[str, Any]) -> list[tuple[str, Any]]:
+        """(attribute, type) in wire order; inlined records contribute their own fields. The
+        record stays open until ``record`` has written it (a record within itself is refused)."""
+        full = _full_name(schema)
+        if full in self.open:
+            raise ValueError(f"record {full} contains itself; recursive records are not supported")
+        self.named.setdefault(full, schema)
+        self.open.append(full)
+        fields: list[tuple[str, Any]] = []
+        for field in schema["fields"]:
+            ftype = field["type"]
+            target = self.named.get(ftype) if isinstance(ftype, str) else None
+            if target is not None and _full_name(target) in self.inline:
+                fields += self.flat_fields(target)
+                self.open.pop()  # its fields are the parent's now; the parent stays open
+            else:
+                fields.append((field["name"], ftype))
+        return fields
 
 
 def compile_writer(
     schema: Any, named: dict[str, Any], *, inline_records: frozenset[str] = frozenset()
 ) -> Writer:
-    """A writer for ``schema``. Records named in ``inline_records`` read their fields from the
-    same object as their parent (the envelope's fields live on the event itself)."""
-    if isinstance(schema, str):
-        if schema in _PRIMITIVES:
-            return _PRIMITIVES[schema]
-        return compile_writer(named[schema], named, inline_records=inline_records)
-    if isinstance(schema, list):
-        return _union(schema, named, inline_records)
-    kind = schema["type"]
-    if kind == "record":
-        return _record(schema, named, inline_records)
-    if kind == "array":
-        return _array(compile_writer(schema["items"], named, inline_records=inline_records))
-    return compile_writer(kind, named, inline_records=inline_records)
-
-
-def _record(schema: dict[str, Any], named: dict[str, Any], inline: frozenset[str]) -> Writer:
-    fields = _flat_fields(schema, named, inline)
-    names = [name for name, _ in fields]
-    writers = [writer for _, writer in fields]
-    values_of = attrgetter(*names) if len(names) > 1 else (lambda obj: (getattr(obj, names[0]),))
-
-    def write(out: bytearray, obj: Any) -> None:
-        try:
-            values = values_of(obj)
-            for writer, value in zip(writers, values, strict=True):
-                writer(out, value)
-        except (TypeError, ValueError, OverflowError, AttributeError):
-            _explain(schema, fields, obj)  # raises naming the field
-            raise
-
-    return write
-
-
-def _flat_fields(
-    schema: dict[str, Any], named: dict[str, Any], inline: frozenset[str]
-) -> list[tuple[str, Writer]]:
-    """(attribute, writer) in wire order; inlined records contribute their own fields."""
-    named.setdefault(_full_name(schema), schema)
-    fields: list[tuple[str, Writer]] = []
-    for field in schema["fields"]:
-        ftype = field["type"]
-        target = named.get(ftype) if isinstance(ftype, str) else None
-        if target is not None and _full_name(target) in inline:
-            fields += _flat_fields(target, named, inline)
-        else:
-            fields.append((field["name"], compile_writer(ftype, named, inline_records=inline)))
-    return fields
-
-
-def _explain(schema: dict[str, Any], fields: list[tuple[str, Writer]], obj: Any) -> None:
-    """Re-run a failed write field by field and raise an error that names the culprit."""
-    for name, writer in fields:
-        if not hasattr(obj, name):
-            raise TypeError(f"field {name}: {obj!r} is not a {schema['name']}")
-        try:
-            writer(bytearray(), getattr(obj, name))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise type(exc)(f"field {name}: {exc}") from None
-
-
-def _union(branches: list[Any], named: dict[str, Any], inline: frozenset[str]) -> Writer:
-    if len(branches) != 2 or branches[0] != "null":
-        raise ValueError(f'only ["null", T] unions are supported, got {branches}')
-    inner = compile_writer(branches[1], named, inline_records=inline)
-
-    def write(out: bytearray, value: Any) -> None:
-        if value is None:
-            out.append(0)
-        else:
-            out.append(2)  # zigzag(1)
-            inner(out, value)
-
-    return write
-
-
-def _array(item: Writer) -> Writer:
-    def write(out: bytearray, items: Any) -> None:
-        if items:
-            write_long(out, len(items))
-            for value in items:
-                item(out, value)
-        out.append(0)
-
+    """A function ``write(out, obj)`` appending the Avro binary encoding of ``obj`` as
+    ``schema`` to ``out``. ``named`` maps full names to the named records ``schema`` refers
+    to (records it defines are added). Records named in ``inline_records`` read their fields
+    from the same object as their parent (the envelope's fields live on the event itself)."""
+    gen = _Gen(named, inline_records)
+    gen.value(1, schema, "obj")
+    name = schema.get("name", schema["type"]) if isinstance(schema, dict) else str(schema)
+    source = "def write(out, obj):\n    a = out.append\n" + "\n".join(gen.lines) + "\n"
+    namespace = dict(_RUNTIME)
+    exec(compile(source, f"<avro writer {name}>", "exec"), namespace)  # noqa: S102
+    write: Writer = namespace["write"]
+    write.__doc__ = source  # the generated code, for whoever debugs it
     return write
 
 
 def _full_name(schema: dict[str, Any]) -> str:
-    name = schema["name"]
+    name: str = schema["name"]
     return name if "." in name or "namespace" not in schema else f"{schema['namespace']}.{name}"

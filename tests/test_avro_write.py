@@ -1,0 +1,303 @@
+"""The compiled encoder (engine.avro) on its own: fastavro's bytes for schemas beyond the event
+types (nested and optional records, arrays of arrays, every primitive, multi-byte lengths), and
+refusals that name the field, nested fields included."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import random
+import types
+from typing import Any
+
+import fastavro
+import pytest
+from fastavro.schema import parse_schema
+
+from engine import codec
+from engine import events as ev
+from engine.avro import compile_writer
+from engine.errors import EventEncodeError
+from engine.events import ToolCallSpec
+
+POINT = {
+    "type": "record",
+    "name": "Point",
+    "namespace": "t",
+    "fields": [{"name": "x", "type": "long"}, {"name": "label", "type": ["null", "string"]}],
+}
+HEAD = {
+    "type": "record",
+    "name": "Head",
+    "namespace": "t",
+    "fields": [{"name": "id", "type": "string"}, {"name": "n", "type": "long"}],
+}
+SHAPE = {
+    "type": "record",
+    "name": "Shape",
+    "namespace": "t",
+    "fields": [
+        {"name": "head", "type": "t.Head"},  # inlined: its fields are the shape's own attributes
+        {"name": "from", "type": "string"},  # a Python keyword
+        {"name": "origin", "type": "t.Point"},
+        {"name": "centre", "type": ["null", "t.Point"]},
+        {"name": "corners", "type": {"type": "array", "items": "t.Point"}},
+        {"name": "grid", "type": {"type": "array", "items": {"type": "array", "items": "long"}}},
+        {"name": "tags", "type": ["null", {"type": "array", "items": "string"}]},
+        {"name": "area", "type": "double"},
+        {"name": "ratio", "type": "float"},
+        {"name": "count", "type": "int"},
+        {"name": "closed", "type": "boolean"},
+        {
+            "name": "nested",
+            "type": {
+                "type": "record",
+                "name": "Inner",
+                "namespace": "t",
+                "fields": [{"name": "y", "type": "long"}],
+            },
+        },
+        {"name": "again", "type": "t.Inner"},
+    ],
+}
+NAMED: dict[str, Any] = {"t.Point": POINT, "t.Head": HEAD}
+INLINE = frozenset({"t.Head"})
+NUMBERS = [0, 1, -1, 63, 64, -64, -65, 127, 128, 8191, 8192, -8192, 2**31, -(2**40), 2**63 - 1, -(2**63)]
+
+
+def _writer() -> Any:
+    return compile_writer(SHAPE, dict(NAMED), inline_records=INLINE)
+
+
+def _text(rng: random.Random) -> str:
+    return "".join(rng.choices("aZ9 é日🙂", k=rng.choice([0, 1, 31, 63, 64, 5000])))
+
+
+def _point(rng: random.Random) -> types.SimpleNamespace:
+    return types.SimpleNamespace(x=rng.choice(NUMBERS), label=rng.choice([None, _text(rng)]))
+
+
+def _shape(rng: random.Random) -> types.SimpleNamespace:
+    obj = types.SimpleNamespace(
+        id=_text(rng),
+        n=rng.choice(NUMBERS),
+        origin=_point(rng),
+        centre=rng.choice([None, _point(rng)]),
+        corners=[_point(rng) for _ in range(rng.choice([0, 1, 3, 64, 70]))],
+        grid=[[rng.choice(NUMBERS) for _ in range(rng.choice([0, 2]))] for _ in range(rng.choice([0, 1, 3]))],
+        tags=rng.choice([None, [], [_text(rng) for _ in range(3)]]),
+        area=rng.choice([0.0, -1.5, 1e300, 3, rng.random()]),
+        ratio=rng.choice([0.0, 0.5, -2.25, 7]),
+        count=rng.choice(NUMBERS),
+        closed=rng.random() < 0.5,
+        nested=types.SimpleNamespace(y=rng.choice(NUMBERS)),
+        again=types.SimpleNamespace(y=rng.choice(NUMBERS)),
+    )
+    setattr(obj, "from", _text(rng))
+    return obj
+
+
+def _as_record(obj: types.SimpleNamespace) -> dict[str, Any]:
+    """``obj`` as the dict fastavro writes (the inlined head as a nested record)."""
+    record = {k: _plain(v) for k, v in vars(obj).items() if k not in ("id", "n")}
+    record["head"] = {"id": obj.id, "n": obj.n}
+    return record
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, types.SimpleNamespace):
+        return {k: _plain(v) for k, v in vars(value).items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _fastavro(obj: types.SimpleNamespace) -> bytes:
+    named: dict[str, Any] = {}
+    for schema in NAMED.values():
+        parse_schema(schema, named_schemas=named)
+    parsed = parse_schema(SHAPE, named_schemas=named)
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, parsed, _as_record(obj))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_writes_what_fastavro_writes_for_nested_schemas(seed: int) -> None:
+    obj = _shape(random.Random(seed))
+    out = bytearray(b"prefix")
+    _writer()(out, obj)
+    assert out == b"prefix" + _fastavro(obj)
+
+
+@pytest.mark.parametrize(
+    "schema, value",
+    [
+        ("long", -(2**63)),
+        ("string", "naïve"),
+        (["null", "double"], 2.5),
+        (["null", "double"], None),
+        ({"type": "array", "items": "boolean"}, [True, False]),
+        ({"type": "string"}, "x" * 9000),
+    ],
+)
+def test_a_schema_that_is_not_a_record_writes_the_value(schema: Any, value: Any) -> None:
+    out = bytearray()
+    compile_writer(schema, {})(out, value)
+    expected = io.BytesIO()
+    fastavro.schemaless_writer(expected, parse_schema(schema), value)
+    assert out == expected.getvalue()
+
+
+def _error(obj: Any) -> tuple[type[Exception], str]:
+    with pytest.raises((TypeError, ValueError, OverflowError)) as info:
+        _writer()(bytearray(), obj)
+    return info.type, str(info.value)
+
+
+@pytest.mark.parametrize(
+    "path, value, error, message",
+    [
+        ("n", 2**63, OverflowError, "field n: 9223372036854775808 does not fit an Avro long"),
+        ("n", -(2**63) - 1, OverflowError, "field n: -9223372036854775809 does not fit an Avro long"),
+        ("n", True, TypeError, "field n: must be an integer, got True"),
+        ("n", 1.0, TypeError, "field n: must be an integer, got 1.0"),
+        ("count", "3", TypeError, "field count: must be an integer, got '3'"),
+        ("area", True, TypeError, "field area: must be a number, got True"),
+        ("area", "1", TypeError, "field area: must be a number, got '1'"),
+        ("closed", 1, TypeError, "field closed: must be true or false, got 1"),
+        ("from", b"x", TypeError, "field from: must be a string, got b'x'"),
+        ("id", None, TypeError, "field id: must be a string, got None"),
+        (
+            "id",
+            "ab\ud800",
+            ValueError,
+            "field id: is not valid Unicode text: a lone surrogate U+D800 at position 2",
+        ),
+        (
+            "origin.x",
+            2**64,
+            OverflowError,
+            "field origin: field x: 18446744073709551616 does not fit an Avro long",
+        ),
+        (
+            "origin.label",
+            "\udfff",
+            ValueError,
+            "field origin: field label: is not valid Unicode text: a lone surrogate U+DFFF at position 0",
+        ),
+        ("centre.label", 7, TypeError, "field centre: field label: must be a string, got 7"),
+        ("corners.2.x", False, TypeError, "field corners: field x: must be an integer, got False"),
+        ("nested.y", None, TypeError, "field nested: field y: must be an integer, got None"),
+        ("grid.0.1", 2**70, OverflowError, "field grid: 1180591620717411303424 does not fit an Avro long"),
+        ("tags.1", 5, TypeError, "field tags: must be a string, got 5"),
+        ("origin", "here", TypeError, "field origin: field x: 'here' is not a Point"),
+        ("corners", 7, TypeError, "field corners: object of type 'int' has no len()"),
+    ],
+)
+def test_a_refused_value_names_its_field(path: str, value: Any, error: type[Exception], message: str) -> None:
+    obj = _shape(random.Random(1))
+    obj.corners = [_point(random.Random(i)) for i in range(3)]
+    obj.grid = [[1, 2]]
+    obj.tags = ["a", "b"]
+    obj.centre = _point(random.Random(2))
+    *parents, last = path.split(".")
+    target: Any = obj
+    for step in parents:
+        target = target[int(step)] if isinstance(target, list) else getattr(target, step)
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        setattr(target, last, value)
+    kind, text = _error(obj)
+    assert kind is error
+    assert text == message
+
+
+def test_a_missing_attribute_names_the_first_field_it_lacks() -> None:
+    obj = _shape(random.Random(3))
+    del obj.area
+    assert _error(obj) == (TypeError, f"field area: {obj!r} is not a Shape")
+    inlined = types.SimpleNamespace(id="x")  # the inlined record's fields are the object's own
+    assert _error(inlined) == (TypeError, f"field n: {inlined!r} is not a Shape")
+
+
+def test_the_first_bad_field_in_wire_order_is_named() -> None:
+    obj = _shape(random.Random(4))
+    obj.count = None
+    del obj.closed  # after count
+    assert _error(obj) == (TypeError, "field count: must be an integer, got None")
+
+
+def test_a_str_subclass_is_a_string() -> None:
+    class Name(str):
+        pass
+
+    out = bytearray()
+    compile_writer("string", {})(out, Name("ok"))
+    assert out == b"\x04ok"
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        (["string", "null"], "only"),
+        (["null", "string", "long"], "only"),
+        ("bytes", "bytes is not supported"),
+        ({"type": "map", "values": "long"}, "map is not supported"),
+        (
+            {"type": "record", "name": "L", "fields": [{"name": "next", "type": ["null", "L"]}]},
+            "record L contains itself",
+        ),
+    ],
+)
+def test_unsupported_schemas_are_refused_when_compiled(schema: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        compile_writer(schema, {})
+
+
+# --- through the codec: EventEncodeError naming the field -------------------------------------
+
+
+def test_a_lone_surrogate_in_a_tool_call_names_the_nested_field() -> None:
+    event = ev.AssistantMessage(
+        session_id="s",
+        version=5,
+        turn_id="t",
+        message_id="m",
+        text="ok",
+        tool_calls=(ToolCallSpec("c1", "lookup", "{}"), ToolCallSpec("c2", "lookup", '{"q": "\udc00"}')),
+    )
+    expected = (
+        r"AssistantMessage v5 does not fit its schema: "
+        r"field tool_calls: field arguments_json: .* U\+DC00 at position 7"
+    )
+    with pytest.raises(EventEncodeError, match=expected):
+        codec.encode(event)
+
+
+def test_a_wrong_type_in_a_tool_call_names_the_nested_field() -> None:
+    spec = ToolCallSpec("c1", "lookup", "{}")
+    object.__setattr__(spec, "name", 5)
+    event = ev.AssistantMessage(
+        session_id="s", version=2, turn_id="t", message_id="m", text="", tool_calls=(spec,)
+    )
+    with pytest.raises(EventEncodeError, match="field tool_calls: field name: must be a string, got 5"):
+        codec.encode(event)
+
+
+@pytest.mark.parametrize("field", ["time_ms", "basis_version", "input_tokens"])
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 10**30])
+def test_an_integer_beyond_64_bits_names_the_field(field: str, value: int) -> None:
+    event = ev.ModelCallFinished(session_id="s", version=2, turn_id="t", step=0, model="m", status="ok")
+    changes: dict[str, Any] = {field: value}
+    event = dataclasses.replace(event, **changes)
+    with pytest.raises(EventEncodeError, match=rf"field {field}: {value} does not fit an Avro long"):
+        codec.encode(event)
+
+
+def test_an_object_of_another_type_names_the_first_missing_field() -> None:
+    writer = codec._registry()[0]["StateChanged"].writer
+    other = ev.TurnStarted(session_id="s", version=2, turn_id="t", message_id="m")
+    with pytest.raises(TypeError, match=r"field from_state: TurnStarted\(.*\) is not a StateChanged"):
+        writer(bytearray(), other)
