@@ -235,3 +235,30 @@ async def test_a_write_cancelled_before_its_transaction_is_withdrawn(log_path: P
         assert (await log.session_version("w-1"), await log.session_version("w-2")) == (1, 2)
     finally:
         await log.close()
+
+
+@pytest.mark.parametrize("durability", ["power", "process"])
+async def test_a_write_alone_that_fails_part_way_leaves_none_of_its_writes(
+    log_path: Path, durability: Durability
+) -> None:
+    """A batch of one write runs without a savepoint: its failure rolls the transaction back."""
+    log = SqliteEventLog(log_path, durability=durability)
+    group = group_of(log)
+
+    def half_then_fail(db: sqlite3.Connection) -> None:
+        db.execute("INSERT INTO log_meta VALUES ('half', 'written')")
+        raise ValueError("the job broke after its first write")
+
+    try:
+        with pytest.raises(ValueError, match="broke after"):
+            await group.write(half_then_fail)
+        await create(log, ["after"])  # the connection takes the next write
+        meta = SqliteEventLog(log_path)  # another connection, as another process would read
+        try:
+            assert meta._db.execute("SELECT value FROM log_meta WHERE key = 'half'").fetchone() is None
+            assert [e.type for e in await meta.read_session("after")] == ["SessionCreated"]
+        finally:
+            await meta.close()
+        assert group.commits == group.writes == 1
+    finally:
+        await log.close()

@@ -78,12 +78,12 @@ each instead of two; older files keep theirs, which read and write the same)."""
 
 _SESSION_KEY = "SELECT key FROM sessions WHERE session_id = ?"
 _HEADS = (
-    "SELECT (SELECT version + count - 1 FROM batches WHERE session = (" + _SESSION_KEY + ") "
-    "ORDER BY version DESC LIMIT 1), "
-    "(SELECT position + count - 1 FROM batches ORDER BY position DESC LIMIT 1)"
+    "SELECT s.key, (SELECT version + count - 1 FROM batches WHERE session = s.key ORDER BY version DESC "
+    "LIMIT 1), (SELECT position + count - 1 FROM batches ORDER BY position DESC LIMIT 1) "
+    "FROM (SELECT (" + _SESSION_KEY + ") AS key) AS s"
 )
-"""The session's last version and the log's last position (NULL if none), read under the write
-lock."""
+"""The session's key, its last version and the log's last position (each NULL if none), read
+under the write lock in one statement."""
 _FROM_VERSION = (
     "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
     "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 ORDER BY version DESC "
@@ -180,12 +180,13 @@ class SqliteEventLog(EventLog):
             and positions cannot move under us."""
             if keys:
                 _refuse_held(db, keys)
-            actual, last = db.execute(_HEADS, (session_id,)).fetchone()
+            session, actual, last = db.execute(_HEADS, (session_id,)).fetchone()
             if (actual or 0) != expected_version:
                 raise ConcurrencyError(session_id, expected_version, actual or 0)
             if keys:
                 db.executemany("INSERT INTO submissions VALUES (?, ?, ?)", keys)
-            session = _session_key(db, session_id) if expected_version else _new_session_key(db, session_id)
+            if session is None:
+                session = _new_session_key(db, session_id)
             position = (last or 0) + 1
             db.execute(
                 "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -371,16 +372,11 @@ def _in_memory(path: str | Path) -> bool:
     return name in ("", ":memory:") or name.startswith("file::memory:") or "mode=memory" in name
 
 
-def _session_key(db: sqlite3.Connection, session_id: str) -> int:
-    row = db.execute("SELECT key FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-    return int(row[0]) if row is not None else _new_session_key(db, session_id)
-
-
 def _new_session_key(db: sqlite3.Connection, session_id: str) -> int:
     """Inside the append's transaction: a rolled-back append takes its key back with it."""
-    db.execute("INSERT OR IGNORE INTO sessions (session_id) VALUES (?)", (session_id,))
-    (key,) = db.execute("SELECT key FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-    return int(key)
+    key = db.execute("INSERT INTO sessions (session_id) VALUES (?)", (session_id,)).lastrowid
+    assert key is not None
+    return key
 
 
 def _refuse_held(db: sqlite3.Connection, keys: list[tuple[str, str, int]]) -> None:
