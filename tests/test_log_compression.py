@@ -124,18 +124,7 @@ def test_the_dictionary_ships_with_the_package() -> None:
     assert zdict.dictionary_path(zdict.DICT_ID).stat().st_size > 1024
 
 
-LAYOUT_1 = """
-CREATE TABLE events (
-    position   INTEGER PRIMARY KEY,
-    partition  INTEGER NOT NULL,
-    session_id TEXT    NOT NULL,
-    version    INTEGER NOT NULL,
-    type       TEXT    NOT NULL,
-    value      BLOB    NOT NULL,
-    UNIQUE (session_id, version)
-);
-CREATE INDEX events_by_partition ON events (partition, position);
-CREATE INDEX snapshots_by_session ON events (session_id, version) WHERE type = 'SnapshotTaken';
+OLD_SIDE_TABLES = """
 CREATE TABLE group_offsets (
     group_id    TEXT    NOT NULL,
     partition   INTEGER NOT NULL,
@@ -152,6 +141,24 @@ CREATE TABLE submissions (
 ) WITHOUT ROWID;
 INSERT INTO log_meta VALUES ('submissions_indexed', '1');
 """
+"""The tables beside the events that layouts 1 and 2 share (verbatim, 4 partitions)."""
+
+LAYOUT_1 = (
+    """
+CREATE TABLE events (
+    position   INTEGER PRIMARY KEY,
+    partition  INTEGER NOT NULL,
+    session_id TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    type       TEXT    NOT NULL,
+    value      BLOB    NOT NULL,
+    UNIQUE (session_id, version)
+);
+CREATE INDEX events_by_partition ON events (partition, position);
+CREATE INDEX snapshots_by_session ON events (session_id, version) WHERE type = 'SnapshotTaken';
+"""
+    + OLD_SIDE_TABLES
+)
 """The tables as turnlog wrote them before layout 2 (verbatim)."""
 
 
@@ -236,7 +243,8 @@ async def test_a_session_key_taken_by_a_refused_append_is_given_back(tmp_path: P
         ]
 
 
-LAYOUT_2 = """
+LAYOUT_2 = (
+    """
 CREATE TABLE sessions (key INTEGER PRIMARY KEY, session_id TEXT NOT NULL UNIQUE);
 CREATE TABLE events (
     position   INTEGER PRIMARY KEY,
@@ -249,22 +257,9 @@ CREATE TABLE events (
 );
 CREATE INDEX events_by_partition ON events (partition, position);
 CREATE INDEX snapshots_by_session ON events (session, version) WHERE type = 'SnapshotTaken';
-CREATE TABLE group_offsets (
-    group_id    TEXT    NOT NULL,
-    partition   INTEGER NOT NULL,
-    next_offset INTEGER NOT NULL,
-    PRIMARY KEY (group_id, partition)
-);
-CREATE TABLE log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-INSERT INTO log_meta VALUES ('partitions', '4');
-CREATE TABLE submissions (
-    session_id TEXT    NOT NULL,
-    key        TEXT    NOT NULL,
-    version    INTEGER NOT NULL,
-    PRIMARY KEY (session_id, key)
-) WITHOUT ROWID;
-INSERT INTO log_meta VALUES ('submissions_indexed', '1');
 """
+    + OLD_SIDE_TABLES
+)
 """The tables as turnlog wrote them in layout 2 (verbatim): a row per event."""
 
 
