@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -253,12 +254,13 @@ async def test_a_write_alone_that_fails_part_way_leaves_none_of_its_writes(
         with pytest.raises(ValueError, match="broke after"):
             await group.write(half_then_fail)
         await create(log, ["after"])  # the connection takes the next write
-        meta = SqliteEventLog(log_path)  # another connection, as another process would read
+        reader = SqliteEventLog(log_path)  # another connection, as another process would read
         try:
-            assert meta._db.execute("SELECT value FROM log_meta WHERE key = 'half'").fetchone() is None
-            assert [e.type for e in await meta.read_session("after")] == ["SessionCreated"]
+            assert [e.type for e in await reader.read_session("after")] == ["SessionCreated"]
         finally:
-            await meta.close()
+            await reader.close()
+        with closing(sqlite3.connect(log_path)) as db:
+            assert db.execute("SELECT value FROM log_meta WHERE key = 'half'").fetchone() is None
         assert group.commits == group.writes == 1
     finally:
         await log.close()
