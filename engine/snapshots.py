@@ -41,6 +41,7 @@ import dataclasses
 import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Sequence
 
 from . import events as ev
@@ -236,19 +237,21 @@ def encode_state(
     snapshot whose first ``skip`` messages it builds on (``previous``)."""
     if parts is None:
         parts = [_message(m) for m in state.messages[skip:]]
+    session = list(_SESSION_ROW(state))  # the status is a StrEnum: JSON writes its name
+    if state.origin_calls:
+        session[_ORIGIN_CALLS] = {
+            mid: [_RECORD_ROW(r) for r in rows] for mid, rows in state.origin_calls.items()
+        }
     turn = state.turn
-    doc_turn = (
-        None
-        if turn is None
-        else [
-            *(_turn_value(turn, f) for f in TURN_FIELDS),
-            [[getattr(c, f) for f in CALL_FIELDS] for c in turn.tool_calls.values()],
-        ]
-    )
+    doc_turn: list[Any] | None = None
+    if turn is not None:
+        doc_turn = list(_TURN_ROW(turn))
+        doc_turn[_HISTORY] = [_RECORD_ROW(r) for r in turn.history]
+        doc_turn.append([_CALL_ROW(c) for c in turn.tool_calls.values()])
     head = _DUMP(
         {
-            "s": [_session_value(state, f) for f in SESSION_FIELDS],
-            "i": [[getattr(m, f) for f in INBOX_FIELDS] for m in state.inbox],
+            "s": session,
+            "i": [_INBOX_ROW(m) for m in state.inbox],
             "t": doc_turn,
             "b": base,
             "k": skip,
@@ -256,6 +259,16 @@ def encode_state(
         }
     )
     return head[:-1] + ',"m":[' + ",".join(parts) + "]}"
+
+
+_SESSION_ROW = attrgetter(*SESSION_FIELDS)
+_TURN_ROW = attrgetter(*TURN_FIELDS)
+_CALL_ROW = attrgetter(*CALL_FIELDS)
+_RECORD_ROW = attrgetter(*RECORD_FIELDS)
+_INBOX_ROW = attrgetter(*INBOX_FIELDS)
+"""Each gives a tuple of the fields in format order, which JSON writes as a list."""
+_ORIGIN_CALLS = SESSION_FIELDS.index("origin_calls")
+_HISTORY = TURN_FIELDS.index("history")
 
 
 def decode_state(
@@ -312,21 +325,6 @@ def _decode_message(row: list[Any], with_ref: bool) -> ChatMessage:
     if len(ref) != int(with_ref):
         raise ValueError(f"a message row of {len(row)} fields")
     return ChatMessage(role, content, tuple(ToolCallSpec(*c) for c in calls), call_id, name, *ref)
-
-
-def _session_value(state: SessionState, name: str) -> Any:
-    if name == "status":
-        return str(state.status)
-    if name == "origin_calls":
-        calls = state.origin_calls
-        return {mid: [[getattr(r, f) for f in RECORD_FIELDS] for r in rows] for mid, rows in calls.items()}
-    return getattr(state, name)
-
-
-def _turn_value(turn: TurnProgress, name: str) -> Any:
-    if name == "history":
-        return [[getattr(r, f) for f in RECORD_FIELDS] for r in turn.history]
-    return getattr(turn, name)
 
 
 def _turn(row: list[Any], names: tuple[str, ...]) -> TurnProgress:
