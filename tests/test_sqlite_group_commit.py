@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from engine import SqliteEventLog
 from engine import events as ev
 from engine.errors import ConcurrencyError, LogUnavailableError
 from engine.log.sqlite import Durability
-from engine.log.sqlite_commit import GroupCommit
+from engine.log.sqlite_commit import PROBE_EVERY, GroupCommit
 
 SESSIONS = 100
 APPENDS = 5
@@ -157,6 +159,55 @@ async def test_a_failed_commit_fails_every_append_it_carried_and_none_is_on_the_
             assert [e.type for e in await log.read_session(sid)] == ["SessionCreated", "TurnStarted"]
     finally:
         FailingCommits.failing = False
+        await log.close()
+
+
+class TimedCommits(sqlite3.Connection):
+    """A connection that records which thread ran each COMMIT, and can make COMMITs slow."""
+
+    delay_s = 0.0
+    threads: list[str] = []
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
+        if sql == "COMMIT":
+            TimedCommits.threads.append(threading.current_thread().name)
+            time.sleep(TimedCommits.delay_s)
+        return super().execute(sql, *args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["fast-disk", "slow-disk"])
+async def test_a_slow_commit_runs_off_the_loop_and_a_fast_one_on_it(log_path: Path, slow: bool) -> None:
+    """Where the COMMIT runs follows how long COMMITs take: on the loop while they are fast
+    (no thread hop), on the commit thread once they are slow, with one in PROBE_EVERY back on
+    the loop to measure the disk again. Every append is on the log either way."""
+    log = SqliteEventLog(log_path, durability="power")
+
+    def connect() -> sqlite3.Connection:
+        db = sqlite3.connect(log_path, isolation_level=None, check_same_thread=False, factory=TimedCommits)
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+
+    # fast: no COMMIT is slow enough to leave the loop; slow: every one is far slower than it allows
+    log.group = GroupCommit(connect, inline_below_s=0.002 if slow else 60.0)
+    TimedCommits.delay_s, TimedCommits.threads = (0.02 if slow else 0.0), []
+    sids = [f"c-{i}" for i in range(40)]
+    try:
+        for sid in sids:  # one append at a time: a transaction, so a COMMIT, each
+            await log.submit(ev.SessionCreated(session_id=sid, version=1, agent_id="a", user_id="u"))
+        on_loop = [name == threading.current_thread().name for name in TimedCommits.threads]
+        assert len(on_loop) == len(sids)
+        if not slow:
+            assert all(on_loop), TimedCommits.threads
+        else:
+            assert on_loop[0], "the first COMMIT is timed on the loop"
+            off = [i for i, here in enumerate(on_loop) if not here]
+            assert off and off[0] == 1, TimedCommits.threads
+            probes = [i for i, here in enumerate(on_loop) if here and i > 0]
+            assert probes == list(range(PROBE_EVERY, len(sids), PROBE_EVERY)), TimedCommits.threads
+        for sid in sids:
+            assert await log.session_version(sid) == 1
+    finally:
+        TimedCommits.delay_s = 0.0
         await log.close()
 
 
