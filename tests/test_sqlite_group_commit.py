@@ -11,6 +11,7 @@ import threading
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -117,6 +118,17 @@ async def test_a_conflicting_append_fails_alone_and_its_batch_commits(log_path: 
         await log.close()
 
 
+def power_writer(log_path: Path, factory: type[sqlite3.Connection]) -> Callable[[], sqlite3.Connection]:
+    """A group commit's ``connect`` for ``log_path`` in ``power`` mode, through ``factory``."""
+
+    def connect() -> sqlite3.Connection:
+        db = sqlite3.connect(log_path, isolation_level=None, check_same_thread=False, factory=factory)
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+
+    return connect
+
+
 class FailingCommits(sqlite3.Connection):
     """A connection whose COMMIT fails while ``failing`` is set (a full or broken disk)."""
 
@@ -130,13 +142,7 @@ class FailingCommits(sqlite3.Connection):
 
 async def test_a_failed_commit_fails_every_append_it_carried_and_none_is_on_the_log(log_path: Path) -> None:
     log = SqliteEventLog(log_path, durability="power")
-
-    def connect() -> sqlite3.Connection:
-        db = sqlite3.connect(log_path, isolation_level=None, check_same_thread=False, factory=FailingCommits)
-        db.execute("PRAGMA synchronous=FULL")
-        return db
-
-    log.group = GroupCommit(connect)
+    log.group = GroupCommit(power_writer(log_path, FailingCommits))
     sids = [f"f-{i:02d}" for i in range(16)]
     try:
         await create(log, sids)
@@ -181,14 +187,8 @@ async def test_a_slow_commit_runs_off_the_loop_and_a_fast_one_on_it(log_path: Pa
     (no thread hop), on the commit thread once they are slow, with one in PROBE_EVERY back on
     the loop to measure the disk again. Every append is on the log either way."""
     log = SqliteEventLog(log_path, durability="power")
-
-    def connect() -> sqlite3.Connection:
-        db = sqlite3.connect(log_path, isolation_level=None, check_same_thread=False, factory=TimedCommits)
-        db.execute("PRAGMA synchronous=FULL")
-        return db
-
     # fast: no COMMIT is slow enough to leave the loop; slow: every one is far slower than it allows
-    log.group = GroupCommit(connect, inline_below_s=0.002 if slow else 60.0)
+    log.group = GroupCommit(power_writer(log_path, TimedCommits), inline_below_s=0.002 if slow else 60.0)
     TimedCommits.delay_s, TimedCommits.threads = (0.02 if slow else 0.0), []
     sids = [f"c-{i}" for i in range(40)]
     try:

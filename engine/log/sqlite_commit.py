@@ -12,19 +12,19 @@ fsync, among every append made while the previous transaction was being committe
   of its own, so the loop keeps working during the fsync and the appends made meanwhile queue
   for the next transaction; a faster one runs on the loop. Handing a sub-millisecond fsync to
   a thread cost more than it saved: the loop waits for the thread's callback until its next
-  iteration, and the GIL changes hands twice (S1 with an fsync per commit: 920-950 us a step
-  off the loop, 670-750 inline; S2's 200 sessions: 1.01-1.24 s against 0.79-0.91). The time
-  is measured on the loop only (a thread's includes its wait for the GIL), so while the
-  COMMITs run off the loop every ``PROBE_EVERY``-th runs on it to tell when the disk is fast
-  again;
+  iteration, and the GIL changes hands twice (the peers benchmark's S1 with an fsync per
+  commit: 846-935 us a step off the loop, 707-731 on it; S2's 200 sessions: 0.98-1.11 s
+  against 0.79-0.86). The time is measured on the loop only (a thread's includes its wait for
+  the GIL), so while the COMMITs run off the loop every ``PROBE_EVERY``-th runs on it to tell
+  when the disk is fast again;
 * an append returns only after its batch's COMMIT returned: its events are then on disk. If the
   COMMIT fails, every append of the batch fails (``LogUnavailableError``) and none is on the log.
 
 With ``off_loop=False`` (``durability="process"``: no fsync) every transaction is committed in
 the same callback, and its appends are settled there too; batching then saves the
-per-transaction work. A batch of one append runs without a
-savepoint (if it fails, the whole transaction rolls back). The writes go through a connection
-of their own: readers on the log's connection never see a batch before it is committed.
+per-transaction work. A batch of one append runs without a savepoint (if it fails, the whole
+transaction rolls back). The writes go through a connection of their own: readers on the log's
+connection never see a batch before it is committed.
 Per-session order needs nothing more: each session has one writer at a time (the version
 check), and a session's appends are checked in arrival order inside a transaction that sees
 everything committed and batched before them.
