@@ -6,6 +6,7 @@ alone, and a failed COMMIT fails exactly the appends it carried."""
 from __future__ import annotations
 
 import asyncio
+import selectors
 import sqlite3
 import threading
 import time
@@ -19,7 +20,7 @@ from engine import SqliteEventLog
 from engine import events as ev
 from engine.errors import ConcurrencyError, LogUnavailableError
 from engine.log.sqlite import Durability
-from engine.log.sqlite_commit import PROBE_EVERY, GroupCommit
+from engine.log.sqlite_commit import PROBE_EVERY, RUN_NOW_IN_A_ROW, GroupCommit
 
 SESSIONS = 100
 APPENDS = 5
@@ -209,6 +210,53 @@ async def test_a_slow_commit_runs_off_the_loop_and_a_fast_one_on_it(log_path: Pa
     finally:
         TimedCommits.delay_s = 0.0
         await log.close()
+
+
+class CountingSelector(selectors.DefaultSelector):
+    """Counts the event loop's turns: a loop polls its selector once a turn."""
+
+    polls = 0
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self.polls += 1
+        return super().select(timeout)
+
+
+@pytest.mark.parametrize("durability", ["power", "process"])
+def test_a_lone_write_commits_at_once_and_the_loop_still_turns(
+    log_path: Path, durability: Durability
+) -> None:
+    """A write with no other write queued and nothing else ready to run is committed inside
+    the call, without waiting for a turn of the loop, but at most RUN_NOW_IN_A_ROW in a row: a
+    task that only appends still lets the loop poll its sockets."""
+    appends = 5 * (RUN_NOW_IN_A_ROW + 1)
+    selector = CountingSelector()
+
+    async def append_alone() -> int:
+        log = SqliteEventLog(log_path, durability=durability)
+        if durability == "power":  # a disk fast enough for the COMMIT to stay on the loop
+            log.group = GroupCommit(power_writer(log_path, sqlite3.Connection), inline_below_s=60.0)
+        try:
+            await create(log, ["solo"])
+            start = selector.polls
+            for version in range(2, 2 + appends):
+                await log.append([turn_started("solo", version, version)], expected_version=version - 1)
+            turns = selector.polls - start
+            group = group_of(log)
+            assert group.commits == group.writes == 1 + appends, "a transaction for each write"
+            assert [e.version for e in await log.read_session("solo")] == list(range(1, 2 + appends))
+            return turns
+        finally:
+            await log.close()
+
+    loop = asyncio.SelectorEventLoop(selector)
+    try:
+        turns = loop.run_until_complete(append_alone())
+    finally:
+        loop.close()
+    # one write in RUN_NOW_IN_A_ROW + 1 waits for the loop: two turns (its transaction's, its wake-up)
+    waited = appends // (RUN_NOW_IN_A_ROW + 1)
+    assert waited <= turns <= 2 * waited + 1, f"{turns} turns of the loop for {appends} appends"
 
 
 async def test_offsets_and_appends_share_commits(log_path: Path) -> None:

@@ -17,6 +17,11 @@ fsync, among every append made while the previous transaction was being committe
   against 0.79-0.86). The time is measured on the loop only (a thread's includes its wait for
   the GIL), so while the COMMITs run off the loop every ``PROBE_EVERY``-th runs on it to tell
   when the disk is fast again;
+* a write made when no other is queued or committing and the loop has no other callback ready
+  runs its transaction at once, inside the call: no other write could join it before the
+  loop's next turn, so waiting for that turn (and then for the caller's own wake-up) only cost
+  two turns of the loop a write. At most ``RUN_NOW_IN_A_ROW`` writes in a row do so, so a task
+  that only appends still lets the loop poll its sockets;
 * an append returns only after its batch's COMMIT returned: its events are then on disk. If the
   COMMIT fails, every append of the batch fails (``LogUnavailableError``) and none is on the log.
 
@@ -35,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -44,12 +50,17 @@ T = TypeVar("T")
 Connect = Callable[[], sqlite3.Connection]
 Job = Callable[[sqlite3.Connection], T]
 """One append's (or offset commit's) writes, run inside the shared transaction."""
+Batch = list[tuple[Job[Any], asyncio.Future[Any]]]
+"""The writes of one transaction, each with the future its caller waits on."""
 
 INLINE_BELOW_S = 0.002
 """A COMMIT (an fsync) that takes less than this, on average, runs on the loop: the loop's other
 work waits at most about this long, and no thread hop is paid."""
 PROBE_EVERY = 16
 """While the COMMITs run off the loop, one in this many runs on it, to measure the disk again."""
+RUN_NOW_IN_A_ROW = 16
+"""Writes committed at once, with no turn of the loop between them, before one waits for the
+loop's next turn again: a task that only appends still lets the loop poll its sockets."""
 _SMOOTHING = 0.25
 """Weight of the newest COMMIT time in the running average."""
 
@@ -68,9 +79,11 @@ class GroupCommit:
         """Running average of the COMMITs timed on the loop."""
         self._since_probe = 0
         """COMMITs run off the loop since the last one on it."""
+        self._run_now = 0
+        """Writes committed at once since the last that waited for the loop's next turn."""
         self._db: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
-        self._queue: list[tuple[Job[Any], asyncio.Future[Any]]] = []
+        self._queue: Batch = []
         """Writes waiting for the next transaction."""
         self._scheduled = False
         self._committing = False
@@ -84,7 +97,8 @@ class GroupCommit:
     async def write(self, job: Job[T]) -> T:
         """Run ``job`` in the next transaction; return its result once that is committed.
 
-        The transaction runs on the loop's next turn with every write queued by then, each
+        The transaction runs on the loop's next turn with every write queued by then (at
+        once, inside this call, when nothing could join it before that turn), each
         ``job`` in a savepoint: one that raises has its writes rolled back and its caller gets
         the error at once, while the others commit. The write lock is taken and the jobs run in
         one callback, never across an await, so another connection to the file in this thread
@@ -92,9 +106,12 @@ class GroupCommit:
         write; once it ran, the write is committed or fails with its batch."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._queue.append((job, fut))
-        self._schedule(loop)
-        return await fut
+        if self._nothing_else_to_run(loop):
+            self._transact(loop, [(job, fut)])  # what _flush would do on the loop's next turn
+        else:
+            self._queue.append((job, fut))
+            self._schedule(loop)
+        return await fut  # returns at once if the COMMIT ran on the loop
 
     async def close(self) -> None:
         """Wait for the queued writes and the COMMIT in flight, then close the connection."""
@@ -126,13 +143,31 @@ class GroupCommit:
                 if not fut.done():
                     fut.set_result(None)
 
+    def _nothing_else_to_run(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """No write is waiting or committing and the loop has no other callback ready: no
+        other write can join this one before ``_flush`` would run, so the transaction can run
+        now and save the caller two turns of the loop (the flush's, and its own wake-up). The
+        ready queue is asyncio's own (``_ready``); a loop without one always defers."""
+        if self._queue or self._scheduled or self._committing or self._run_now >= RUN_NOW_IN_A_ROW:
+            return False
+        ready = getattr(loop, "_ready", None)
+        if not isinstance(ready, deque) or ready:
+            return False
+        self._run_now += 1
+        return True
+
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._scheduled = False
+        self._run_now = 0
         batch = [(job, fut) for job, fut in self._queue if not fut.done()]
         self._queue = []
-        if not batch:
+        if batch:
+            self._transact(loop, batch)
+        else:
             self._schedule(loop)
-            return
+
+    def _transact(self, loop: asyncio.AbstractEventLoop, batch: Batch) -> None:
+        """Run ``batch`` in one transaction and commit it, on the loop or on the thread."""
         db = self._connection()
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -172,9 +207,7 @@ class GroupCommit:
             return False
         return True
 
-    def _run(
-        self, db: sqlite3.Connection, batch: list[tuple[Job[Any], asyncio.Future[Any]]]
-    ) -> list[tuple[asyncio.Future[Any], Any]]:
+    def _run(self, db: sqlite3.Connection, batch: Batch) -> list[tuple[asyncio.Future[Any], Any]]:
         """Run the jobs; the ones that succeeded, with their results. A job of a batch of
         several runs in a savepoint, so one that fails rolls back alone; a job alone needs none
         (if it fails, the whole transaction is rolled back: two statements fewer per append)."""
