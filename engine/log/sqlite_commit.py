@@ -20,8 +20,8 @@ fsync, among every append made while the previous transaction was being committe
 * a write made when no other is queued or committing and the loop has no other callback ready
   runs its transaction at once, inside the call: no other write could join it before the
   loop's next turn, so waiting for that turn (and then for the caller's own wake-up) only cost
-  two turns of the loop a write. At most ``RUN_NOW_IN_A_ROW`` writes in a row do so, so a task
-  that only appends still lets the loop poll its sockets;
+  two turns of the loop a write. At most ``RUN_NOW_IN_A_ROW`` writes do so before one waits
+  again, so a task that only appends still lets the loop poll its sockets;
 * an append returns only after its batch's COMMIT returned: its events are then on disk. If the
   COMMIT fails, every append of the batch fails (``LogUnavailableError``) and none is on the log.
 
@@ -59,8 +59,9 @@ work waits at most about this long, and no thread hop is paid."""
 PROBE_EVERY = 16
 """While the COMMITs run off the loop, one in this many runs on it, to measure the disk again."""
 RUN_NOW_IN_A_ROW = 16
-"""Writes committed at once, with no turn of the loop between them, before one waits for the
-loop's next turn again: a task that only appends still lets the loop poll its sockets."""
+"""Writes committed at once before one waits for the loop's next turn again, so a task that
+only appends still lets the loop poll its sockets. (The count does not see the loop's turns
+in between: with writes far apart, one in 17 waits a turn it did not need, which is harmless.)"""
 _SMOOTHING = 0.25
 """Weight of the newest COMMIT time in the running average."""
 
