@@ -108,6 +108,7 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         if self._nothing_else_to_run(loop):
+            self._run_now += 1
             self._transact(loop, [(job, fut)])  # what _flush would do on the loop's next turn
         else:
             self._queue.append((job, fut))
@@ -117,7 +118,7 @@ class GroupCommit:
     async def close(self) -> None:
         """Wait for the queued writes and the COMMIT in flight, then close the connection."""
         loop = asyncio.get_running_loop()
-        while self._queue or self._scheduled or self._committing:
+        while self._busy():
             fut: asyncio.Future[None] = loop.create_future()
             self._idle.append(fut)
             await fut
@@ -138,24 +139,25 @@ class GroupCommit:
         if self._queue and not self._scheduled and not self._committing:
             self._scheduled = True
             loop.call_soon(self._flush, loop)  # after every write the loop has ready to run
-        elif not (self._queue or self._scheduled or self._committing):
+        elif not self._busy():
             idle, self._idle = self._idle, []
             for fut in idle:
                 if not fut.done():
                     fut.set_result(None)
+
+    def _busy(self) -> bool:
+        """Writes are queued, a flush is scheduled, or a COMMIT is in flight."""
+        return bool(self._queue) or self._scheduled or self._committing
 
     def _nothing_else_to_run(self, loop: asyncio.AbstractEventLoop) -> bool:
         """No write is waiting or committing and the loop has no other callback ready: no
         other write can join this one before ``_flush`` would run, so the transaction can run
         now and save the caller two turns of the loop (the flush's, and its own wake-up). The
         ready queue is asyncio's own (``_ready``); a loop without one always defers."""
-        if self._queue or self._scheduled or self._committing or self._run_now >= RUN_NOW_IN_A_ROW:
+        if self._busy() or self._run_now >= RUN_NOW_IN_A_ROW:
             return False
         ready = getattr(loop, "_ready", None)
-        if not isinstance(ready, deque) or ready:
-            return False
-        self._run_now += 1
-        return True
+        return isinstance(ready, deque) and not ready
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._scheduled = False
