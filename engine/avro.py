@@ -6,7 +6,9 @@ tuple of attribute values and a loop) for every field. An append writes several 
 step, so for each event schema this module generates the Python source of ONE function
 ``write(out, obj)`` that writes the whole record with every field inlined: the attribute read
 (``obj.<name>``), the type check, zigzag varints with their one- and two-byte forms inline,
-UTF-8 strings with their length prefix, ``["null", T]`` unions, arrays and nested records.
+UTF-8 strings with their length prefix, ``["null", T]`` unions, arrays and nested records. A
+short string or a long of three bytes and more that was written before is one dict lookup
+(``_STRINGS``, ``_LONGS``): an event's ids, names and time repeat from event to event.
 It is compiled once (``compile_writer``; the codec keeps the result per event type); the
 generated source is the function's ``__doc__``, for whoever debugs it.
 
@@ -52,7 +54,67 @@ def _fail(exc: Exception, field: str, obj: Any, record: str) -> NoReturn:
     raise type(exc)(f"field {field}: {exc}") from None
 
 
+STRINGS_KEPT = 4096
+"""How many encoded strings (or longs) a cache holds before it starts over."""
+STRING_KEPT_BYTES = 256
+"""Longer strings (message texts, snapshot state) are not kept: they rarely repeat, and the
+cache's memory stays under a few MB."""
+_STRINGS: dict[str, bytes] = {}
+"""Strings as written (length prefix and UTF-8), by value: most of an event's strings repeat
+from event to event (its session, turn and call ids, producer, state and tool names), and a hit
+is one dict lookup instead of the encode, the length and its varint. Emptied when full, so
+one-off strings (event ids) cost a lookup and a store, and the memory stays bounded."""
+
+
+def _string(s: Any) -> bytes:
+    """``s`` as an Avro string (kept in ``_STRINGS``), or the error naming what is wrong."""
+    if type(s) is not str and not isinstance(s, str):
+        raise TypeError(f"must be a string, got {s!r}")
+    try:
+        data = s.encode()
+    except UnicodeEncodeError as x:
+        raise _surrogate(s, x) from None
+    size = len(data) << 1
+    head = bytearray()
+    while size > 0x7F:
+        head.append((size & 0x7F) | 0x80)
+        size >>= 7
+    head.append(size)
+    written = bytes(head) + data
+    if len(written) <= STRING_KEPT_BYTES and type(s) is str:
+        if len(_STRINGS) >= STRINGS_KEPT:
+            _STRINGS.clear()
+        _STRINGS[s] = written
+    return written
+
+
+_LONGS: dict[int, bytes] = {}
+"""Longs of three bytes and more as written, by value: the events of one append share their
+``time_ms`` (six bytes). Emptied when full, like ``_STRINGS``."""
+
+
+def _long(n: int) -> bytes:
+    """The zigzag varint of the long ``n`` (kept in ``_LONGS``); OverflowError beyond 64 bits."""
+    if not _LONG_MIN <= n <= _LONG_MAX:
+        raise OverflowError(f"{n} does not fit an Avro long")
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    written = bytes(out)
+    if len(_LONGS) >= STRINGS_KEPT:
+        _LONGS.clear()
+    _LONGS[n] = written
+    return written
+
+
 _RUNTIME: dict[str, Any] = {
+    "_string": _string,
+    "_string_kept": _STRINGS.get,
+    "_long": _long,
+    "_long_kept": _LONGS.get,
     "_double": struct.Struct("<d").pack,
     "_float": struct.Struct("<f").pack,
     "_surrogate": _surrogate,
@@ -122,27 +184,20 @@ class _Gen:
         self.emit(ind + 1, f"a({src} >> 6)")
         self.emit(ind, "else:")
         if signed:
-            self.emit(ind + 1, f"if not {_LONG_MIN} <= {src} <= {_LONG_MAX}:")
-            self.emit(ind + 2, f"raise OverflowError(f'{{{src}}} does not fit an Avro long')")
-            self.emit(ind + 1, f"z = ({src} << 1) ^ ({src} >> 63)")
-        else:
-            self.emit(ind + 1, f"z = {src} << 1")
+            self.emit(ind + 1, f"out += _long_kept({src}) or _long({src})")
+            return
+        self.emit(ind + 1, f"z = {src} << 1")
         self.emit(ind + 1, "while z > 0x7F:")
         self.emit(ind + 2, "a((z & 0x7F) | 0x80)")
         self.emit(ind + 2, "z >>= 7")
         self.emit(ind + 1, "a(z)")
 
     def string(self, ind: int, src: str) -> None:
-        data, size = self.var("d"), self.var("n")
-        self.emit(ind, f"if type({src}) is not str and not isinstance({src}, str):")
-        self.emit(ind + 1, f"raise TypeError(f'must be a string, got {{{src}!r}}')")
-        self.emit(ind, "try:")
-        self.emit(ind + 1, f"{data} = {src}.encode()")
-        self.emit(ind, "except UnicodeEncodeError as x:")  # a lone surrogate: no UTF-8 for it
-        self.emit(ind + 1, f"raise _surrogate({src}, x) from None")
-        self.emit(ind, f"{size} = len({data})")
-        self.varint(ind, size, signed=False)
-        self.emit(ind, f"out += {data}")
+        """A str seen before is one lookup (``_STRINGS``); anything else goes through
+        ``_string``, which checks it (not a str, a lone surrogate) and keeps it."""
+        data = self.var("d")
+        self.emit(ind, f"{data} = _string_kept({src}) if type({src}) is str else None")
+        self.emit(ind, f"out += {data} if {data} is not None else _string({src})")
 
     def union(self, ind: int, branches: list[Any], src: str) -> None:
         if len(branches) != 2 or branches[0] != "null":

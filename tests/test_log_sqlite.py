@@ -17,6 +17,7 @@ import pytest
 from engine import events as ev
 from engine.errors import ConcurrencyError, ConfigurationError, LogError, MalformedEventError
 from engine.log import EventLog, SqliteEventLog, murmur2, partition_for
+from engine.log.sqlite import _SNAPSHOTS_FROM
 from engine.log.sqlite_batch import pack_batch, split_batch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -181,6 +182,38 @@ async def test_reads_start_and_end_inside_an_append(log: EventLog) -> None:
     assert [e.version for e in await log.snapshots_between(a, 1, 9)] == [7, 8]
     assert await log.versions_of(a, ["SnapshotTaken"], 8) == [(7, "SnapshotTaken")]
     assert await log.latest_snapshot(b) is None
+
+
+async def test_snapshots_are_found_through_the_version_index_and_the_old_index_is_dropped(
+    log_path: Path,
+) -> None:
+    """A file made with the partial index ``batches_with_snapshots`` loses it on open (a B-tree
+    less in every COMMIT), and the snapshot lookups read the (session, version) index: a
+    search, never a scan of the table."""
+    a = "snapshot-index"
+    old = SqliteEventLog(log_path)
+    await old.append([msg(a, 1), snapshot(a, 2)], expected_version=0)
+    await old.close()
+    with sqlite3.connect(log_path) as db:
+        db.execute(
+            "CREATE INDEX batches_with_snapshots ON batches (session, snapshot) WHERE snapshot IS NOT NULL"
+        )
+
+    log = SqliteEventLog(log_path)
+    try:
+        await log.append([msg(a, 3), msg(a, 4), snapshot(a, 5)], expected_version=2)
+        await log.append([msg(a, 6)], expected_version=5)
+        indexes = {row[0] for row in log._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert "batches_with_snapshots" not in indexes
+        latest = await log.latest_snapshot(a)
+        assert latest is not None and latest.version == 5
+        assert [e.version for e in await log.snapshots_between(a, 2, 6)] == [2, 5]
+        plan = [row[3] for row in log._db.execute("EXPLAIN QUERY PLAN " + _SNAPSHOTS_FROM, (1, 6, 6))]
+        assert plan and all("SCAN" not in step for step in plan), plan
+        version_index = "USING INDEX sqlite_autoindex_batches_1 (session=? AND version"
+        assert sum(version_index in step for step in plan) == 2
+    finally:
+        await log.close()
 
 
 KAFKA_MURMUR2 = [

@@ -166,7 +166,8 @@ class EventLog(abc.ABC):
 
         Loading a session starts from it (and from its keyframe, looked up with
         ``at_or_before``), so a backend should answer without reading the session's history:
-        the SQLite log keeps an index of snapshot records. This default reads the session and
+        the SQLite log walks its (session, version) index back from the end to the newest batch
+        with a snapshot, and decodes only that. This default reads the session and
         is correct for any backend, but O(history).
         """
         for event in reversed(await self.read_session(session_id)):
@@ -177,7 +178,8 @@ class EventLog(abc.ABC):
     async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
         """The session's ``SnapshotTaken`` events with ``first <= version <= last``, in order: a
         delta snapshot's chain (engine.snapshots.chain_of). This default reads the session from
-        ``first``; the SQLite log answers from its snapshot index."""
+        ``first``; the SQLite log reads only the batches from ``first``'s snapshot to ``last``
+        and decodes only their snapshots."""
         events = await self.read_session(session_id, first - 1)
         return [e for e in events if e.type == "SnapshotTaken" and e.version <= last]
 

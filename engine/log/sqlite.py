@@ -44,18 +44,20 @@ _BATCHES = (
     UNIQUE (session, version)
 )""",
     "CREATE INDEX IF NOT EXISTS batches_by_partition ON batches (partition, position)",
-    "CREATE INDEX IF NOT EXISTS batches_with_snapshots ON batches (session, snapshot) "
-    "WHERE snapshot IS NOT NULL",
 )
 """The events (layout 3): one row per append (engine.log.sqlite_batch). ``position`` and
 ``version`` are its first event's, ``count`` how many it holds (the others follow at position +
 1, version + 1, ...), ``snapshot`` the version of its first ``SnapshotTaken`` (NULL if none).
-A row names its session by ``sessions.key``, a small integer, not by the session id. Files of
+A row names its session by ``sessions.key``, a small integer, not by the session id. A session's
+snapshots are found through ``UNIQUE (session, version)``: almost every append of a turn holds
+one, so an index of their own (``batches_with_snapshots``, dropped on open) cost a B-tree page
+in every COMMIT to save a walk over a batch or two. Files of
 layout 2 (an ``events`` row per event) and layout 1 (``session_id`` in every row) are migrated
 once, on open (engine.log.sqlite_layout)."""
 _SCHEMA = (
     ";\n".join(_BATCHES)
     + """;
+DROP INDEX IF EXISTS batches_with_snapshots;
 CREATE TABLE IF NOT EXISTS group_offsets (
     group_id    TEXT    NOT NULL,
     partition   INTEGER NOT NULL,
@@ -91,12 +93,15 @@ _FROM_VERSION = (
 )
 """A session's batches from the one that holds version ?2 on."""
 _SNAPSHOTS_FROM = (
-    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND snapshot IS NOT NULL "
-    "AND snapshot >= COALESCE((SELECT snapshot FROM batches WHERE session = ?1 AND snapshot IS NOT NULL "
-    "AND snapshot <= ?2 ORDER BY snapshot DESC LIMIT 1), 0) AND snapshot <= ?3 ORDER BY snapshot"
+    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
+    "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 AND snapshot <= ?2 "
+    "ORDER BY version DESC LIMIT 1), 0) AND version <= ?3 AND snapshot <= ?3 ORDER BY version"
 )
 """The batches that may hold a session's snapshots between ?2 and ?3: from the last batch whose
-first snapshot is at or before ?2 (it may hold more after it) to ?3."""
+first snapshot is at or before ?2 (it may hold more after it) to ?3. Both are range reads of
+``UNIQUE (session, version)`` (a batch's first snapshot is at or after its version, so ordering
+by version orders by snapshot); the walk back from ?2 passes the batches after the newest
+snapshot, which a load from it reads anyway."""
 _FROM_POSITION = (
     "SELECT position, value FROM batches WHERE partition = ?1 AND position >= "
     "COALESCE((SELECT position FROM batches WHERE partition = ?1 AND position <= ?2 ORDER BY position "
@@ -242,13 +247,14 @@ class SqliteEventLog(EventLog):
         return out
 
     async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
-        """One lookup in the partial index ``batches_with_snapshots``; only snapshots are decoded."""
+        """One walk back the session's batches to the newest holding a snapshot; only snapshots
+        are decoded."""
         last = (1 << 63) - 1 if at_or_before is None else at_or_before
         snapshots = self._snapshots(session_id, last, last, lowest=0)
         return snapshots[-1] if snapshots else None
 
     async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
-        """One range read of the partial index ``batches_with_snapshots``."""
+        """One range read of the session's batches from ``first``'s snapshot to ``last``."""
         return self._snapshots(session_id, first, last, lowest=first)
 
     def _snapshots(self, session_id: str, first: int, last: int, *, lowest: int) -> list[Event]:

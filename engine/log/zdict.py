@@ -33,6 +33,12 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DICT_ID = 1
 """The dictionary new values are compressed with; every shipped one stays readable."""
 LEVEL = 3
+WINDOW_LOG, HASH_LOG, CHAIN_LOG = 15, 13, 14
+"""Level 3's match finder with tables sized for what it compresses: an append's records (1-4
+KB) against the 32 KB dictionary. Level 3's own tables (128K and 64K entries for inputs this
+small with a dictionary) are what a call touches; here they stay cold between appends, so a
+call paid for the cache misses: 36 -> 18 us a frame with caches cold, bytes within 0.1 % (bench
+/README.md §1)."""
 HERE = Path(__file__).resolve().parent
 
 
@@ -69,8 +75,17 @@ def pack(value: bytes) -> bytes:
     """``value`` as stored: compressed with the dictionary if that makes it shorter."""
     compressor = _local.compressor
     if compressor is None:
+        params = zstandard.ZstdCompressionParameters.from_level(
+            LEVEL,
+            window_log=WINDOW_LOG,
+            hash_log=HASH_LOG,
+            chain_log=CHAIN_LOG,
+            write_checksum=False,
+            write_content_size=True,
+            write_dict_id=True,  # unpack finds the dictionary by the frame's id
+        )
         compressor = _local.compressor = zstandard.ZstdCompressor(
-            level=LEVEL, dict_data=_dictionary(DICT_ID), write_checksum=False, write_content_size=True
+            compression_params=params, dict_data=_dictionary(DICT_ID)
         )
     packed = compressor.compress(value)
     return packed if len(packed) < len(value) else value
