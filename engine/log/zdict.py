@@ -35,10 +35,10 @@ DICT_ID = 1
 LEVEL = 3
 WINDOW_LOG, HASH_LOG, CHAIN_LOG = 15, 13, 14
 """Level 3's match finder with tables sized for what it compresses: an append's records (1-4
-KB) against the 32 KB dictionary. Level 3's own tables (128K and 64K entries for inputs this
-small with a dictionary) are what a call touches; here they stay cold between appends, so a
-call paid for the cache misses: 36 -> 18 us a frame with caches cold, bytes within 0.1 % (bench
-/README.md §1)."""
+KB) against the 32 KB dictionary. Level 3's defaults (a 2 MB window, tables of 128K and 64K
+entries) are cold in the cache by the next append, so every call paid for the misses: 36 -> 18
+us a frame with caches flushed between calls, the bytes 0.1 % smaller (bench/README.md §1,
+item 7)."""
 HERE = Path(__file__).resolve().parent
 
 
