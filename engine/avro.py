@@ -7,7 +7,7 @@ step, so for each event schema this module generates the Python source of ONE fu
 ``write(out, obj)`` that writes the whole record with every field inlined: the attribute read
 (``obj.<name>``), the type check, zigzag varints with their one- and two-byte forms inline,
 UTF-8 strings with their length prefix, ``["null", T]`` unions, arrays and nested records. A
-short string or a long of three bytes and more that was written before is one dict lookup
+short string or a long beyond the two-byte form that was written before is one dict lookup
 (``_STRINGS``, ``_LONGS``): an event's ids, names and time repeat from event to event.
 It is compiled once (``compile_writer``; the codec keeps the result per event type); the
 generated source is the function's ``__doc__``, for whoever debugs it.
@@ -54,8 +54,8 @@ def _fail(exc: Exception, field: str, obj: Any, record: str) -> NoReturn:
     raise type(exc)(f"field {field}: {exc}") from None
 
 
-STRINGS_KEPT = 4096
-"""How many encoded strings (or longs) a cache holds before it starts over."""
+VALUES_KEPT = 4096
+"""How many written values each cache (``_STRINGS``, ``_LONGS``) holds before it starts over."""
 STRING_KEPT_BYTES = 256
 """Longer strings (message texts, snapshot state) are not kept: they rarely repeat, and the
 cache's memory stays under a few MB."""
@@ -64,6 +64,27 @@ _STRINGS: dict[str, bytes] = {}
 from event to event (its session, turn and call ids, producer, state and tool names), and a hit
 is one dict lookup instead of the encode, the length and its varint. Emptied when full, so
 one-off strings (event ids) cost a lookup and a store, and the memory stays bounded."""
+_LONGS: dict[int, bytes] = {}
+"""Longs the inline forms do not cover (negative, or 8192 and more) as written, by value: the
+events of one append share their ``time_ms`` (six bytes). Emptied when full."""
+
+
+def _keep(cache: dict[Any, bytes], value: Any, written: bytes) -> bytes:
+    """Remember ``written`` for ``value`` in ``cache`` (emptied first when full)."""
+    if len(cache) >= VALUES_KEPT:
+        cache.clear()
+    cache[value] = written
+    return written
+
+
+def _unsigned(z: int) -> bytes:
+    """The varint of ``z`` >= 0 (already zigzagged)."""
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
 
 
 def _string(s: Any) -> bytes:
@@ -74,40 +95,17 @@ def _string(s: Any) -> bytes:
         data = s.encode()
     except UnicodeEncodeError as x:
         raise _surrogate(s, x) from None
-    size = len(data) << 1
-    head = bytearray()
-    while size > 0x7F:
-        head.append((size & 0x7F) | 0x80)
-        size >>= 7
-    head.append(size)
-    written = bytes(head) + data
+    written = _unsigned(len(data) << 1) + data
     if len(written) <= STRING_KEPT_BYTES and type(s) is str:
-        if len(_STRINGS) >= STRINGS_KEPT:
-            _STRINGS.clear()
-        _STRINGS[s] = written
+        _keep(_STRINGS, s, written)
     return written
-
-
-_LONGS: dict[int, bytes] = {}
-"""Longs of three bytes and more as written, by value: the events of one append share their
-``time_ms`` (six bytes). Emptied when full, like ``_STRINGS``."""
 
 
 def _long(n: int) -> bytes:
     """The zigzag varint of the long ``n`` (kept in ``_LONGS``); OverflowError beyond 64 bits."""
     if not _LONG_MIN <= n <= _LONG_MAX:
         raise OverflowError(f"{n} does not fit an Avro long")
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    written = bytes(out)
-    if len(_LONGS) >= STRINGS_KEPT:
-        _LONGS.clear()
-    _LONGS[n] = written
-    return written
+    return _keep(_LONGS, n, _unsigned((n << 1) ^ (n >> 63)))
 
 
 _RUNTIME: dict[str, Any] = {

@@ -156,13 +156,13 @@ def test_strings_and_longs_written_before_are_kept_and_written_the_same() -> Non
     with pytest.raises(OverflowError, match="does not fit an Avro long"):
         long_(bytearray(), 2**63)
 
-    for i in range(3 * avro.STRINGS_KEPT):
+    for i in range(3 * avro.VALUES_KEPT):
         string(bytearray(), f"event-{i}")
         long_(bytearray(), 10**12 + i)
-    assert len(avro._STRINGS) <= avro.STRINGS_KEPT and len(avro._LONGS) <= avro.STRINGS_KEPT
+    assert len(avro._STRINGS) <= avro.VALUES_KEPT and len(avro._LONGS) <= avro.VALUES_KEPT
     out = bytearray()
-    string(out, f"event-{3 * avro.STRINGS_KEPT - 1}")
-    assert out == _fastavro_value("string", f"event-{3 * avro.STRINGS_KEPT - 1}")
+    string(out, f"event-{3 * avro.VALUES_KEPT - 1}")
+    assert out == _fastavro_value("string", f"event-{3 * avro.VALUES_KEPT - 1}")
 
 
 def _fastavro_value(schema: Any, value: Any) -> bytes:
