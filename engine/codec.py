@@ -27,7 +27,7 @@ from typing import Any, Callable
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
-from .avro import Writer, compile_writer
+from .avro import Program, Writer, compile_program, compile_writer, write_native
 from .avro_read import Unsupported, compile_reader
 from .errors import EventEncodeError, MalformedEventError, UnknownSchemaError
 from .events import EVENT_TYPES, Event, ToolCallSpec
@@ -52,12 +52,20 @@ class _Codec:
     fingerprint: bytes
     writer: Writer
     """The compiled encoder (engine.avro), for writing."""
+    program: Program | None = None
+    """The native writer's program for this type (None without it): tried first."""
     writer_schema: Any = None
     """For a record an older schema wrote: that schema, resolved into ``schema`` when read."""
     reader_json: Any = None
     """The current schema, named records written out (what the compiled decoder reads into)."""
     writer_json: Any = None
     """``writer_schema`` as JSON (what the compiled decoder reads from)."""
+    header: bytes = b""
+    """What every record of this schema starts with: the marker and the fingerprint (set from
+    them)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "header", MAGIC + self.fingerprint)
 
 
 def load_schema_json(name: str, schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
@@ -102,8 +110,9 @@ def _registry() -> tuple[dict[str, _Codec], dict[bytes, _Codec]]:
         raw = load_schema_json(type_name)
         parsed, fp = _fingerprint(raw, named)
         writer = compile_writer(raw, dict(named_json), inline_records=_INLINE)
+        program = compile_program(raw, dict(named_json), inline_records=_INLINE)
         reader = expand_schema(raw, named_json)
-        codec = _Codec(cls, parsed, fp, writer, reader_json=reader)
+        codec = _Codec(cls, parsed, fp, writer, program, reader_json=reader)
         by_type[type_name] = codec
         by_fp[codec.fingerprint] = codec
     for type_name, fp, canonical in history_schemas():
@@ -187,8 +196,12 @@ def encode(event: Event) -> bytes:
     codec = _registry()[0].get(event.type)
     if codec is None or type(event) is not codec.cls:
         raise EventEncodeError(f"{type(event).__name__} is not a registered event type")
-    out = bytearray(MAGIC)
-    out += codec.fingerprint
+    if codec.program is not None:
+        try:
+            return write_native(codec.header, event, codec.program)
+        except Exception:  # noqa: S110 - the Python writer writes the value or says what is wrong
+            pass
+    out = bytearray(codec.header)
     try:
         codec.writer(out, event)
     except (TypeError, ValueError, OverflowError) as exc:

@@ -194,9 +194,7 @@ def _error(obj: Any) -> tuple[type[Exception], str]:
     return info.type, str(info.value)
 
 
-@pytest.mark.parametrize(
-    "path, value, error, message",
-    [
+REFUSED = [
         ("n", 2**63, OverflowError, "field n: 9223372036854775808 does not fit an Avro long"),
         ("n", -(2**63) - 1, OverflowError, "field n: -9223372036854775809 does not fit an Avro long"),
         ("n", True, TypeError, "field n: must be an integer, got True"),
@@ -232,9 +230,19 @@ def _error(obj: Any) -> tuple[type[Exception], str]:
         ("tags.1", 5, TypeError, "field tags: must be a string, got 5"),
         ("origin", "here", TypeError, "field origin: field x: 'here' is not a Point"),
         ("corners", 7, TypeError, "field corners: object of type 'int' has no len()"),
-    ],
-)
+]
+"""(where, value, error, message): values the writers refuse, and what the Python writer says."""
+
+
+@pytest.mark.parametrize("path, value, error, message", REFUSED)
 def test_a_refused_value_names_its_field(path: str, value: Any, error: type[Exception], message: str) -> None:
+    kind, text = _error(_refused(path, value))
+    assert kind is error
+    assert text == message
+
+
+def _refused(path: str, value: Any) -> types.SimpleNamespace:
+    """A shape with ``value`` at ``path`` (dotted; a number indexes a list)."""
     obj = _shape(random.Random(1))
     obj.corners = [_point(random.Random(i)) for i in range(3)]
     obj.grid = [[1, 2]]
@@ -248,9 +256,7 @@ def test_a_refused_value_names_its_field(path: str, value: Any, error: type[Exce
         target[int(last)] = value
     else:
         setattr(target, last, value)
-    kind, text = _error(obj)
-    assert kind is error
-    assert text == message
+    return obj
 
 
 def test_a_missing_attribute_names_the_first_field_it_lacks() -> None:
@@ -293,6 +299,70 @@ def test_a_str_subclass_is_a_string() -> None:
 def test_unsupported_schemas_are_refused_when_compiled(schema: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         compile_writer(schema, {})
+
+
+# --- the native writer (engine/_avrowrite.c) ----------------------------------------------------
+
+NOT_BUILT = (
+    "the native Avro writer (engine/_avrowrite.c) was not built: install a C compiler and Python's "
+    "headers (Debian: gcc and python3-dev) and reinstall turnlog (pip install -e .)"
+)
+
+
+def _program() -> avro.Program:
+    program = avro.compile_program(SHAPE, dict(NAMED), inline_records=INLINE)
+    assert program is not None, NOT_BUILT
+    return program
+
+
+def test_the_native_writer_is_built_and_the_codec_uses_it() -> None:
+    assert avro.NATIVE, NOT_BUILT
+    assert all(c.program is not None for c in codec._registry()[0].values())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_native_writer_writes_what_fastavro_writes_for_nested_schemas(seed: int) -> None:
+    obj = _shape(random.Random(seed))
+    expected = _fastavro(obj)
+    assert avro.write_native(b"prefix", obj, _program()) == b"prefix" + expected
+    obj.corners, obj.grid = tuple(obj.corners), tuple(tuple(row) for row in obj.grid)  # tuples too
+    assert avro.write_native(b"", obj, _program()) == expected
+
+
+@pytest.mark.parametrize("path, value, error, message", REFUSED)
+def test_the_native_writer_writes_nothing_the_python_writer_refuses(
+    path: str, value: Any, error: type[Exception], message: str
+) -> None:
+    """It raises instead (its own error: the codec then runs the Python writer for the message)."""
+    with pytest.raises((TypeError, ValueError, AttributeError)):
+        avro.write_native(b"", _refused(path, value), _program())
+
+
+@pytest.mark.parametrize(
+    "program",
+    [(), ((0, "x", None),), ((6, "p", ((4, "s", None),)),), ((5 | 16, "a", (0, None, None)),)],
+)
+def test_a_well_formed_program_passes_the_check(program: Any) -> None:
+    assert avro._avrowrite is not None, NOT_BUILT
+    avro._avrowrite.check(program)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        [(0, "x", None)],  # a list
+        ((0, "x"),),  # two items
+        ((9, "x", None),),  # no such op
+        ((0, None, None),),  # a field without a name
+        ((6, "p", None),),  # a record without its fields
+        ((5, "a", (0, "x", None)),),  # an array's item op with a name
+        ((5, "a", None),),  # an array without its item op
+    ],
+)
+def test_a_malformed_program_is_refused_by_the_check(program: Any) -> None:
+    assert avro._avrowrite is not None, NOT_BUILT
+    with pytest.raises(ValueError, match="not an Avro write program"):
+        avro._avrowrite.check(program)
 
 
 # --- through the codec: EventEncodeError naming the field -------------------------------------

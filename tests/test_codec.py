@@ -440,6 +440,21 @@ def test_compiled_encoder_matches_fastavro_on_an_empty_tool_call_list() -> None:
     assert codec.encode(event) == _fastavro_bytes(event)
 
 
+def test_values_the_native_writer_leaves_to_the_python_writer_are_written_the_same() -> None:
+    """A str subclass and a list of tool calls are not the native writer's (it takes exact str
+    and list or tuple): the codec writes them with the Python writer, fastavro's bytes still."""
+
+    class Text(str):
+        pass
+
+    event = ev.AssistantMessage(
+        session_id="s", version=4, turn_id="t", message_id="m", text=Text("hello"),
+        tool_calls=(ToolCallSpec("c1", Text("lookup"), "{}"),),
+    )  # fmt: skip
+    assert codec.encode(event) == _fastavro_bytes(event)
+    assert codec.decode(codec.encode(event)).text == "hello"
+
+
 # -- schema evolution: logs written by older releases stay readable ------------------------------
 
 
