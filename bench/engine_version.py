@@ -18,21 +18,23 @@ def _files(repo: Path) -> list[Path]:
         out += [
             p
             for p in (repo / part).rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".avsc")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".c", ".avsc")
         ]
     return sorted(out)
 
 
 def fingerprint(repo: Path = REPO) -> dict[str, object]:
-    """sha256 (first 12 hex digits) over the relative paths and bytes of engine/**/*.py and
-    schemas/*.avsc, plus the newest modification time among them."""
+    """sha256 (first 12 hex digits) over the relative paths and bytes of engine/**/*.py, the
+    native writer's C source and schemas/*.avsc, plus the newest modification time among them,
+    and whether the native writer is built in this copy."""
     h = hashlib.sha256()
     newest = 0.0
     files = _files(repo)
     for p in files:
         h.update(str(p.relative_to(repo)).encode() + b"\0" + p.read_bytes() + b"\0")
         newest = max(newest, p.stat().st_mtime)
-    return {"sha256_12": h.hexdigest()[:12], "files": len(files), "newest_mtime": newest}
+    native = any((repo / "engine").glob("_avrowrite*.so"))
+    return {"sha256_12": h.hexdigest()[:12], "files": len(files), "newest_mtime": newest, "native_writer": native}
 
 
 def snapshot(dest: Path, repo: Path = REPO) -> dict[str, object]:
