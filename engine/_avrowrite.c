@@ -145,13 +145,23 @@ static int write_value(Buffer *b, PyObject *v, long code, PyObject *sub, int dep
     case OP_STRING: {
         if (!PyUnicode_CheckExact(v))
             return refuse("a string");
-        Py_ssize_t n;
-        const char *s = PyUnicode_AsUTF8AndSize(v, &n); /* fails on a lone surrogate */
-        if (s == NULL)
+        if (PyUnicode_IS_ASCII(v)) { /* its own bytes are its UTF-8 */
+            Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+            if (put_varint(b, (unsigned long long)n << 1) < 0)
+                return -1;
+            return put_bytes(b, (const char *)PyUnicode_DATA(v), n);
+        }
+        /* encoded into a bytes object of its own, not PyUnicode_AsUTF8's copy, which would stay
+         * on the str (a session's history texts) as long as it lives */
+        PyObject *utf8 = PyUnicode_AsUTF8String(v); /* fails on a lone surrogate */
+        if (utf8 == NULL)
             return -1;
-        if (put_varint(b, (unsigned long long)n << 1) < 0)
-            return -1;
-        return put_bytes(b, s, n);
+        Py_ssize_t n = PyBytes_GET_SIZE(utf8);
+        int rc = put_varint(b, (unsigned long long)n << 1);
+        if (rc == 0)
+            rc = put_bytes(b, PyBytes_AS_STRING(utf8), n);
+        Py_DECREF(utf8);
+        return rc;
     }
     case OP_ARRAY: {
         if (!PyList_CheckExact(v) && !PyTuple_CheckExact(v))
@@ -159,16 +169,23 @@ static int write_value(Buffer *b, PyObject *v, long code, PyObject *sub, int dep
         /* sub is the items' op: (code, None, sub) */
         long item_code = PyLong_AsLong(PyTuple_GET_ITEM(sub, 0));
         PyObject *item_sub = PyTuple_GET_ITEM(sub, 2);
-        PyObject *seq = PySequence_Fast(v, "an array");
-        if (seq == NULL)
-            return -1;
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        /* a list is copied into a tuple first: its count is written before its items, and
+         * nothing an item's attributes run may change what is written after it */
+        PyObject *seq;
+        if (PyTuple_CheckExact(v)) {
+            seq = v;
+            Py_INCREF(seq);
+        } else {
+            seq = PyList_AsTuple(v);
+            if (seq == NULL)
+                return -1;
+        }
+        Py_ssize_t n = PyTuple_GET_SIZE(seq);
         int rc = 0;
         if (n > 0) {
             rc = put_varint(b, (unsigned long long)n << 1);
-            PyObject **items = PySequence_Fast_ITEMS(seq);
             for (Py_ssize_t i = 0; rc == 0 && i < n; i++)
-                rc = write_value(b, items[i], item_code, item_sub, depth);
+                rc = write_value(b, PyTuple_GET_ITEM(seq, i), item_code, item_sub, depth);
         }
         Py_DECREF(seq);
         if (rc < 0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import random
+import sys
 import types
 from typing import Any
 
@@ -327,6 +328,16 @@ def test_the_native_writer_writes_what_fastavro_writes_for_nested_schemas(seed: 
     assert avro.write_native(b"prefix", obj, _program()) == b"prefix" + expected
     obj.corners, obj.grid = tuple(obj.corners), tuple(tuple(row) for row in obj.grid)  # tuples too
     assert avro.write_native(b"", obj, _program()) == expected
+
+
+def test_the_native_writer_leaves_no_utf8_copy_on_the_strings_it_writes() -> None:
+    """A session's history texts live as long as its fold: a UTF-8 copy kept on each (what
+    ``PyUnicode_AsUTF8`` does) would more than double their memory in Chinese."""
+    text = "物流异常的订单" * 500 + str(random.random())  # a new str, non-ASCII
+    size = sys.getsizeof(text)
+    event = ev.AssistantMessage(session_id="s", version=2, turn_id="t", message_id="m", text=text)
+    assert codec.decode(codec.encode(event)).text == text
+    assert sys.getsizeof(text) == size
 
 
 @pytest.mark.parametrize("path, value, error, message", REFUSED)

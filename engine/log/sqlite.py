@@ -89,9 +89,10 @@ under the write lock in one statement."""
 _FROM_VERSION = (
     "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
     "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 ORDER BY version DESC "
-    "LIMIT 1), 0) ORDER BY version"
+    "LIMIT 1), 0) AND version + count > ?2 ORDER BY version"
 )
-"""A session's batches from the one that holds version ?2 on."""
+"""A session's batches from the one that holds version ?2 on: none when the session ends before
+?2 (a reader that is caught up reads no value, so decompresses none)."""
 _SNAPSHOTS_FROM = (
     "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
     "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 AND snapshot <= ?2 "
