@@ -34,7 +34,8 @@ def fingerprint(repo: Path = REPO) -> dict[str, object]:
         h.update(str(p.relative_to(repo)).encode() + b"\0" + p.read_bytes() + b"\0")
         newest = max(newest, p.stat().st_mtime)
     native = any((repo / "engine").glob("_avrowrite*.so"))
-    return {"sha256_12": h.hexdigest()[:12], "files": len(files), "newest_mtime": newest, "native_writer": native}
+    digest = h.hexdigest()[:12]
+    return {"sha256_12": digest, "files": len(files), "newest_mtime": newest, "native_writer": native}
 
 
 def snapshot(dest: Path, repo: Path = REPO) -> dict[str, object]:
