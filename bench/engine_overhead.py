@@ -128,9 +128,9 @@ class Bench:
         self.log = open_log(persistence, path)
         inner = self.log.append
 
-        async def counting_append(events: Any, *, expected_version: int) -> Any:
+        async def counting_append(events: Any, *, expected_version: int, redoable: bool = False) -> Any:
             COUNTERS.appends += 1
-            return await inner(events, expected_version=expected_version)
+            return await inner(events, expected_version=expected_version, redoable=redoable)
 
         self.log.append = counting_append  # type: ignore[method-assign]
         agent = Agent(AGENT_ID, FreeModel(k), tools=[lookup])

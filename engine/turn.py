@@ -204,7 +204,8 @@ class TurnRunner:
         With ``message``, a new user message is added first (after ``check`` accepts it) and
         committed together with the start of its turn: one commit fewer than appending it alone.
         Every item streamed follows a successful commit, so once one has been yielded the
-        message is durable; a ConcurrencyError before that means it was not taken.
+        message is durable (its commit is never a redoable one); a ConcurrencyError before that
+        means it was not taken.
         """
         async with self.lock(session_id):
             streamed = False
@@ -312,7 +313,7 @@ class TurnRunner:
             section_tokens_json=json.dumps(self.context.section_tokens(w.state, agent, request)),
             correlation_id=turn.turn_id,
         )
-        for event in await w.commit():
+        for event in await w.commit(redoable=w.redoable_pending):  # after a batch that may run again
             yield event
         if interrupts.stop_for(w.state, agent) is not None:
             return  # a stop slipped in before the call could start: the next step is Stop
@@ -536,6 +537,9 @@ class TurnRunner:
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
         if self.snapshots is not None:
             _snapshots.take(w, self.snapshots, correlation_id=tid)
+        # nothing since the last commit that cannot run again if lost: the next model call need
+        # not wait for the fsync of what it follows (it is made again, and so is the batch)
+        w.redoable_pending = not commit_first and bool(runnable)
 
     async def _execute(
         self,

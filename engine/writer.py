@@ -22,7 +22,8 @@ class SessionWriter:
     step of one turn. If a commit fails the state no longer matches the log: the caller must drop
     it and fold again from the log (TurnRunner.run and AgentSessions do). Callers commit right
     before every side effect (a model call, running tools) and at the end, so everything a
-    model or a tool acted on is durable first.
+    model or a tool acted on is on the log first: durable, except a redoable commit's (see
+    ``redoable_pending``), which is redone if it is lost.
     """
 
     def __init__(
@@ -39,6 +40,11 @@ class SessionWriter:
         self.recovered = False
         """This run met a model call a stopped worker left unanswered: from then on every tool
         batch is committed before it runs (engine.turn.needs_commit_before)."""
+        self.redoable_pending = False
+        """What is pending was all recorded by work that can be redone if it is lost (an
+        idempotent tool batch that needed no commit before it, and the model answer that asked
+        for it): the commit before the next model call may then return before it is durable
+        (EventLog.append's ``redoable``). Every commit clears it."""
         self._pending: list[Event] = []
 
     def add(
@@ -88,17 +94,22 @@ class SessionWriter:
         """Queue an event already folded into ``state`` (a rebase re-adds a batch this way)."""
         self._pending.append(event)
 
-    async def commit(self) -> Sequence[Event]:
-        """Append the pending events as one atomic batch; durable when this returns.
+    async def commit(self, *, redoable: bool = False) -> Sequence[Event]:
+        """Append the pending events as one atomic batch; durable when this returns, unless
+        ``redoable`` (see EventLog.append: then the log may return before it is).
 
         If another writer appended first and a ``rebase`` is set, it gets the chance to put
         the batch on top (it may swap ``state`` for a fresh fold); otherwise, or when it
         cannot, ConcurrencyError propagates and the caller must fold again from the log.
         """
         batch = self.take_pending()
+        self.redoable_pending = False
         if batch:
             try:
-                await self.log.append(batch, expected_version=batch[0].version - 1)
+                if redoable:
+                    await self.log.append(batch, expected_version=batch[0].version - 1, redoable=True)
+                else:
+                    await self.log.append(batch, expected_version=batch[0].version - 1)
             except ConcurrencyError:
                 if self.rebase is None:
                     raise

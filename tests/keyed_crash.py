@@ -90,10 +90,14 @@ def dying_before_results(base: type[EventLog]) -> type[EventLog]:
     """``base`` whose append kills the process instead of appending a tool result."""
 
     class Dying(base):  # type: ignore[valid-type,misc]
-        async def append(self, events: Sequence[ev.Event], *, expected_version: int) -> list[LogRecord]:
+        async def append(
+            self, events: Sequence[ev.Event], *, expected_version: int, redoable: bool = False
+        ) -> list[LogRecord]:
             if any(isinstance(e, ev.ToolCallFinished) for e in events):
                 die()
-            result: list[LogRecord] = await super().append(events, expected_version=expected_version)
+            result: list[LogRecord] = await super().append(
+                events, expected_version=expected_version, redoable=redoable
+            )
             return result
 
     return Dying

@@ -363,3 +363,146 @@ async def test_a_write_alone_that_fails_part_way_leaves_none_of_its_writes(
         assert group.commits == group.writes == 1
     finally:
         await log.close()
+
+
+def held_log(
+    log_path: Path, factory: type[sqlite3.Connection] = sqlite3.Connection, **group: float
+) -> SqliteEventLog:
+    """A ``power`` log whose redoable appends stay held until something commits them (the
+    hold timer far off, unless ``hold_s`` says otherwise)."""
+    log = SqliteEventLog(log_path, durability="power")
+    log.group = GroupCommit(
+        power_writer(log_path, factory), inline_below_s=60.0, hold_s=group.get("hold_s", 60.0)
+    )
+    return log
+
+
+def version_elsewhere(log_path: Path, sid: str) -> int:
+    """The session's version as another process reads it (a connection of its own)."""
+    with closing(sqlite3.connect(log_path)) as db:
+        row = db.execute(
+            "SELECT b.version + b.count - 1 FROM batches b JOIN sessions s ON b.session = s.key "
+            "WHERE s.session_id = ? ORDER BY b.version DESC LIMIT 1",
+            (sid,),
+        ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def test_redoable_appends_are_held_and_committed_with_the_next_append_that_waits(
+    log_path: Path,
+) -> None:
+    """A redoable append returns once checked and ordered; it is committed together with the
+    next append that waits for its COMMIT: one COMMIT (one fsync) for all of them. Until then
+    another process does not see it, so nothing it read can be rolled back by a power loss."""
+    log = held_log(log_path)
+    try:
+        await create(log, ["h"])
+        group = group_of(log)
+        commits = group.commits
+        for version in range(2, 5):
+            records = await log.append(
+                [turn_started("h", version, version)], expected_version=version - 1, redoable=True
+            )
+            assert [r.event.version for r in records] == [version]
+        assert group.commits == commits, "nothing committed yet"
+        assert version_elsewhere(log_path, "h") == 1, "another process sees only what is committed"
+        with pytest.raises(ConcurrencyError):  # the held appends count for the version check
+            await log.append([turn_started("h", 2, 99)], expected_version=1)
+        await log.append([turn_started("h", 5, 5)], expected_version=4)  # waits: commits all four
+        assert group.commits == commits + 1
+        assert version_elsewhere(log_path, "h") == 5
+        assert [e.version for e in await log.read_session("h")] == [1, 2, 3, 4, 5]
+    finally:
+        await log.close()
+
+
+async def test_a_read_in_this_process_commits_the_held_appends_first(log_path: Path) -> None:
+    """What a writer was told is appended, a reader in its process reads: a read commits the
+    held appends before it runs."""
+    log = held_log(log_path)
+    try:
+        await create(log, ["r"])
+        await log.append([turn_started("r", 2)], expected_version=1, redoable=True)
+        assert version_elsewhere(log_path, "r") == 1
+        assert await log.session_version("r") == 2
+        assert version_elsewhere(log_path, "r") == 2, "the read committed it"
+        end = await log.end_offset(log.partition_of("r"))
+        assert [r.offset for r in await log.read_partition(log.partition_of("r"), 0)][-1] == end - 1
+    finally:
+        await log.close()
+
+
+async def test_held_appends_are_committed_after_the_hold_and_at_close(log_path: Path) -> None:
+    """Nothing else coming, the hold ends on its timer (other processes then see the appends),
+    and ``close`` commits what is still held."""
+    log = held_log(log_path, hold_s=0.01)
+    try:
+        await create(log, ["t"])
+        await log.append([turn_started("t", 2)], expected_version=1, redoable=True)
+        for _ in range(1000):  # the timer fires on the loop: let it turn
+            if version_elsewhere(log_path, "t") == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert version_elsewhere(log_path, "t") == 2
+    finally:
+        await log.close()
+    log = held_log(log_path)
+    try:
+        await log.append([turn_started("t", 3)], expected_version=2, redoable=True)
+    finally:
+        await log.close()
+    assert version_elsewhere(log_path, "t") == 3, "close committed the held append"
+
+
+async def test_a_failing_append_does_not_undo_the_held_ones_it_joins(log_path: Path) -> None:
+    """An append that joins the held transaction and fails (a lost version race) rolls back
+    alone: the held appends of other sessions commit with the next."""
+    log = held_log(log_path)
+    try:
+        await create(log, ["a", "b"])
+        await log.append([turn_started("a", 2)], expected_version=1, redoable=True)
+        with pytest.raises(ConcurrencyError):
+            await log.append([turn_started("b", 3)], expected_version=2, redoable=True)
+        await log.append([turn_started("b", 2)], expected_version=1)
+        assert (version_elsewhere(log_path, "a"), version_elsewhere(log_path, "b")) == (2, 2)
+    finally:
+        await log.close()
+
+
+async def test_a_held_append_whose_commit_fails_fails_its_sessions_next_append(log_path: Path) -> None:
+    """A redoable append returned, then its COMMIT failed (a full disk): it is not on the log,
+    and its session's next append says so (once) instead of a misleading version race; the
+    session then goes on from what the log holds."""
+    log = held_log(log_path, FailingCommits)
+    try:
+        await create(log, ["x", "y"])
+        await log.append([turn_started("x", 2)], expected_version=1, redoable=True)
+        FailingCommits.failing = True
+        try:
+            with pytest.raises(LogUnavailableError, match="none of them is on the log"):
+                await log.append([turn_started("y", 2)], expected_version=1)  # commits x's with it
+        finally:
+            FailingCommits.failing = False
+        assert await log.session_version("x") == 1
+        with pytest.raises(LogUnavailableError, match="returned before its COMMIT") as lost:
+            await log.append([turn_started("x", 3)], expected_version=2)
+        assert "Fold the session again" in str(lost.value)
+        await log.append([turn_started("x", 2)], expected_version=1)  # from what the log holds
+        await log.append([turn_started("y", 2)], expected_version=1)
+        assert (version_elsewhere(log_path, "x"), version_elsewhere(log_path, "y")) == (2, 2)
+    finally:
+        FailingCommits.failing = False
+        await log.close()
+
+
+async def test_a_submission_is_never_held(log_path: Path) -> None:
+    """What a producer handed in is acknowledged: a batch holding a submission waits for its
+    COMMIT even when its writer calls it redoable."""
+    log = held_log(log_path)
+    try:
+        await create(log, ["s"])
+        message = ev.UserMessageReceived(session_id="s", version=2, message_id="m-1", text="hi", user_id="u")
+        await log.append([message], expected_version=1, redoable=True)
+        assert version_elsewhere(log_path, "s") == 2
+    finally:
+        await log.close()

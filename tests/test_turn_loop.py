@@ -1025,12 +1025,14 @@ async def test_a_message_that_loses_a_race_with_another_producer_is_retried(log:
     real_append = log.append
     raced = False
 
-    async def append_after_a_rival(events: Sequence[ev.Event], *, expected_version: int) -> Any:
+    async def append_after_a_rival(
+        events: Sequence[ev.Event], *, expected_version: int, redoable: bool = False
+    ) -> Any:
         nonlocal raced
         if not raced:
             raced = True
             await other.post_user_message(h.sid, "the rival's message")
-        return await real_append(events, expected_version=expected_version)
+        return await real_append(events, expected_version=expected_version, redoable=redoable)
 
     log.append = append_after_a_rival  # type: ignore[method-assign]
     items = await h.send("my message")

@@ -22,8 +22,11 @@ call and at the end of the turn; ``lookup`` is idempotent, so its batch needs no
 own before it runs (docs/architecture.md). That is K+2 commits per user turn with K tool steps:
 the user message + turn start + model call started; per tool step: model answer + tool call
 requested + started + tool result + next model call started; finally answer + turn finished.
-In ``sqlite`` mode concurrent sessions share commits (group commit: one fsync for all the
-appends made while the previous one ran). The fsync pass (--count-fsyncs) counts them.
+The K appends after the idempotent tool's batches are redoable (lost, the model is asked again
+and the tool runs again): they return once checked and ordered and are committed with the turn
+end's append (or within 5 ms), so a turn takes two COMMITs, two fsyncs in ``sqlite`` mode.
+Concurrent sessions share commits too (group commit: one fsync for all the appends made while
+the previous one ran). The fsync pass (--count-fsyncs) counts them.
 """
 
 from __future__ import annotations
@@ -78,9 +81,11 @@ class TurnlogAdapter(FrameworkAdapter):
         "commits its events right before each model call and at turn end: K+2 commits per user "
         "turn (user message + turn start + model call started; per tool step: answer + tool call "
         "requested/started + tool result + next model call started; final answer + turn "
-        "finished; the idempotent tool needs no commit of its own). Group commit: concurrent "
-        "sessions' appends share one transaction (one WAL fsync), committed on a thread off the "
-        "event loop; an append returns after its fsync. Avro-encoded events",
+        "finished; the idempotent tool needs no commit of its own). The K commits after the "
+        "tool's batches are redoable: they return once checked and ordered and share the turn "
+        "end's COMMIT (or commit within 5 ms), so 2 fsyncs a turn; the user message and the turn "
+        "end return after their fsync. Group commit: concurrent sessions' appends share one "
+        "transaction (one WAL fsync). Avro-encoded events",
         "sqlite_normal": "same log with durability='process' (synchronous=NORMAL: no fsync per commit)",
         "memory": "engine.MemoryEventLog(): turnlog's in-memory log, the events kept as Python objects "
         "(no encoding, no SQL), with the same version checks, submissions and partitions",

@@ -89,10 +89,19 @@ class EventLog(abc.ABC):
     partitions: int
 
     @abc.abstractmethod
-    async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
+    async def append(
+        self, events: Sequence[Event], *, expected_version: int, redoable: bool = False
+    ) -> list[LogRecord]:
         """Append one session's next events atomically; durable when this returns.
 
         Raises ConcurrencyError if the session is not at ``expected_version``.
+
+        ``redoable``: the caller can redo what the batch records if it is lost (a model call
+        about to be made, results of tools that may run again), so a log may return once the
+        batch is checked and ordered, before it is durable: the embedded log in ``power``
+        durability returns before the batch's fsync (readers see it only after it). If the
+        batch is then lost, the session's next append fails with LogUnavailableError. A batch
+        holding a submission is never treated so (what a producer handed in is acknowledged).
         """
 
     async def submit(self, event: Event) -> Event:

@@ -335,9 +335,12 @@ class KafkaEventLog(EventLog):
 
     # -- appends --------------------------------------------------------------------------------
 
-    async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
+    async def append(
+        self, events: Sequence[Event], *, expected_version: int, redoable: bool = False
+    ) -> list[LogRecord]:
         """Queue the batch for the partition's next transaction (group commit, kafka_appends):
-        appends of many sessions made while one transaction is in flight share the next."""
+        appends of many sessions made while one transaction is in flight share the next.
+        ``redoable`` changes nothing here: every append waits for its transaction."""
         session_id = check_batch(events, expected_version)
         part = self._parts[self.partition_of(session_id)]
         if not part.owned:

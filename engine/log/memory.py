@@ -35,7 +35,9 @@ class MemoryEventLog(EventLog):
         self._position = 0
         self._waiters: list[asyncio.Future[None]] = []
 
-    async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
+    async def append(
+        self, events: Sequence[Event], *, expected_version: int, redoable: bool = False
+    ) -> list[LogRecord]:
         session_id = check_batch(events, expected_version)
         keys = [(key, e.version) for e in events for key in submission_keys(e)]
         for key, _ in keys:

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Callable, Literal, Sequence, TypeVar
 
 from .. import codec
-from ..errors import ConcurrencyError, ConfigurationError, DuplicateSubmissionError, EventError, LogError
+from ..errors import (
+    ConcurrencyError,
+    ConfigurationError,
+    DuplicateSubmissionError,
+    EventError,
+    LogError,
+    LogUnavailableError,
+)
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
 from .sqlite_batch import pack_batch, split_batch
@@ -124,6 +131,7 @@ class SqliteEventLog(EventLog):
         if durability not in ("process", "power"):
             raise ConfigurationError(f"durability must be 'process' or 'power', not {durability!r}")
         self.path = Path(path)
+        self.durability = durability
         self.compress = compress
         """Store new values compressed with the shipped zstd dictionary (engine.log.zdict);
         values are read either way."""
@@ -134,6 +142,8 @@ class SqliteEventLog(EventLog):
         self.partitions = self._fix_partitions(partitions)
         self._index_old_submissions()
         self._waiters: list[asyncio.Future[None]] = []
+        self._lost: dict[str, LogUnavailableError] = {}
+        """Sessions whose redoable append was lost after it returned (``_lose``)."""
         self.group: GroupCommit | None = None
         """The appends' group commit (None for an in-memory database)."""
         if not _in_memory(path):
@@ -174,7 +184,9 @@ class SqliteEventLog(EventLog):
             self._db.execute("ROLLBACK")
             raise
 
-    async def append(self, events: Sequence[Event], *, expected_version: int) -> list[LogRecord]:
+    async def append(
+        self, events: Sequence[Event], *, expected_version: int, redoable: bool = False
+    ) -> list[LogRecord]:
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
         value = pack_batch([codec.encode(e) for e in events], compress=self.compress)
@@ -184,6 +196,9 @@ class SqliteEventLog(EventLog):
         def write(db: sqlite3.Connection) -> range:
             """The append's writes, inside a transaction that holds the write lock: versions
             and positions cannot move under us."""
+            lost = self._lost.pop(session_id, None)
+            if lost is not None:
+                raise lost
             if keys:
                 _refuse_held(db, keys)
             session, actual, last = db.execute(_HEADS, (session_id,)).fetchone()
@@ -200,9 +215,22 @@ class SqliteEventLog(EventLog):
             )
             return range(position, position + len(events))
 
-        positions = await self._write(write)
+        if redoable and not keys and self.group is not None:
+            positions = await self.group.write(write, on_lost=lambda error: self._lose(session_id, error))
+        else:
+            positions = await self._write(write)
         self._notify()
         return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+
+    def _lose(self, session_id: str, error: BaseException) -> None:
+        """A redoable append of the session returned and then its COMMIT failed: its next
+        append fails with this, whatever its version (once; then the session goes on)."""
+        self._lost[session_id] = LogUnavailableError(
+            f"an earlier append of session {session_id} returned before its COMMIT and then could not "
+            f"be committed ({type(error).__name__}: {error}); it is not on the log. Fold the session "
+            "again from the log (what it recorded is redone from there), and check the disk the log "
+            "file is on (space, permissions)."
+        )
 
     async def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``job`` in a write transaction, committed when this returns: group commit, or
@@ -241,7 +269,7 @@ class SqliteEventLog(EventLog):
         if key is None:
             return []
         out: list[LogRecord] = []
-        for p, o, v, value in self._db.execute(_FROM_VERSION, (key, after_version + 1)).fetchall():
+        for p, o, v, value in self._read(_FROM_VERSION, (key, after_version + 1)).fetchall():
             records = _records(p, o, value)
             for i in range(max(after_version + 1 - v, 0), len(records)):
                 out.append(LogRecord(p, o + i, _decode(p, o + i, records[i])))
@@ -264,7 +292,7 @@ class SqliteEventLog(EventLog):
         key = self._session(session_id)
         if key is None:
             return []
-        rows = self._db.execute(_SNAPSHOTS_FROM, (key, first, last)).fetchall()
+        rows = self._read(_SNAPSHOTS_FROM, (key, first, last)).fetchall()
         return [
             _decode(p, o + i, record)
             for p, o, v, value in rows
@@ -279,7 +307,7 @@ class SqliteEventLog(EventLog):
         if key is None:
             return []
         wanted = set(types)
-        rows = self._db.execute(
+        rows = self._read(
             "SELECT partition, position, version, value FROM batches WHERE session = ? AND version < ? "
             "ORDER BY version",
             (key, before),
@@ -296,7 +324,7 @@ class SqliteEventLog(EventLog):
         key = self._session(session_id)
         if key is None:
             return 0
-        row = self._db.execute(
+        row = self._read(
             "SELECT version + count - 1 FROM batches WHERE session = ? ORDER BY version DESC LIMIT 1", (key,)
         ).fetchone()
         return 0 if row is None else int(row[0])
@@ -306,7 +334,7 @@ class SqliteEventLog(EventLog):
         out: list[LogRecord] = []
         if limit <= 0:
             return out
-        cursor = self._db.execute(_FROM_POSITION, (partition, offset))
+        cursor = self._read(_FROM_POSITION, (partition, offset))
         try:  # row by row: a batch is decompressed only if its events are wanted
             for position, value in cursor:
                 records = _records(partition, position, value)
@@ -322,19 +350,26 @@ class SqliteEventLog(EventLog):
 
     async def end_offset(self, partition: int) -> int:
         self._check_partition(partition)
-        row = self._db.execute(
+        row = self._read(
             "SELECT position + count FROM batches WHERE partition = ? ORDER BY position DESC LIMIT 1",
             (partition,),
         ).fetchone()
         return 0 if row is None else int(row[0])
 
+    def _read(self, sql: str, parameters: Sequence[object] = ()) -> sqlite3.Cursor:
+        """A statement on the reading connection, once the held redoable appends are committed
+        (engine.log.sqlite_commit): this process reads every append that has returned."""
+        if self.group is not None:
+            self.group.commit_held()
+        return self._db.execute(sql, parameters)
+
     def _session(self, session_id: str) -> int | None:
         """The session's key, as the committed log has it (None: no events)."""
-        row = self._db.execute(_SESSION_KEY, (session_id,)).fetchone()
+        row = self._read(_SESSION_KEY, (session_id,)).fetchone()
         return None if row is None else int(row[0])
 
     async def committed(self, group: str, partition: int) -> int:
-        row = self._db.execute(
+        row = self._read(
             "SELECT next_offset FROM group_offsets WHERE group_id = ? AND partition = ?",
             (group, partition),
         ).fetchone()

@@ -23,7 +23,18 @@ fsync, among every append made while the previous transaction was being committe
   two turns of the loop a write. At most ``RUN_NOW_IN_A_ROW`` writes do so before one waits
   again, so a task that only appends still lets the loop poll its sockets;
 * an append returns only after its batch's COMMIT returned: its events are then on disk. If the
-  COMMIT fails, every append of the batch fails (``LogUnavailableError``) and none is on the log.
+  COMMIT fails, every append of the batch fails (``LogUnavailableError``) and none is on the log;
+* except a *redoable* write (``on_lost`` given; engine.log.base.EventLog.append): it returns as
+  soon as its job has run (its version check passed, its positions are assigned), and a
+  transaction of such writes only is *held* open for up to ``HOLD_S`` instead of committed, so
+  the writes made meanwhile join it: the next write that waits for its COMMIT (a session's
+  turn end, a user message, a tool with a side effect), the timer, ``close`` or a read in this
+  process (``commit_held``: what a writer was told is appended is what a reader reads) commits
+  them together. A session's redoable steps so share one COMMIT (one fsync in ``power``) with
+  the commit that ends its turn. Other processes see them up to ``HOLD_S`` late; a crash or
+  power loss before that COMMIT loses them, and their writer redoes what they recorded (that
+  is what makes them redoable). If that COMMIT fails, each held write's ``on_lost`` is called.
+  A COMMIT that carries held writes runs on the loop, so no read here can come between.
 
 With ``off_loop=False`` (``durability="process"``: no fsync) every transaction is committed in
 the same callback, and its appends are settled there too; batching then saves the
@@ -50,8 +61,13 @@ T = TypeVar("T")
 Connect = Callable[[], sqlite3.Connection]
 Job = Callable[[sqlite3.Connection], T]
 """One append's (or offset commit's) writes, run inside the shared transaction."""
-Batch = list[tuple[Job[Any], asyncio.Future[Any]]]
-"""The writes of one transaction, each with the future its caller waits on."""
+Lost = Callable[[BaseException], None]
+"""Told that the COMMIT of a write that returned before it (a redoable write) failed."""
+Batch = list[tuple[Job[Any], asyncio.Future[Any], Lost | None]]
+"""The writes of one transaction, each with the future its caller waits on and, for a redoable
+write, what to tell if its COMMIT fails."""
+Members = list[tuple[asyncio.Future[Any], Any, Lost | None]]
+"""The writes of a transaction whose jobs succeeded, each with its result."""
 
 INLINE_BELOW_S = 0.002
 """A COMMIT (an fsync) that takes less than this, on average, runs on the loop: the loop's other
@@ -62,6 +78,9 @@ RUN_NOW_IN_A_ROW = 16
 """Writes committed at once before one waits for the loop's next turn again, so a task that
 only appends still lets the loop poll its sockets. (The count does not see the loop's turns
 in between: with writes far apart, one in 17 waits a turn it did not need, which is harmless.)"""
+HOLD_S = 0.005
+"""How long a transaction of redoable writes only stays open for more writes to join it: the
+lag of other processes' readers behind them, and the work a crash can make a writer redo."""
 _SMOOTHING = 0.25
 """Weight of the newest COMMIT time in the running average."""
 
@@ -70,9 +89,15 @@ class GroupCommit:
     """One writer connection whose transactions carry the appends of many sessions."""
 
     def __init__(
-        self, connect: Connect, *, off_loop: bool = True, inline_below_s: float = INLINE_BELOW_S
+        self,
+        connect: Connect,
+        *,
+        off_loop: bool = True,
+        inline_below_s: float = INLINE_BELOW_S,
+        hold_s: float = HOLD_S,
     ) -> None:
         self._connect = connect
+        self._hold_s = hold_s
         self._off_loop = off_loop
         """A slow COMMIT may run on a thread of its own (an fsync); False: always on the loop."""
         self._inline_below_s = inline_below_s
@@ -86,6 +111,9 @@ class GroupCommit:
         self._thread: ThreadPoolExecutor | None = None
         self._queue: Batch = []
         """Writes waiting for the next transaction."""
+        self._held: Members = []
+        """Redoable writes in the transaction held open (returned, not committed yet)."""
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._scheduled = False
         self._committing = False
         self._idle: list[asyncio.Future[None]] = []
@@ -95,8 +123,9 @@ class GroupCommit:
         self.commits = 0
         """Transactions committed: with ``synchronous=FULL``, one fsync each."""
 
-    async def write(self, job: Job[T]) -> T:
-        """Run ``job`` in the next transaction; return its result once that is committed.
+    async def write(self, job: Job[T], *, on_lost: Lost | None = None) -> T:
+        """Run ``job`` in the next transaction; return its result once that is committed (with
+        ``on_lost``, a redoable write: once the job has run; see the module doc).
 
         The transaction runs on the loop's next turn with every write queued by then (at
         once, inside this call, when nothing could join it before that turn), each
@@ -109,15 +138,17 @@ class GroupCommit:
         fut: asyncio.Future[T] = loop.create_future()
         if self._nothing_else_to_run(loop):
             self._run_now += 1
-            self._transact(loop, [(job, fut)])  # what _flush would do on the loop's next turn
+            self._transact(loop, [(job, fut, on_lost)])  # what _flush would do on the loop's next turn
         else:
-            self._queue.append((job, fut))
+            self._queue.append((job, fut, on_lost))
             self._schedule(loop)
         return await fut  # returns at once if the COMMIT ran on the loop
 
     async def close(self) -> None:
-        """Wait for the queued writes and the COMMIT in flight, then close the connection."""
+        """Commit the held writes, wait for the queued ones and the COMMIT in flight, then close
+        the connection."""
         loop = asyncio.get_running_loop()
+        self.commit_held()
         while self._busy():
             fut: asyncio.Future[None] = loop.create_future()
             self._idle.append(fut)
@@ -128,6 +159,16 @@ class GroupCommit:
         if self._db is not None:
             self._db.close()
             self._db = None
+
+    def commit_held(self) -> None:
+        """Commit the held transaction now, on the loop (a no-op if none is held). A reader in
+        this process calls it first, so it reads every write that has returned."""
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        if self._held:
+            members, self._held = self._held, []
+            self._commit(members, on_loop=True)
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
@@ -162,7 +203,7 @@ class GroupCommit:
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._scheduled = False
         self._run_now = 0
-        batch = [(job, fut) for job, fut in self._queue if not fut.done()]
+        batch = [write for write in self._queue if not write[1].done()]
         self._queue = []
         if batch:
             self._transact(loop, batch)
@@ -170,22 +211,44 @@ class GroupCommit:
             self._schedule(loop)
 
     def _transact(self, loop: asyncio.AbstractEventLoop, batch: Batch) -> None:
-        """Run ``batch`` in one transaction and commit it, on the loop or on the thread."""
+        """Run ``batch`` in the held transaction or a new one, then commit it (on the loop or
+        on the thread), or hold it when every write in it is redoable."""
         db = self._connection()
-        try:
-            db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:  # the file is locked by another process for too long
-            for _, fut in batch:
-                fut.set_exception(exc)
+        held = self._held
+        if not held:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:  # the file is locked by another process for too long
+                for _, fut, _ in batch:
+                    fut.set_exception(exc)
+                self._schedule(loop)
+                return
+        members = self._run(db, batch, isolate=bool(held))
+        if not members:  # every job failed: nothing new to commit
+            if not held:
+                db.execute("ROLLBACK")
             self._schedule(loop)
             return
-        members = self._run(db, batch)
-        if not members:  # every job failed: nothing to commit
-            db.execute("ROLLBACK")
+        if not _settle_redoable(members):  # nobody waits for this COMMIT: hold it for more
+            held.extend(members)
+            if self._hold_timer is None:
+                self._hold_timer = loop.call_later(self._hold_s, self.commit_held)
             self._schedule(loop)
             return
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        self._held = []
+        everything = held + members
+        self._commit(everything, on_loop=any(lost is not None for _, _, lost in everything))
+
+    def _commit(self, members: Members, *, on_loop: bool) -> None:
+        """COMMIT the open transaction of ``members``: on the thread if it has been slow (not
+        when it carries redoable writes, ``on_loop``), else here."""
+        loop = asyncio.get_running_loop()
+        db = self._connection()
         self._committing = True
-        if self._commit_off_loop():
+        if not on_loop and self._commit_off_loop():
             assert self._thread is not None
             commit = loop.run_in_executor(self._thread, _commit, db)
             commit.add_done_callback(lambda f: self._committed(f.exception(), members, loop))
@@ -210,19 +273,20 @@ class GroupCommit:
             return False
         return True
 
-    def _run(self, db: sqlite3.Connection, batch: Batch) -> list[tuple[asyncio.Future[Any], Any]]:
+    def _run(self, db: sqlite3.Connection, batch: Batch, *, isolate: bool) -> Members:
         """Run the jobs; the ones that succeeded, with their results. A job of a batch of
-        several runs in a savepoint, so one that fails rolls back alone; a job alone needs none
-        (if it fails, the whole transaction is rolled back: two statements fewer per append)."""
-        if len(batch) == 1:
-            job, fut = batch[0]
+        several, or joining held writes (``isolate``), runs in a savepoint, so one that fails
+        rolls back alone; a job alone needs none (if it fails, the whole transaction is rolled
+        back: two statements fewer per append)."""
+        if len(batch) == 1 and not isolate:
+            job, fut, on_lost = batch[0]
             try:
-                return [(fut, job(db))]
+                return [(fut, job(db), on_lost)]
             except Exception as exc:
                 fut.set_exception(exc)
                 return []
-        members: list[tuple[asyncio.Future[Any], Any]] = []
-        for job, fut in batch:
+        members: Members = []
+        for job, fut, on_lost in batch:
             db.execute("SAVEPOINT append")
             try:
                 result = job(db)
@@ -230,22 +294,24 @@ class GroupCommit:
                 fut.set_exception(exc)
                 db.execute("ROLLBACK TO append")
             else:
-                members.append((fut, result))
+                members.append((fut, result, on_lost))
             db.execute("RELEASE append")
         return members
 
     def _committed(
-        self,
-        error: BaseException | None,
-        members: list[tuple[asyncio.Future[Any], Any]],
-        loop: asyncio.AbstractEventLoop,
+        self, error: BaseException | None, members: Members, loop: asyncio.AbstractEventLoop
     ) -> None:
-        """The batch's COMMIT returned (``error`` None) or failed: settle its appends."""
+        """The batch's COMMIT returned (``error`` None) or failed: settle its appends (tell the
+        redoable ones, which returned already, that theirs failed)."""
         self._committing = False
         if error is None:
             self.commits += 1
             self.writes += len(members)
-        for fut, result in members:
+        for fut, result, on_lost in members:
+            if on_lost is not None:
+                if error is not None:
+                    on_lost(error)
+                continue
             if fut.done():  # its caller was cancelled
                 continue
             if error is None:
@@ -259,6 +325,17 @@ class GroupCommit:
                     )
                 )
         self._schedule(loop)
+
+
+def _settle_redoable(members: Members) -> bool:
+    """Settle the redoable writes now, before their COMMIT; whether any other write waits."""
+    waiting = False
+    for fut, result, on_lost in members:
+        if on_lost is None:
+            waiting = True
+        elif not fut.done():
+            fut.set_result(result)
+    return waiting
 
 
 def _commit(db: sqlite3.Connection) -> None:
