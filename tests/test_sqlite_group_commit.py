@@ -432,6 +432,25 @@ async def test_a_read_in_this_process_commits_the_held_appends_first(log_path: P
         await log.close()
 
 
+async def test_a_read_waits_for_a_held_commit_running_off_the_loop(log_path: Path) -> None:
+    """On a slow disk the COMMIT of held appends runs on the commit thread like any other; a
+    read in this process waits for it, and reads them."""
+    log = SqliteEventLog(log_path, durability="power")
+    log.group = GroupCommit(power_writer(log_path, TimedCommits), inline_below_s=0.002, hold_s=60.0)
+    TimedCommits.delay_s, TimedCommits.threads = 0.02, []
+    try:
+        await create(log, ["slow"])  # its COMMIT, timed on the loop, is slow: the next ones leave it
+        await log.append([turn_started("slow", 2)], expected_version=1, redoable=True)
+        assert version_elsewhere(log_path, "slow") == 1
+        assert await log.session_version("slow") == 2
+        assert len(TimedCommits.threads) == 2
+        assert TimedCommits.threads[-1] != threading.current_thread().name, "the held COMMIT left the loop"
+        assert version_elsewhere(log_path, "slow") == 2
+    finally:
+        TimedCommits.delay_s = 0.0
+        await log.close()
+
+
 async def test_held_appends_are_committed_after_the_hold_and_at_close(log_path: Path) -> None:
     """Nothing else coming, the hold ends on its timer (other processes then see the appends),
     and ``close`` commits what is still held."""

@@ -15,9 +15,10 @@ caller's thread, on a connection of their own. An in-memory database commits eac
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from pathlib import Path
-from typing import Callable, Literal, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar, cast
 
 from .. import codec
 from ..errors import (
@@ -37,6 +38,7 @@ from .submissions import SUBMITTED_TYPES, submission_keys
 
 Durability = Literal["process", "power"]
 T = TypeVar("T")
+R = TypeVar("R", bound=Callable[..., Awaitable[Any]])
 
 _BATCHES = (
     "CREATE TABLE IF NOT EXISTS sessions (key INTEGER PRIMARY KEY, session_id TEXT NOT NULL UNIQUE)",
@@ -117,6 +119,20 @@ _FROM_POSITION = (
 )
 """A partition's batches from the one that holds position ?2 on."""
 SNAPSHOT = "SnapshotTaken"
+
+
+def _after_own_writes(read: R) -> R:
+    """A read of the log's connection that first waits until every append of this process that
+    has returned is committed (a redoable one may be held: engine.log.sqlite_commit), so it
+    reads what this process's writers were told is appended."""
+
+    @functools.wraps(read)
+    async def caught_up_first(self: SqliteEventLog, *args: Any, **kwargs: Any) -> Any:
+        if self.group is not None and self.group.behind():
+            await self.group.caught_up()
+        return await read(self, *args, **kwargs)
+
+    return cast(R, caught_up_first)
 
 
 class SqliteEventLog(EventLog):
@@ -264,17 +280,19 @@ class SqliteEventLog(EventLog):
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         return [record.event for record in await self.read_session_records(session_id, after_version)]
 
+    @_after_own_writes
     async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
         key = self._session(session_id)
         if key is None:
             return []
         out: list[LogRecord] = []
-        for p, o, v, value in self._read(_FROM_VERSION, (key, after_version + 1)).fetchall():
+        for p, o, v, value in self._db.execute(_FROM_VERSION, (key, after_version + 1)).fetchall():
             records = _records(p, o, value)
             for i in range(max(after_version + 1 - v, 0), len(records)):
                 out.append(LogRecord(p, o + i, _decode(p, o + i, records[i])))
         return out
 
+    @_after_own_writes
     async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
         """One walk back the session's batches to the newest holding a snapshot; only snapshots
         are decoded."""
@@ -282,6 +300,7 @@ class SqliteEventLog(EventLog):
         snapshots = self._snapshots(session_id, last, last, lowest=0)
         return snapshots[-1] if snapshots else None
 
+    @_after_own_writes
     async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
         """One range read of the session's batches from ``first``'s snapshot to ``last``."""
         return self._snapshots(session_id, first, last, lowest=first)
@@ -292,7 +311,7 @@ class SqliteEventLog(EventLog):
         key = self._session(session_id)
         if key is None:
             return []
-        rows = self._read(_SNAPSHOTS_FROM, (key, first, last)).fetchall()
+        rows = self._db.execute(_SNAPSHOTS_FROM, (key, first, last)).fetchall()
         return [
             _decode(p, o + i, record)
             for p, o, v, value in rows
@@ -300,6 +319,7 @@ class SqliteEventLog(EventLog):
             if lowest <= v + i <= last and codec.type_of(record) == SNAPSHOT
         ]
 
+    @_after_own_writes
     async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
         """Reads the session's batches before ``before`` without decoding their events: a
         record's type is in its header."""
@@ -307,7 +327,7 @@ class SqliteEventLog(EventLog):
         if key is None:
             return []
         wanted = set(types)
-        rows = self._read(
+        rows = self._db.execute(
             "SELECT partition, position, version, value FROM batches WHERE session = ? AND version < ? "
             "ORDER BY version",
             (key, before),
@@ -320,21 +340,23 @@ class SqliteEventLog(EventLog):
                     found.append((v + i, kind))
         return found
 
+    @_after_own_writes
     async def session_version(self, session_id: str) -> int:
         key = self._session(session_id)
         if key is None:
             return 0
-        row = self._read(
+        row = self._db.execute(
             "SELECT version + count - 1 FROM batches WHERE session = ? ORDER BY version DESC LIMIT 1", (key,)
         ).fetchone()
         return 0 if row is None else int(row[0])
 
+    @_after_own_writes
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
         self._check_partition(partition)
         out: list[LogRecord] = []
         if limit <= 0:
             return out
-        cursor = self._read(_FROM_POSITION, (partition, offset))
+        cursor = self._db.execute(_FROM_POSITION, (partition, offset))
         try:  # row by row: a batch is decompressed only if its events are wanted
             for position, value in cursor:
                 records = _records(partition, position, value)
@@ -348,28 +370,23 @@ class SqliteEventLog(EventLog):
             cursor.close()
         return out
 
+    @_after_own_writes
     async def end_offset(self, partition: int) -> int:
         self._check_partition(partition)
-        row = self._read(
+        row = self._db.execute(
             "SELECT position + count FROM batches WHERE partition = ? ORDER BY position DESC LIMIT 1",
             (partition,),
         ).fetchone()
         return 0 if row is None else int(row[0])
 
-    def _read(self, sql: str, parameters: Sequence[object] = ()) -> sqlite3.Cursor:
-        """A statement on the reading connection, once the held redoable appends are committed
-        (engine.log.sqlite_commit): this process reads every append that has returned."""
-        if self.group is not None:
-            self.group.commit_held()
-        return self._db.execute(sql, parameters)
-
     def _session(self, session_id: str) -> int | None:
         """The session's key, as the committed log has it (None: no events)."""
-        row = self._read(_SESSION_KEY, (session_id,)).fetchone()
+        row = self._db.execute(_SESSION_KEY, (session_id,)).fetchone()
         return None if row is None else int(row[0])
 
+    @_after_own_writes
     async def committed(self, group: str, partition: int) -> int:
-        row = self._read(
+        row = self._db.execute(
             "SELECT next_offset FROM group_offsets WHERE group_id = ? AND partition = ?",
             (group, partition),
         ).fetchone()

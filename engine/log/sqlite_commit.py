@@ -29,12 +29,13 @@ fsync, among every append made while the previous transaction was being committe
   transaction of such writes only is *held* open for up to ``HOLD_S`` instead of committed, so
   the writes made meanwhile join it: the next write that waits for its COMMIT (a session's
   turn end, a user message, a tool with a side effect), the timer, ``close`` or a read in this
-  process (``commit_held``: what a writer was told is appended is what a reader reads) commits
+  process (``caught_up``: what a writer was told is appended is what a reader reads) commits
   them together. A session's redoable steps so share one COMMIT (one fsync in ``power``) with
   the commit that ends its turn. Other processes see them up to ``HOLD_S`` late; a crash or
   power loss before that COMMIT loses them, and their writer redoes what they recorded (that
   is what makes them redoable). If that COMMIT fails, each held write's ``on_lost`` is called.
-  A COMMIT that carries held writes runs on the loop, so no read here can come between.
+  A read in this process waits for a COMMIT in flight that carries held writes (on the thread,
+  when the disk is slow) before it reads.
 
 With ``off_loop=False`` (``durability="process"``: no fsync) every transaction is committed in
 the same callback, and its appends are settled there too; batching then saves the
@@ -114,6 +115,10 @@ class GroupCommit:
         self._held: Members = []
         """Redoable writes in the transaction held open (returned, not committed yet)."""
         self._hold_timer: asyncio.TimerHandle | None = None
+        self._redoable_in_flight = False
+        """The COMMIT in flight (on the thread) carries writes that have returned already."""
+        self._catching_up: list[asyncio.Future[None]] = []
+        """Readers waiting for that COMMIT (``caught_up``)."""
         self._scheduled = False
         self._committing = False
         self._idle: list[asyncio.Future[None]] = []
@@ -160,15 +165,28 @@ class GroupCommit:
             self._db.close()
             self._db = None
 
+    def behind(self) -> bool:
+        """Some write has returned that is not committed yet (held, or in the COMMIT in flight)."""
+        return bool(self._held) or self._redoable_in_flight
+
+    async def caught_up(self) -> None:
+        """Return once every write that has returned is committed: the held ones are committed
+        now. A reader in this process waits for this first, so it reads every such write."""
+        self.commit_held()
+        loop = asyncio.get_running_loop()
+        while self._redoable_in_flight:
+            fut: asyncio.Future[None] = loop.create_future()
+            self._catching_up.append(fut)
+            await fut
+
     def commit_held(self) -> None:
-        """Commit the held transaction now, on the loop (a no-op if none is held). A reader in
-        this process calls it first, so it reads every write that has returned."""
+        """Commit the held transaction now (a no-op if none is held)."""
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
         if self._held:
             members, self._held = self._held, []
-            self._commit(members, on_loop=True)
+            self._commit(members)
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
@@ -239,17 +257,17 @@ class GroupCommit:
             self._hold_timer.cancel()
             self._hold_timer = None
         self._held = []
-        everything = held + members
-        self._commit(everything, on_loop=any(lost is not None for _, _, lost in everything))
+        self._commit(held + members)
 
-    def _commit(self, members: Members, *, on_loop: bool) -> None:
-        """COMMIT the open transaction of ``members``: on the thread if it has been slow (not
-        when it carries redoable writes, ``on_loop``), else here."""
+    def _commit(self, members: Members) -> None:
+        """COMMIT the open transaction of ``members``: on the thread if COMMITs have been slow,
+        else here."""
         loop = asyncio.get_running_loop()
         db = self._connection()
         self._committing = True
-        if not on_loop and self._commit_off_loop():
+        if self._commit_off_loop():
             assert self._thread is not None
+            self._redoable_in_flight = any(lost is not None for _, _, lost in members)
             commit = loop.run_in_executor(self._thread, _commit, db)
             commit.add_done_callback(lambda f: self._committed(f.exception(), members, loop))
             return
@@ -304,6 +322,11 @@ class GroupCommit:
         """The batch's COMMIT returned (``error`` None) or failed: settle its appends (tell the
         redoable ones, which returned already, that theirs failed)."""
         self._committing = False
+        self._redoable_in_flight = False
+        catching_up, self._catching_up = self._catching_up, []
+        for waiting in catching_up:
+            if not waiting.done():
+                waiting.set_result(None)
         if error is None:
             self.commits += 1
             self.writes += len(members)
