@@ -451,6 +451,29 @@ async def test_a_read_waits_for_a_held_commit_running_off_the_loop(log_path: Pat
         await log.close()
 
 
+async def test_a_second_log_on_the_file_in_this_thread_does_not_wait_for_a_hold(log_path: Path) -> None:
+    """A second log on the same file, in the same thread, opens, appends and reads while the
+    first holds a transaction open: the hold is committed first, so it never waits for a write
+    lock that only this thread's loop (the hold's timer) could release, and it reads the held
+    append."""
+    first = held_log(log_path)
+    try:
+        await create(first, ["one"])
+        await first.append([turn_started("one", 2)], expected_version=1, redoable=True)
+        second = SqliteEventLog(log_path, durability="power")  # opening writes (partitions, migrations)
+        try:
+            assert version_elsewhere(log_path, "one") == 2, "opening committed the hold"
+            await first.append([turn_started("one", 3)], expected_version=2, redoable=True)
+            await create(second, ["two"])  # takes the write lock: the new hold is committed first
+            assert await second.session_version("one") == 3
+            await first.append([turn_started("one", 4)], expected_version=3, redoable=True)
+            assert await second.session_version("one") == 4, "a read commits the hold first"
+        finally:
+            await second.close()
+    finally:
+        await first.close()
+
+
 async def test_held_appends_are_committed_after_the_hold_and_at_close(log_path: Path) -> None:
     """Nothing else coming, the hold ends on its timer (other processes then see the appends),
     and ``close`` commits what is still held."""

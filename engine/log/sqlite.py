@@ -32,7 +32,7 @@ from ..errors import (
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
 from .sqlite_batch import pack_batch, split_batch
-from .sqlite_commit import GroupCommit
+from .sqlite_commit import GroupCommit, commit_every_hold
 from .sqlite_layout import migrate
 from .submissions import SUBMITTED_TYPES, submission_keys
 
@@ -128,6 +128,7 @@ def _after_own_writes(read: R) -> R:
 
     @functools.wraps(read)
     async def caught_up_first(self: SqliteEventLog, *args: Any, **kwargs: Any) -> Any:
+        commit_every_hold()  # this log's, and another's on this thread (nothing to do if none)
         if self.group is not None and self.group.behind():
             await self.group.caught_up()
         return await read(self, *args, **kwargs)
@@ -152,6 +153,7 @@ class SqliteEventLog(EventLog):
         """Store new values compressed with the shipped zstd dictionary (engine.log.zdict);
         values are read either way."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        commit_every_hold()  # another log's on this thread: opening writes, and must not wait for it
         self._db = _connect(self.path, durability)
         migrate(self._db, _BATCHES, compress=compress)
         self._db.executescript(_SCHEMA)

@@ -86,6 +86,27 @@ _SMOOTHING = 0.25
 """Weight of the newest COMMIT time in the running average."""
 
 
+_HOLDING: set[GroupCommit] = set()
+"""The group commits holding a transaction open, each with its loop (``GroupCommit._hold_loop``)."""
+
+
+def commit_every_hold() -> None:
+    """Commit the transactions held open by the group commits on this thread's running loop.
+    Called before another connection on this thread takes the write lock (a second log on the
+    same file opening, or starting a transaction) or reads: it would otherwise wait for the
+    write lock, blocking the thread whose loop must run the hold's timer, or miss appends that
+    have returned."""
+    if not _HOLDING:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop runs here, so none of the holds is this thread's
+        return
+    for group in list(_HOLDING):
+        if group._hold_loop is loop:
+            group.commit_held()
+
+
 class GroupCommit:
     """One writer connection whose transactions carry the appends of many sessions."""
 
@@ -115,6 +136,7 @@ class GroupCommit:
         self._held: Members = []
         """Redoable writes in the transaction held open (returned, not committed yet)."""
         self._hold_timer: asyncio.TimerHandle | None = None
+        self._hold_loop: asyncio.AbstractEventLoop | None = None
         self._redoable_in_flight = False
         """The COMMIT in flight (on the thread) carries writes that have returned already."""
         self._catching_up: list[asyncio.Future[None]] = []
@@ -136,8 +158,10 @@ class GroupCommit:
         once, inside this call, when nothing could join it before that turn), each
         ``job`` in a savepoint: one that raises has its writes rolled back and its caller gets
         the error at once, while the others commit. The write lock is taken and the jobs run in
-        one callback, never across an await, so another connection to the file in this thread
-        cannot deadlock against it. A caller cancelled before its transaction ran withdraws its
+        one callback, never across an await, except for a held transaction, which every other
+        connection of this module on this thread commits before it takes the lock or reads
+        (``commit_every_hold``), so none can wait for a hold whose timer needs this thread. A
+        caller cancelled before its transaction ran withdraws its
         write; once it ran, the write is committed or fails with its batch."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
@@ -181,12 +205,26 @@ class GroupCommit:
 
     def commit_held(self) -> None:
         """Commit the held transaction now (a no-op if none is held)."""
+        members = self._end_hold()
+        if members:
+            self._commit(members)
+
+    def _hold(self, loop: asyncio.AbstractEventLoop, members: Members) -> None:
+        """Keep the transaction open with ``members`` in it, for up to ``hold_s``."""
+        self._held.extend(members)
+        if self._hold_timer is None:
+            self._hold_timer = loop.call_later(self._hold_s, self.commit_held)
+            self._hold_loop = loop
+            _HOLDING.add(self)
+
+    def _end_hold(self) -> Members:
+        """The held writes, no longer held (their transaction is still open: commit it)."""
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
-        if self._held:
-            members, self._held = self._held, []
-            self._commit(members)
+        _HOLDING.discard(self)
+        members, self._held = self._held, []
+        return members
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
@@ -234,6 +272,7 @@ class GroupCommit:
         db = self._connection()
         held = self._held
         if not held:
+            commit_every_hold()  # another log's, on this file maybe: it must not hold the lock we wait for
             try:
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:  # the file is locked by another process for too long
@@ -248,16 +287,10 @@ class GroupCommit:
             self._schedule(loop)
             return
         if not _settle_redoable(members):  # nobody waits for this COMMIT: hold it for more
-            held.extend(members)
-            if self._hold_timer is None:
-                self._hold_timer = loop.call_later(self._hold_s, self.commit_held)
+            self._hold(loop, members)
             self._schedule(loop)
             return
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
-        self._held = []
-        self._commit(held + members)
+        self._commit(self._end_hold() + members)
 
     def _commit(self, members: Members) -> None:
         """COMMIT the open transaction of ``members``: on the thread if COMMITs have been slow,
