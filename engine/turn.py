@@ -538,7 +538,7 @@ class TurnRunner:
         if self.snapshots is not None:
             _snapshots.take(w, self.snapshots, correlation_id=tid)
         # nothing since the last commit that cannot run again if lost: the next model call need
-        # not wait for the fsync of what it follows (it is made again, and so is the batch)
+        # not wait for the COMMIT of what it follows (it is made again, and so is the batch)
         w.redoable_pending = not commit_first and bool(runnable)
 
     async def _execute(

@@ -98,10 +98,11 @@ class EventLog(abc.ABC):
 
         ``redoable``: the caller can redo what the batch records if it is lost (a model call
         about to be made, results of tools that may run again), so a log may return once the
-        batch is checked and ordered, before it is durable: the embedded log in ``power``
-        durability returns before the batch's fsync (readers see it only after it). If the
-        batch is then lost, the session's next append fails with LogUnavailableError. A batch
-        holding a submission is never treated so (what a producer handed in is acknowledged).
+        batch is checked and ordered, before it is durable: the embedded log returns before
+        the batch's COMMIT (its fsync in ``power`` durability) and commits it with the next
+        append that waits, within 5 ms; readers see it only after that COMMIT. If the batch is
+        then lost, the session's next append fails with LogUnavailableError. A batch holding a
+        submission is never treated so (what a producer handed in is acknowledged).
         """
 
     async def submit(self, event: Event) -> Event:
