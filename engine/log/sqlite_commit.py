@@ -175,13 +175,14 @@ class GroupCommit:
 
     async def close(self) -> None:
         """Commit the held writes, wait for the queued ones and the COMMIT in flight, then close
-        the connection."""
+        the connection (writes held while it waited are committed too: their callers returned)."""
         loop = asyncio.get_running_loop()
         self.commit_held()
         while self._busy():
             fut: asyncio.Future[None] = loop.create_future()
             self._idle.append(fut)
             await fut
+            self.commit_held()
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
