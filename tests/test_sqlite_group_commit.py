@@ -18,8 +18,8 @@ import pytest
 
 from engine import SqliteEventLog
 from engine import events as ev
-from engine.errors import ConcurrencyError, LogUnavailableError
-from engine.log.sqlite import Durability
+from engine.errors import ConcurrencyError, ConfigurationError, LogUnavailableError
+from engine.log.sqlite import MAX_HOLD_S, Durability
 from engine.log.sqlite_commit import PROBE_EVERY, RUN_NOW_IN_A_ROW, GroupCommit
 
 SESSIONS = 100
@@ -494,6 +494,26 @@ async def test_held_appends_are_committed_after_the_hold_and_at_close(log_path: 
     finally:
         await log.close()
     assert version_elsewhere(log_path, "t") == 3, "close committed the held append"
+
+
+async def test_the_hold_is_a_log_option(log_path: Path) -> None:
+    """``hold_s`` bounds the hold (0: the loop's next turn commits); out of range is refused,
+    since a held transaction keeps other processes' writers waiting."""
+    for wrong in (-0.001, MAX_HOLD_S + 1):
+        with pytest.raises(ConfigurationError, match="hold_s must be from 0 to"):
+            SqliteEventLog(log_path, hold_s=wrong)
+    log = SqliteEventLog(log_path, durability="power", hold_s=0.0)
+    try:
+        await create(log, ["z"])
+        await log.append([turn_started("z", 2)], expected_version=1, redoable=True)
+        for _ in range(1000):
+            if version_elsewhere(log_path, "z") == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert version_elsewhere(log_path, "z") == 2
+        assert group_of(log).commits == 2, "its own COMMIT, on the loop's next turn"
+    finally:
+        await log.close()
 
 
 async def test_a_failing_append_does_not_undo_the_held_ones_it_joins(log_path: Path) -> None:

@@ -32,7 +32,7 @@ from ..errors import (
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
 from .sqlite_batch import pack_batch, split_batch
-from .sqlite_commit import GroupCommit, commit_every_hold
+from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_layout import migrate
 from .submissions import SUBMITTED_TYPES, submission_keys
 
@@ -119,6 +119,9 @@ _FROM_POSITION = (
 )
 """A partition's batches from the one that holds position ?2 on."""
 SNAPSHOT = "SnapshotTaken"
+MAX_HOLD_S = 1.0
+"""The longest ``hold_s`` taken: other processes' writers wait up to that long for the write lock
+(their busy timeout is 5 s)."""
 
 
 def _after_own_writes(read: R) -> R:
@@ -144,9 +147,19 @@ class SqliteEventLog(EventLog):
         partitions: int = 8,
         durability: Durability = "process",
         compress: bool = True,
+        hold_s: float = HOLD_S,
     ):
+        """``hold_s``: how long redoable appends may wait, held in an open transaction, for the
+        next append that waits for its COMMIT (engine.log.sqlite_commit): how late other
+        processes may see them, and how much a crash makes a writer redo. 0 commits them on the
+        loop's next turn."""
         if durability not in ("process", "power"):
             raise ConfigurationError(f"durability must be 'process' or 'power', not {durability!r}")
+        if not 0 <= hold_s <= MAX_HOLD_S:
+            raise ConfigurationError(
+                f"hold_s must be from 0 to {MAX_HOLD_S} seconds (a held transaction keeps other "
+                f"processes' writers waiting), not {hold_s!r}"
+            )
         self.path = Path(path)
         self.durability = durability
         self.compress = compress
@@ -165,7 +178,9 @@ class SqliteEventLog(EventLog):
         self.group: GroupCommit | None = None
         """The appends' group commit (None for an in-memory database)."""
         if not _in_memory(path):
-            self.group = GroupCommit(lambda: _connect(self.path, durability), off_loop=durability == "power")
+            self.group = GroupCommit(
+                lambda: _connect(self.path, durability), off_loop=durability == "power", hold_s=hold_s
+            )
 
     def _fix_partitions(self, wanted: int) -> int:
         if wanted < 1:
