@@ -106,10 +106,7 @@ class SessionWriter:
         self.redoable_pending = False
         if batch:
             try:
-                if redoable:
-                    await self.log.append(batch, expected_version=batch[0].version - 1, redoable=True)
-                else:
-                    await self.log.append(batch, expected_version=batch[0].version - 1)
+                await self.log.append(batch, expected_version=batch[0].version - 1, redoable=redoable)
             except ConcurrencyError:
                 if self.rebase is None:
                     raise

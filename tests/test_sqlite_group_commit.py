@@ -366,14 +366,12 @@ async def test_a_write_alone_that_fails_part_way_leaves_none_of_its_writes(
 
 
 def held_log(
-    log_path: Path, factory: type[sqlite3.Connection] = sqlite3.Connection, **group: float
+    log_path: Path, factory: type[sqlite3.Connection] = sqlite3.Connection, *, hold_s: float = 60.0
 ) -> SqliteEventLog:
     """A ``power`` log whose redoable appends stay held until something commits them (the
     hold timer far off, unless ``hold_s`` says otherwise)."""
     log = SqliteEventLog(log_path, durability="power")
-    log.group = GroupCommit(
-        power_writer(log_path, factory), inline_below_s=60.0, hold_s=group.get("hold_s", 60.0)
-    )
+    log.group = GroupCommit(power_writer(log_path, factory), inline_below_s=60.0, hold_s=hold_s)
     return log
 
 
@@ -386,6 +384,16 @@ def version_elsewhere(log_path: Path, sid: str) -> int:
             (sid,),
         ).fetchone()
     return 0 if row is None else int(row[0])
+
+
+async def seen_elsewhere(log_path: Path, sid: str, version: int) -> bool:
+    """Whether another process sees the session at ``version`` within 10 s, the loop turning
+    meanwhile (a hold's timer fires on it)."""
+    for _ in range(1000):
+        if version_elsewhere(log_path, sid) == version:
+            return True
+        await asyncio.sleep(0.01)
+    return False
 
 
 async def test_redoable_appends_are_held_and_committed_with_the_next_append_that_waits(
@@ -481,11 +489,7 @@ async def test_held_appends_are_committed_after_the_hold_and_at_close(log_path: 
     try:
         await create(log, ["t"])
         await log.append([turn_started("t", 2)], expected_version=1, redoable=True)
-        for _ in range(1000):  # the timer fires on the loop: let it turn
-            if version_elsewhere(log_path, "t") == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert version_elsewhere(log_path, "t") == 2
+        assert await seen_elsewhere(log_path, "t", 2)
     finally:
         await log.close()
     log = held_log(log_path)
@@ -506,11 +510,7 @@ async def test_the_hold_is_a_log_option(log_path: Path) -> None:
     try:
         await create(log, ["z"])
         await log.append([turn_started("z", 2)], expected_version=1, redoable=True)
-        for _ in range(1000):
-            if version_elsewhere(log_path, "z") == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert version_elsewhere(log_path, "z") == 2
+        assert await seen_elsewhere(log_path, "z", 2)
         assert group_of(log).commits == 2, "its own COMMIT, on the loop's next turn"
     finally:
         await log.close()

@@ -100,9 +100,10 @@ class EventLog(abc.ABC):
         about to be made, results of tools that may run again), so a log may return once the
         batch is checked and ordered, before it is durable: the embedded log returns before
         the batch's COMMIT (its fsync in ``power`` durability) and commits it with the next
-        append that waits, within 5 ms; readers see it only after that COMMIT. If the batch is
-        then lost, the session's next append fails with LogUnavailableError. A batch holding a
-        submission is never treated so (what a producer handed in is acknowledged).
+        append that waits, or when its hold ends (5 ms by default); readers see it only after
+        that COMMIT. If the batch is then lost, the session's next append fails with
+        LogUnavailableError. A batch holding a submission is never treated so (what a producer
+        handed in is acknowledged).
         """
 
     async def submit(self, event: Event) -> Event:

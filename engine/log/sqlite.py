@@ -161,7 +161,6 @@ class SqliteEventLog(EventLog):
                 f"processes' writers waiting), not {hold_s!r}"
             )
         self.path = Path(path)
-        self.durability = durability
         self.compress = compress
         """Store new values compressed with the shipped zstd dictionary (engine.log.zdict);
         values are read either way."""
