@@ -568,3 +568,27 @@ async def test_a_submission_is_never_held(log_path: Path) -> None:
         assert version_elsewhere(log_path, "s") == 2
     finally:
         await log.close()
+
+
+async def test_an_append_queued_while_a_held_commit_leaves_the_loop_waits_for_it(log_path: Path) -> None:
+    """On a slow disk, a read (or the hold's timer) may send the held appends' COMMIT to the
+    commit thread between an append being queued and its transaction starting: that
+    transaction starts only once the COMMIT has returned, on a connection out of its
+    transaction (before the fix it began inside it and the append failed with sqlite's
+    "cannot start a transaction within a transaction")."""
+    log = SqliteEventLog(log_path, durability="power")
+    log.group = GroupCommit(power_writer(log_path, TimedCommits), inline_below_s=0.002, hold_s=60.0)
+    TimedCommits.delay_s, TimedCommits.threads = 0.02, []
+    try:
+        await create(log, ["held", "next"])  # slow, timed on the loop: the next COMMITs leave it
+        await log.append([turn_started("held", 2)], expected_version=1, redoable=True)
+        # the append is queued (the read is ready to run), then the read commits the hold
+        records, version = await asyncio.gather(
+            log.append([turn_started("next", 2)], expected_version=1), log.session_version("held")
+        )
+        assert [r.event.version for r in records] == [2] and version == 2
+        assert TimedCommits.threads[-1] != threading.current_thread().name, "the held COMMIT left the loop"
+        assert version_elsewhere(log_path, "held") == version_elsewhere(log_path, "next") == 2
+    finally:
+        TimedCommits.delay_s = 0.0
+        await log.close()

@@ -259,6 +259,8 @@ class GroupCommit:
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._scheduled = False
+        if self._committing:  # the hold's COMMIT left the loop after this flush was scheduled
+            return  # (its timer, or a read, committed it): ``_committed`` schedules it again
         self._run_now = 0
         batch = [write for write in self._queue if not write[1].done()]
         self._queue = []
