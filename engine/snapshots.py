@@ -24,6 +24,11 @@ size stays bounded on a long session and loading reads at most two snapshots. Fo
   deltas after it (one range read, ``EventLog.snapshots_between``), at most ``CHAIN_LIMIT``
   of them, so it stays flat in session length. A link that is not where the delta says
   (``"p"``, ``"k"``) is refused and the loader folds from the start.
+* 5: as 4, but a delta's turn also holds only the loop guards' records (``history``) added
+  since the previous snapshot of its chain, when that snapshot was of the same turn (``"h"``:
+  how many it takes from there; 0 in a keyframe). Before, every snapshot of a turn repeated the
+  turn's whole history with every tool result in full, so a turn of K tool steps wrote K²/2
+  results into its snapshots.
 
 Every format is read (``READS``): fields a format lacks take their defaults. Format 1 messages
 carry no ``ref``; ``load_latest`` gives them the versions of the events they came from (one
@@ -54,7 +59,7 @@ from .states import SessionStatus
 from .tools.guards import CallRecord
 from .writer import SessionWriter
 
-FORMAT = 4
+FORMAT = 5
 DELTA_LIMIT = 128
 """Messages a chain may add beyond its keyframe before the next snapshot is a keyframe."""
 CHAIN_LIMIT = 64
@@ -130,13 +135,16 @@ class Layout:
     refs: bool
     chained: bool = False
     """A delta builds on the previous snapshot of its chain (``"p"``), not on its keyframe."""
+    history_chained: bool = False
+    """A delta's turn history starts with the first ``"h"`` records of the previous snapshot's."""
 
 
 READS = {
     1: Layout(SESSION_FIELDS[:16], TURN_FIELDS[:16], refs=False),
     2: Layout(SESSION_FIELDS[:18], TURN_FIELDS, refs=True),
     3: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True),
-    FORMAT: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True),
+    4: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True),
+    FORMAT: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True, history_chained=True),
 }
 """Every format this turnlog reads."""
 MESSAGE_TYPES = ("SessionForked", "UserMessageReceived", "AssistantMessage", "ToolCallFinished")
@@ -162,6 +170,10 @@ class _Encoded:
     previous_count: int = 0
     chain: int = 0
     """Deltas encoded on the current keyframe."""
+    history: list[CallRecord] | None = None
+    """The turn history the last snapshot encoded for this fold held, and how many records
+    (the next delta in the same turn holds only the ones after them)."""
+    history_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,12 +214,15 @@ class SnapshotEncoder:
             and entry.chain < self._chain_limit
         ):
             base, previous, skip = entry.keyframe_version, entry.previous_version, entry.previous_count
+            kept = _kept_history(entry, state.turn)
             entry.chain += 1
         else:
-            base, previous, skip = 0, 0, 0
+            base, previous, skip, kept = 0, 0, 0, 0
             entry.keyframe_version, entry.keyframe_count, entry.chain = version, count, 0
         entry.previous_version, entry.previous_count = version, count
-        text = encode_state(state, entry.parts[skip:], base=base, skip=skip, previous=previous)
+        entry.history = None if state.turn is None else state.turn.history
+        entry.history_count = 0 if entry.history is None else len(entry.history)
+        text = encode_state(state, entry.parts[skip:], base=base, skip=skip, previous=previous, kept=kept)
         return Encoded(text, base)
 
     def _entry(self, state: SessionState) -> _Encoded:
@@ -229,12 +244,28 @@ class SnapshotEncoder:
         return cached
 
 
+def _kept_history(entry: _Encoded, turn: TurnProgress | None) -> int:
+    """How many of the turn's history records the previous snapshot encoded for this fold
+    holds already: all it held if it was of this turn (history is append-only per turn), else
+    none."""
+    if turn is None or turn.history is not entry.history or len(turn.history) < entry.history_count:
+        return 0
+    return entry.history_count
+
+
 def encode_state(
-    state: SessionState, parts: list[str] | None = None, *, base: int = 0, skip: int = 0, previous: int = 0
+    state: SessionState,
+    parts: list[str] | None = None,
+    *,
+    base: int = 0,
+    skip: int = 0,
+    previous: int = 0,
+    kept: int = 0,
 ) -> str:
     """The ``FORMAT`` text of ``state``; ``parts`` are its encoded messages from index ``skip``
     (all of them, encoded here, when None). A delta names its keyframe (``base``) and the
-    snapshot whose first ``skip`` messages it builds on (``previous``)."""
+    snapshot whose first ``skip`` messages and first ``kept`` turn history records it builds
+    on (``previous``)."""
     if parts is None:
         parts = [_message(m) for m in state.messages[skip:]]
     session = list(_SESSION_ROW(state))  # the status is a StrEnum: JSON writes its name
@@ -246,7 +277,7 @@ def encode_state(
     doc_turn: list[Any] | None = None
     if turn is not None:
         doc_turn = list(_TURN_ROW(turn))
-        doc_turn[_HISTORY] = [_RECORD_ROW(r) for r in turn.history]
+        doc_turn[_HISTORY] = [_RECORD_ROW(r) for r in turn.history[kept:]]
         doc_turn.append([_CALL_ROW(c) for c in turn.tool_calls.values()])
     head = _DUMP(
         {
@@ -256,6 +287,7 @@ def encode_state(
             "b": base,
             "k": skip,
             "p": previous,
+            "h": kept,
         }
     )
     return head[:-1] + ',"m":[' + ",".join(parts) + "]}"
@@ -278,11 +310,13 @@ def decode_state(
     where: str,
     base: list[ChatMessage] | None = None,
     base_version: int | None = None,
+    base_turn: TurnProgress | None = None,
 ) -> SessionState:
     """The state a snapshot holds; a delta needs ``base``, the messages of the snapshot it
-    builds on (its keyframe; in format 4 the previous snapshot of its chain), which is at
-    ``base_version`` when given (checked). ``where`` names the record in errors. Format 1
-    messages get ref 0 (see ``load_latest``)."""
+    builds on (its keyframe; from format 4 the previous snapshot of its chain), which is at
+    ``base_version`` when given (checked), and from format 5 that snapshot's turn
+    (``base_turn``) when it keeps some of its history. ``where`` names the record in errors.
+    Format 1 messages get ref 0 (see ``load_latest``)."""
     layout = READS.get(state_format)
     if layout is None:
         raise SnapshotFormatError(
@@ -303,6 +337,8 @@ def decode_state(
         own = [_decode_message(row, layout.refs) for row in doc["m"]]
         state.messages = _inherited(doc, base, base_version, layout, where) + own
         state.turn = None if doc["t"] is None else _turn(doc["t"], layout.turn)
+        if layout.history_chained and doc["h"]:
+            _inherit_history(state.turn, doc["h"], base_turn, where)
     except (ValueError, KeyError, TypeError) as exc:
         raise SnapshotFormatError(f"{where}: corrupt snapshot: {type(exc).__name__}: {exc}") from exc
     return state
@@ -318,6 +354,17 @@ def _inherited(
     if base is None or len(base) < doc["k"] or (base_version is not None and base_version != on):
         raise SnapshotFormatError(f"{where}: a delta snapshot needs the {doc['k']} messages of {what} v{on}")
     return base[: doc["k"]]
+
+
+def _inherit_history(turn: TurnProgress | None, kept: int, base: TurnProgress | None, where: str) -> None:
+    """Put the first ``kept`` history records of the previous snapshot's turn (``base``) before
+    the ones this delta holds; refused unless that snapshot was of the same turn and had them."""
+    if turn is None or base is None or base.turn_id != turn.turn_id or len(base.history) < kept:
+        raise SnapshotFormatError(
+            f"{where}: a delta snapshot needs the {kept} tool calls of its turn in the previous "
+            "snapshot of its chain"
+        )
+    turn.history = base.history[:kept] + turn.history
 
 
 def _decode_message(row: list[Any], with_ref: bool) -> ChatMessage:
@@ -344,7 +391,7 @@ def restore(snapshot: ev.SnapshotTaken, *chain: ev.SnapshotTaken | None) -> Sess
     keyframe (``snapshot.keyframe_version``) and, from format 4, the deltas of its chain
     between them (``chain_of`` reads them)."""
     where = f"session {snapshot.session_id} v{snapshot.version}"
-    base = base_version = None
+    base = base_version = base_turn = None
     if snapshot.keyframe_version:
         links = [link for link in chain if link is not None]
         keyframe = links[0] if links else None
@@ -355,16 +402,20 @@ def restore(snapshot: ev.SnapshotTaken, *chain: ev.SnapshotTaken | None) -> Sess
             or keyframe.keyframe_version
         ):
             raise SnapshotFormatError(f"{where}: its keyframe v{snapshot.keyframe_version} is missing")
-        base, base_version = restore(keyframe).messages, keyframe.version
+        prior, base_version = restore(keyframe), keyframe.version
         for link in links[1:]:
             if link.session_id != snapshot.session_id or link.keyframe_version != keyframe.version:
                 raise SnapshotFormatError(f"{where}: snapshot v{link.version} is not on its chain")
-            here = f"session {link.session_id} v{link.version}"
-            fmt, text = link.state_format, link.state_json
-            base = decode_state(text, fmt, where=here, base=base, base_version=base_version).messages
+            prior = _decode_link(link, prior, base_version)
             base_version = link.version
+        base, base_turn = prior.messages, prior.turn
     state = decode_state(
-        snapshot.state_json, snapshot.state_format, where=where, base=base, base_version=base_version
+        snapshot.state_json,
+        snapshot.state_format,
+        where=where,
+        base=base,
+        base_version=base_version,
+        base_turn=base_turn,
     )
     if state.session_id != snapshot.session_id or state.version != snapshot.version - 1:
         raise SnapshotFormatError(
@@ -372,6 +423,18 @@ def restore(snapshot: ev.SnapshotTaken, *chain: ev.SnapshotTaken | None) -> Sess
             f"not v{snapshot.version - 1} of this session"
         )
     return state
+
+
+def _decode_link(link: ev.SnapshotTaken, prior: SessionState, prior_version: int) -> SessionState:
+    """A delta of a chain, decoded on the state of the snapshot before it (at ``prior_version``)."""
+    return decode_state(
+        link.state_json,
+        link.state_format,
+        where=f"session {link.session_id} v{link.version}",
+        base=prior.messages,
+        base_version=prior_version,
+        base_turn=prior.turn,
+    )
 
 
 async def chain_of(log: EventLog, snapshot: ev.SnapshotTaken) -> list[ev.SnapshotTaken]:

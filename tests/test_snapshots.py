@@ -97,6 +97,7 @@ async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log:
     running = SessionState(sid)
     by_version = {s.version: s for s in snaps}
     forward: SessionState | None = None
+    history_before: tuple[str, int] | None = None  # the previous snapshot's turn and its history length
     for event in events:
         snap = by_version.get(event.version)
         if snap is not None:
@@ -114,6 +115,13 @@ async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log:
                 running.turns_finished,
             )
             assert (snap.input_tokens, snap.output_tokens) == (running.input_tokens, running.output_tokens)
+            # a delta of the same turn holds only the history records added since (format 5)
+            doc, now = json.loads(snap.state_json), running.turn
+            same_turn = snap.keyframe_version and now and history_before and history_before[0] == now.turn_id
+            kept = history_before[1] if same_turn and history_before else 0
+            assert doc["h"] == kept
+            assert now is None or len(doc["t"][11]) == len(now.history) - kept
+            history_before = None if now is None else (now.turn_id, len(now.history))
             forward = restored
         running.apply(event)
         if forward is not None:
@@ -269,12 +277,14 @@ def test_a_snapshot_of_every_field_round_trips_exactly() -> None:
     first = encoder.encode(state, 43)
     assert first == snapshots.Encoded(text, 0)
     grown = [ChatMessage("assistant", "done"), ChatMessage.user("more")]
-    previous, previous_version = back.messages, 43
+    previous, previous_version, previous_turn = back.messages, 43, back.turn
     for i, message in enumerate(grown):
         state.messages.append(message)
+        turn.history.append(CallRecord(f"c{3 + i}", "lookup", "{}", 2, "success", f"found {i}"))
         delta = encoder.encode(state, 44 + i)
         assert delta.keyframe_version == 43 and len(delta.state_json) < len(text)
-        assert len(json.loads(delta.state_json)["m"]) == 1  # only what changed since the last one
+        doc = json.loads(delta.state_json)  # only what changed since the last one
+        assert len(doc["m"]) == 1 and doc["h"] == 1 + i and [r[0] for r in doc["t"][11]] == [f"c{3 + i}"]
         chain = "previous snapshot of its chain"
         wanted = f"needs the {len(previous)} messages of the {chain} v{previous_version}"
         with pytest.raises(SnapshotFormatError, match=wanted):
@@ -283,11 +293,19 @@ def test_a_snapshot_of_every_field_round_trips_exactly() -> None:
             snapshots.decode_state(
                 delta.state_json, snapshots.FORMAT, where="d", base=previous, base_version=0
             )
+        fresh = dataclasses.replace(turn, turn_id="t2")
+        for wrong_turn in (None, fresh):  # the turn the history records come from is needed
+            with pytest.raises(SnapshotFormatError, match=f"needs the {1 + i} tool calls of its turn"):
+                snapshots.decode_state(
+                    delta.state_json, snapshots.FORMAT, where="d", base=previous,
+                    base_version=previous_version, base_turn=wrong_turn,
+                )  # fmt: skip
         decoded = snapshots.decode_state(
-            delta.state_json, snapshots.FORMAT, where="d", base=previous, base_version=previous_version
-        )
+            delta.state_json, snapshots.FORMAT, where="d", base=previous,
+            base_version=previous_version, base_turn=previous_turn,
+        )  # fmt: skip
         assert decoded == state
-        previous, previous_version = decoded.messages, 44 + i
+        previous, previous_version, previous_turn = decoded.messages, 44 + i, decoded.turn
     state.messages.append(ChatMessage("assistant", "again"))
     assert encoder.encode(state, 46) == snapshots.Encoded(snapshots.encode_state(state), 0)
     assert encoder.encode(state, 47).keyframe_version == 46
@@ -371,15 +389,30 @@ def test_format_1_bodies_decode_with_the_defaults_of_later_fields() -> None:
     back = snapshots.decode_state(as_format_1(snapshots.encode_state(state)), 1, where="old")
     assert back.turn == state.turn and back.messages == [ChatMessage.user("hi")]  # ref unknown: 0
     assert back.task_state == {} and back.archived == 0 and back.origin_calls == {}
-    with pytest.raises(SnapshotFormatError, match="reads 1, 2, 3, 4"):
-        snapshots.decode_state("{}", 5, where="new")
+    with pytest.raises(SnapshotFormatError, match="reads 1, 2, 3, 4, 5"):
+        snapshots.decode_state("{}", 6, where="new")
+
+
+def test_format_4_deltas_with_their_whole_turn_history_still_decode() -> None:
+    """Logs written before chained turn histories: a format-4 delta repeats its turn's history."""
+    from engine import ChatMessage
+    from engine.tools.guards import CallRecord
+
+    state = SessionState("s", 9, "a", "u", messages=[ChatMessage("user", "hi", ref=3)])
+    state.turn = TurnProgress("t", "m", 2, history=[CallRecord("c1", "lookup", "{}", 1, "success", "ok")])
+    keyframe = snapshots.decode_state(snapshots.encode_state(state), snapshots.FORMAT, where="k")
+    state.messages.append(ChatMessage("tool", "ok", tool_call_id="c1", name="lookup", ref=5))
+    doc = json.loads(snapshots.encode_state(state, base=7, skip=1, previous=7))
+    del doc["h"]  # what format 4 wrote: no "h", the turn's every record
+    back = snapshots.decode_state(json.dumps(doc), 4, where="d", base=keyframe.messages, base_version=7)
+    assert back == state
 
 
 def as_format_3(text: str) -> str:
-    """A format-4 text as format 3 wrote it: no ``"p"`` (a delta then held every message since
-    its keyframe; the caller gives it those)."""
+    """A text of this format (``"h"`` 0) as format 3 wrote it: no ``"p"`` or ``"h"`` (a delta
+    then held every message since its keyframe; the caller gives it those)."""
     doc = json.loads(text)
-    del doc["p"]
+    del doc["p"], doc["h"]
     return json.dumps(doc)
 
 
