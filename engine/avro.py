@@ -38,10 +38,12 @@ tests/test_avro_write.py does so for nested and edge-case schemas and checks the
 
 from __future__ import annotations
 
+import inspect
 import keyword
 import struct
 import sys
-from typing import Any, Callable, NoReturn
+import types
+from typing import Any, Callable, NoReturn, Sequence
 
 try:
     from . import _avrowrite  # type: ignore[attr-defined]
@@ -286,9 +288,10 @@ def compile_writer(
     return write
 
 
-Program = tuple[tuple[int, Any, Any], ...]
+Program = tuple[tuple[Any, ...], ...]
 """What the native writer runs for a record: one ``(code, attribute, sub)`` per field, in wire
-order; ``sub`` is a nested record's program or an array's item op (whose attribute is None)."""
+order; ``sub`` is a nested record's program or an array's item op (whose attribute is None). A
+field kept in a slot may carry its member descriptor as a fourth item (``_slot_ops``)."""
 NATIVE = _avrowrite is not None
 """The native writer was built (engine/_avrowrite.c)."""
 _CODES = {"long": 0, "int": 0, "double": 1, "float": 2, "boolean": 3, "string": 4}
@@ -296,15 +299,49 @@ _ARRAY, _RECORD, _NULLABLE = 5, 6, 16
 
 
 def compile_program(
-    schema: dict[str, Any], named: dict[str, Any], *, inline_records: frozenset[str] = frozenset()
+    schema: dict[str, Any],
+    named: dict[str, Any],
+    *,
+    inline_records: frozenset[str] = frozenset(),
+    cls: type | None = None,
 ) -> Program | None:
     """The native writer's program for the record ``schema`` (as ``compile_writer`` takes it),
-    or None without the native writer."""
+    or None without the native writer. With ``cls``, the class of the objects it writes, each
+    field that is a slot of it is read from the slot (``_slot_ops``)."""
     if _avrowrite is None:
         return None
     program = _record_program(_Gen(named, inline_records), schema)
+    if cls is not None:
+        program = _slot_ops(program, cls)
     _avrowrite.check(program)
     return program
+
+
+def _slot_ops(program: Program, cls: type) -> Program:
+    """``program`` with the member descriptor of each field that ``cls`` keeps in a slot as its
+    op's fourth item: the native writer reads such a field from the slot (one load) instead of
+    through getattr, for objects of a class that has the slot (any other is read by getattr)."""
+    ops: list[tuple[Any, ...]] = []
+    for op in program:
+        slot = inspect.getattr_static(cls, op[1], None)
+        ops.append((*op, slot) if isinstance(slot, types.MemberDescriptorType) else op)
+    return tuple(ops)
+
+
+def register_native(cls: type, prefix: bytes, program: Program) -> None:
+    """``write_delimited`` writes objects of exactly ``cls`` as ``prefix`` + ``program``'s record."""
+    assert _avrowrite is not None, "compile_program gave a program, so the native writer is there"
+    _avrowrite.register(cls, prefix, program)
+
+
+def write_delimited(objs: Sequence[Any]) -> bytes | None:
+    """Each object's record (its class registered with ``register_native``) behind its length
+    as an unsigned varint, all in one native call; None without the native writer, or when a
+    class is not registered or a value needs the Python writer (write them one by one then)."""
+    if _avrowrite is None:
+        return None
+    result: bytes | None = _avrowrite.encode_delimited(objs)
+    return result
 
 
 def write_native(prefix: bytes, obj: Any, program: Program) -> bytes:

@@ -358,9 +358,39 @@ def test_a_well_formed_program_passes_the_check(program: Any) -> None:
     avro._avrowrite.check(program)
 
 
+@dataclasses.dataclass(slots=True)
+class _Slotted:
+    x: int
+    name: str
+
+
+_X_SLOT = _Slotted.__dict__["x"]
+
+
+def test_a_field_op_may_name_its_slot_and_reads_it_from_instances_of_its_class() -> None:
+    assert avro._avrowrite is not None, NOT_BUILT
+    program = ((0, "x", None, _X_SLOT), (4, "name", None, _Slotted.__dict__["name"]))
+    avro._avrowrite.check(program)
+    expected = _fastavro_value("long", 21) + _fastavro_value("string", "a")
+    assert avro.write_native(b"", _Slotted(21, "a"), program) == expected
+    # another class's object is read by getattr, not from the slot's offset in it
+    assert avro.write_native(b"", types.SimpleNamespace(x=21, name="a"), program) == expected
+    with pytest.raises(AttributeError):
+        avro.write_native(b"", types.SimpleNamespace(x=21), program)
+
+
+def test_the_codecs_programs_read_every_event_field_from_its_slot() -> None:
+    for c in codec._registry()[0].values():
+        assert c.program is not None, NOT_BUILT
+        assert all(len(op) == 4 for op in c.program), c.cls.type
+
+
 @pytest.mark.parametrize(
     "program",
     [
+        ((0, "x", None, "x"),),  # a slot that is not a member descriptor
+        ((0, "name", None, _X_SLOT),),  # another field's slot
+        ((5, "a", (0, None, None, _X_SLOT)),),  # an array's item op with a slot
         [(0, "x", None)],  # a list
         ((0, "x"),),  # two items
         ((9, "x", None),),  # no such op

@@ -16,6 +16,7 @@ from engine import codec
 from engine import events as ev
 from engine.errors import EventEncodeError, MalformedEventError, UnknownSchemaError
 from engine.events import EVENT_TYPES, Event, ToolCallSpec
+from engine.log.sqlite_batch import pack_batch, pack_events, split_batch
 
 NAMESPACE = "turnlog.events"
 ENVELOPE = [f.name for f in dataclasses.fields(Event)]
@@ -78,6 +79,38 @@ def test_every_event_type_round_trips(name: str, optional: str | None) -> None:
     decoded = codec.decode(codec.encode(event))
     assert type(decoded) is type(event)
     assert decoded == event
+
+
+def test_an_appends_body_holds_every_event_behind_its_length_in_one_native_call() -> None:
+    events = [
+        sample(EVENT_TYPES[name], optional) for name in sorted(EVENT_TYPES) for optional in ("set", None)
+    ]
+    body = codec.encode_delimited(events)
+    assert body is not None, "the native writer is built (tests/test_avro_write.py)"
+    assert body == pack_batch([codec.encode(e) for e in events], compress=False)
+    assert [codec.decode(r) for r in split_batch(body)] == events
+    assert [codec.decode(r) for r in split_batch(pack_events(events, compress=True))] == events
+
+
+def test_an_append_with_an_event_the_native_writer_refuses_is_encoded_one_by_one() -> None:
+    """It says which: the Python writer names the field, or that the class is not registered."""
+    ok = sample(ev.StateChanged)
+    too_big = dataclasses.replace(sample(ev.ModelCallFinished), input_tokens=2**64)
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class Renamed(ev.StateChanged):
+        pass
+
+    foreign = Renamed(
+        session_id="s", version=1, from_state="IDLE", to_state="PROCESSING", cause="user_message"
+    )
+    for bad, message in [
+        (too_big, "field input_tokens: .* does not fit an Avro long"),
+        (foreign, "not a registered"),
+    ]:
+        assert codec.encode_delimited([ok, bad]) is None
+        with pytest.raises(EventEncodeError, match=message):
+            pack_events([ok, bad], compress=False)
 
 
 def test_tool_calls_round_trip_as_a_tuple_of_specs_in_order() -> None:

@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
-from .sqlite_batch import pack_batch, split_batch
+from .sqlite_batch import pack_events, split_batch
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_layout import migrate
 from .submissions import SUBMITTED_TYPES, submission_keys
@@ -221,7 +221,7 @@ class SqliteEventLog(EventLog):
     ) -> list[LogRecord]:
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
-        value = pack_batch([codec.encode(e) for e in events], compress=self.compress)
+        value = pack_events(events, compress=self.compress)
         snapshot = next((e.version for e in events if e.type == SNAPSHOT), None)
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
 

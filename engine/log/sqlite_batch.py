@@ -16,17 +16,34 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .. import codec
 from ..errors import MalformedEventError
+from ..events import Event
 from .zdict import pack, unpack
+
+
+def pack_events(events: Sequence[Event], *, compress: bool) -> bytes:
+    """The stored value of one append's events (in version order): the native writer writes
+    the whole body in one call when it can (``codec.encode_delimited``)."""
+    body = codec.encode_delimited(events)
+    if body is None:
+        body = _delimited([codec.encode(e) for e in events])
+    return pack(body) if compress else body
 
 
 def pack_batch(records: Sequence[bytes], *, compress: bool) -> bytes:
     """The stored value of one append's records (in version order)."""
+    body = _delimited(records)
+    return pack(body) if compress else body
+
+
+def _delimited(records: Sequence[bytes]) -> bytes:
+    """The records, each behind its length (an unsigned varint)."""
     body = bytearray()
     for record in records:
         _write_length(body, len(record))
         body += record
-    return pack(bytes(body)) if compress else bytes(body)
+    return bytes(body)
 
 
 def split_batch(stored: bytes) -> list[bytes]:
