@@ -16,7 +16,8 @@ from engine import codec
 from engine import events as ev
 from engine.errors import EventEncodeError, MalformedEventError, UnknownSchemaError
 from engine.events import EVENT_TYPES, Event, ToolCallSpec
-from engine.log.sqlite_batch import pack_batch, pack_events, split_batch
+from engine.log.sqlite_batch import delimited_events, pack_batch, split_batch
+from engine.log.zdict import pack
 
 NAMESPACE = "turnlog.events"
 ENVELOPE = [f.name for f in dataclasses.fields(Event)]
@@ -89,7 +90,7 @@ def test_an_appends_body_holds_every_event_behind_its_length_in_one_native_call(
     assert body is not None, "the native writer is built (tests/test_avro_write.py)"
     assert body == pack_batch([codec.encode(e) for e in events], compress=False)
     assert [codec.decode(r) for r in split_batch(body)] == events
-    assert [codec.decode(r) for r in split_batch(pack_events(events, compress=True))] == events
+    assert [codec.decode(r) for r in split_batch(pack(delimited_events(events)))] == events
 
 
 def test_an_append_with_an_event_the_native_writer_refuses_is_encoded_one_by_one() -> None:
@@ -110,7 +111,7 @@ def test_an_append_with_an_event_the_native_writer_refuses_is_encoded_one_by_one
     ]:
         assert codec.encode_delimited([ok, bad]) is None
         with pytest.raises(EventEncodeError, match=message):
-            pack_events([ok, bad], compress=False)
+            delimited_events([ok, bad])
 
 
 def test_tool_calls_round_trip_as_a_tuple_of_specs_in_order() -> None:

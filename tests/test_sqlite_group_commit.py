@@ -143,7 +143,7 @@ class FailingCommits(sqlite3.Connection):
 
 async def test_a_failed_commit_fails_every_append_it_carried_and_none_is_on_the_log(log_path: Path) -> None:
     log = SqliteEventLog(log_path, durability="power")
-    log.group = GroupCommit(power_writer(log_path, FailingCommits))
+    log.group = GroupCommit(power_writer(log_path, FailingCommits), held_rows=log.held_rows)
     sids = [f"f-{i:02d}" for i in range(16)]
     try:
         await create(log, sids)
@@ -189,7 +189,9 @@ async def test_a_slow_commit_runs_off_the_loop_and_a_fast_one_on_it(log_path: Pa
     the loop to measure the disk again. Every append is on the log either way."""
     log = SqliteEventLog(log_path, durability="power")
     # fast: no COMMIT is slow enough to leave the loop; slow: every one is far slower than it allows
-    log.group = GroupCommit(power_writer(log_path, TimedCommits), inline_below_s=0.002 if slow else 60.0)
+    log.group = GroupCommit(
+        power_writer(log_path, TimedCommits), inline_below_s=0.002 if slow else 60.0, held_rows=log.held_rows
+    )
     TimedCommits.delay_s, TimedCommits.threads = (0.02 if slow else 0.0), []
     sids = [f"c-{i}" for i in range(40)]
     try:
@@ -235,7 +237,9 @@ def test_a_lone_write_commits_at_once_and_the_loop_still_turns(
     async def append_alone() -> int:
         log = SqliteEventLog(log_path, durability=durability)
         if durability == "power":  # a disk fast enough for the COMMIT to stay on the loop
-            log.group = GroupCommit(power_writer(log_path, sqlite3.Connection), inline_below_s=60.0)
+            log.group = GroupCommit(
+                power_writer(log_path, sqlite3.Connection), inline_below_s=60.0, held_rows=log.held_rows
+            )
         try:
             await create(log, ["solo"])
             start = selector.polls
@@ -366,12 +370,18 @@ async def test_a_write_alone_that_fails_part_way_leaves_none_of_its_writes(
 
 
 def held_log(
-    log_path: Path, factory: type[sqlite3.Connection] = sqlite3.Connection, *, hold_s: float = 60.0
+    log_path: Path,
+    factory: type[sqlite3.Connection] = sqlite3.Connection,
+    *,
+    hold_s: float = 60.0,
+    partitions: int = 8,
 ) -> SqliteEventLog:
     """A ``power`` log whose redoable appends stay held until something commits them (the
     hold timer far off, unless ``hold_s`` says otherwise)."""
-    log = SqliteEventLog(log_path, durability="power")
-    log.group = GroupCommit(power_writer(log_path, factory), inline_below_s=60.0, hold_s=hold_s)
+    log = SqliteEventLog(log_path, durability="power", partitions=partitions)
+    log.group = GroupCommit(
+        power_writer(log_path, factory), inline_below_s=60.0, hold_s=hold_s, held_rows=log.held_rows
+    )
     return log
 
 
@@ -444,7 +454,9 @@ async def test_a_read_waits_for_a_held_commit_running_off_the_loop(log_path: Pat
     """On a slow disk the COMMIT of held appends runs on the commit thread like any other; a
     read in this process waits for it, and reads them."""
     log = SqliteEventLog(log_path, durability="power")
-    log.group = GroupCommit(power_writer(log_path, TimedCommits), inline_below_s=0.002, hold_s=60.0)
+    log.group = GroupCommit(
+        power_writer(log_path, TimedCommits), inline_below_s=0.002, hold_s=60.0, held_rows=log.held_rows
+    )
     TimedCommits.delay_s, TimedCommits.threads = 0.02, []
     try:
         await create(log, ["slow"])  # its COMMIT, timed on the loop, is slow: the next ones leave it
@@ -577,7 +589,9 @@ async def test_an_append_queued_while_a_held_commit_leaves_the_loop_waits_for_it
     transaction (before the fix it began inside it and the append failed with sqlite's
     "cannot start a transaction within a transaction")."""
     log = SqliteEventLog(log_path, durability="power")
-    log.group = GroupCommit(power_writer(log_path, TimedCommits), inline_below_s=0.002, hold_s=60.0)
+    log.group = GroupCommit(
+        power_writer(log_path, TimedCommits), inline_below_s=0.002, hold_s=60.0, held_rows=log.held_rows
+    )
     TimedCommits.delay_s, TimedCommits.threads = 0.02, []
     try:
         await create(log, ["held", "next"])  # slow, timed on the loop: the next COMMITs leave it

@@ -31,10 +31,12 @@ from ..errors import (
 )
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, partition_for
-from .sqlite_batch import pack_events, split_batch
+from .sqlite_batch import delimited_events, split_batch
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
+from .sqlite_held import HeldRows
 from .sqlite_layout import migrate
 from .submissions import SUBMITTED_TYPES, submission_keys
+from .zdict import pack
 
 Durability = Literal["process", "power"]
 T = TypeVar("T")
@@ -54,7 +56,8 @@ _BATCHES = (
 )""",
     "CREATE INDEX IF NOT EXISTS batches_by_partition ON batches (partition, position)",
 )
-"""The events (layout 3): one row per append (engine.log.sqlite_batch). ``position`` and
+"""The events (layout 3): one row per append (engine.log.sqlite_batch), or per run of a session's
+held appends (engine.log.sqlite_held). ``position`` and
 ``version`` are its first event's, ``count`` how many it holds (the others follow at position +
 1, version + 1, ...), ``snapshot`` the version of its first ``SnapshotTaken`` (NULL if none).
 A row names its session by ``sessions.key``, a small integer, not by the session id. A session's
@@ -176,9 +179,14 @@ class SqliteEventLog(EventLog):
         """Sessions whose redoable append was lost after it returned (``_lose``)."""
         self.group: GroupCommit | None = None
         """The appends' group commit (None for an in-memory database)."""
+        self.held_rows = HeldRows(compress=compress)
+        """The rows of the redoable appends held in the group commit's open transaction."""
         if not _in_memory(path):
             self.group = GroupCommit(
-                lambda: _connect(self.path, durability), off_loop=durability == "power", hold_s=hold_s
+                lambda: _connect(self.path, durability),
+                off_loop=durability == "power",
+                hold_s=hold_s,
+                held_rows=self.held_rows,
             )
 
     def _fix_partitions(self, wanted: int) -> int:
@@ -221,9 +229,16 @@ class SqliteEventLog(EventLog):
     ) -> list[LogRecord]:
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
-        value = pack_events(events, compress=self.compress)
+        body = delimited_events(events)
         snapshot = next((e.version for e in events if e.type == SNAPSHOT), None)
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
+        group = self.group
+        if redoable and not keys and group is not None and group.held_rows is self.held_rows:
+            held = self._held_write(session_id, partition, expected_version, len(events), snapshot, body)
+            positions = await group.write(held, on_lost=lambda error: self._lose(session_id, error))
+            self._notify()
+            return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+        value = pack(body) if self.compress else body
 
         def write(db: sqlite3.Connection) -> range:
             """The append's writes, inside a transaction that holds the write lock: versions
@@ -247,12 +262,45 @@ class SqliteEventLog(EventLog):
             )
             return range(position, position + len(events))
 
-        if redoable and not keys and self.group is not None:
-            positions = await self.group.write(write, on_lost=lambda error: self._lose(session_id, error))
-        else:
-            positions = await self._write(write)
+        positions = await self._write(write)
         self._notify()
         return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+
+    def _held_write(
+        self,
+        session_id: str,
+        partition: int,
+        expected_version: int,
+        count: int,
+        snapshot: int | None,
+        body: bytes,
+    ) -> Callable[[sqlite3.Connection], range]:
+        """A redoable append's job (engine.log.sqlite_held): checked against the session's head
+        as the held appends left it (read from the file if it has none), its row held until the
+        transaction's next other write or its COMMIT. It writes nothing it would have to undo:
+        it runs without a savepoint."""
+        rows = self.held_rows
+
+        def write(db: sqlite3.Connection) -> range:
+            lost = self._lost.pop(session_id, None)
+            if lost is not None:
+                raise lost
+            head, last = rows.head(session_id), rows.last_position()
+            if head is None:
+                session, actual, file_last = db.execute(_HEADS, (session_id,)).fetchone()
+                head = (session, actual or 0)
+                if last is None:  # nothing held: the file has the log's last position
+                    last = file_last
+            session, actual = head
+            if actual != expected_version:
+                raise ConcurrencyError(session_id, expected_version, actual)
+            position = (last or 0) + 1
+            if session is None:  # the session's first append (the last write: nothing to undo after it)
+                session = _new_session_key(db, session_id)
+            rows.add(session_id, session, partition, position, expected_version + 1, count, snapshot, body)
+            return range(position, position + count)
+
+        return write
 
     def _lose(self, session_id: str, error: BaseException) -> None:
         """A redoable append of the session returned and then its COMMIT failed: its next
@@ -310,20 +358,23 @@ class SqliteEventLog(EventLog):
 
     @_after_own_writes
     async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
-        """One walk back the session's batches to the newest holding a snapshot; only snapshots
-        are decoded."""
+        """One walk back the session's batches to the newest holding a snapshot; only that
+        snapshot is decoded."""
         last = (1 << 63) - 1 if at_or_before is None else at_or_before
-        snapshots = self._snapshots(session_id, last, last, lowest=0)
-        return snapshots[-1] if snapshots else None
+        key = self._session(session_id)
+        if key is None:
+            return None
+        rows = self._db.execute(_SNAPSHOTS_FROM, (key, last, last)).fetchall()
+        for p, o, v, value in reversed(rows):  # a row may hold several (a turn's held steps): decode one
+            records = _records(p, o, value)
+            for i in range(min(len(records), last - v + 1) - 1, -1, -1):
+                if codec.type_of(records[i]) == SNAPSHOT:
+                    return _decode(p, o + i, records[i])
+        return None
 
     @_after_own_writes
     async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
         """One range read of the session's batches from ``first``'s snapshot to ``last``."""
-        return self._snapshots(session_id, first, last, lowest=first)
-
-    def _snapshots(self, session_id: str, first: int, last: int, *, lowest: int) -> list[Event]:
-        """The snapshots from version ``lowest`` to ``last`` in the batches from the one holding
-        the newest snapshot at or before ``first`` to ``last``."""
         key = self._session(session_id)
         if key is None:
             return []
@@ -332,7 +383,7 @@ class SqliteEventLog(EventLog):
             _decode(p, o + i, record)
             for p, o, v, value in rows
             for i, record in enumerate(_records(p, o, value))
-            if lowest <= v + i <= last and codec.type_of(record) == SNAPSHOT
+            if first <= v + i <= last and codec.type_of(record) == SNAPSHOT
         ]
 
     @_after_own_writes

@@ -1,4 +1,5 @@
-"""One append as the embedded log stores it (layout 3): a row per append, not per event.
+"""One append as the embedded log stores it (layout 3): a row per append, not per event (a
+session's consecutive held appends share one: engine.log.sqlite_held).
 
 An append is one session's next events, committed together. Layout 3 keeps them together: one
 ``batches`` row holds the first event's position and version and the number of events, and one
@@ -22,13 +23,12 @@ from ..events import Event
 from .zdict import pack, unpack
 
 
-def pack_events(events: Sequence[Event], *, compress: bool) -> bytes:
-    """The stored value of one append's events (in version order): the native writer writes
-    the whole body in one call when it can (``codec.encode_delimited``)."""
+def delimited_events(events: Sequence[Event]) -> bytes:
+    """The events' records behind their lengths, not compressed: the native writer writes the
+    whole body in one call when it can (``codec.encode_delimited``). Bodies concatenate: two
+    appends' bodies, one after the other, are the body of their events together."""
     body = codec.encode_delimited(events)
-    if body is None:
-        body = _delimited([codec.encode(e) for e in events])
-    return pack(body) if compress else body
+    return _delimited([codec.encode(e) for e in events]) if body is None else body
 
 
 def pack_batch(records: Sequence[bytes], *, compress: bool) -> bytes:

@@ -25,7 +25,9 @@ fsync, among every append made while the previous transaction was being committe
 * an append returns only after its batch's COMMIT returned: its events are then on disk. If the
   COMMIT fails, every append of the batch fails (``LogUnavailableError``) and none is on the log;
 * except a *redoable* write (``on_lost`` given; engine.log.base.EventLog.append): it returns as
-  soon as its job has run (its version check passed, its positions are assigned), and a
+  soon as its job has run (its version check passed, its positions are assigned; its row waits
+  in ``held_rows``, engine.log.sqlite_held, written before the transaction's next other job and
+  before its COMMIT, so a redoable job runs without a savepoint), and a
   transaction of such writes only is *held* open for up to ``HOLD_S`` instead of committed, so
   the writes made meanwhile join it: the next write that waits for its COMMIT (a session's
   turn end, a user message, a tool with a side effect), the timer, ``close`` or a read in this
@@ -57,6 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from ..errors import LogUnavailableError
+from .sqlite_held import HeldRows
 
 T = TypeVar("T")
 Connect = Callable[[], sqlite3.Connection]
@@ -117,8 +120,12 @@ class GroupCommit:
         off_loop: bool = True,
         inline_below_s: float = INLINE_BELOW_S,
         hold_s: float = HOLD_S,
+        held_rows: HeldRows | None = None,
     ) -> None:
+        """``held_rows``: where the redoable jobs leave their rows (engine.log.sqlite_held);
+        written before any other job of the transaction and before its COMMIT."""
         self._connect = connect
+        self.held_rows = held_rows
         self._hold_s = hold_s
         self._off_loop = off_loop
         """A slow COMMIT may run on a thread of its own (an fsync); False: always on the loop."""
@@ -296,11 +303,21 @@ class GroupCommit:
         self._commit(self._end_hold() + members)
 
     def _commit(self, members: Members) -> None:
-        """COMMIT the open transaction of ``members``: on the thread if COMMITs have been slow,
-        else here."""
+        """Write the held rows, then COMMIT the open transaction of ``members``: on the thread
+        if COMMITs have been slow, else here. Rows that cannot be written fail the transaction
+        like a failed COMMIT."""
         loop = asyncio.get_running_loop()
         db = self._connection()
         self._committing = True
+        if self.held_rows:
+            try:
+                self.held_rows.flush(db)
+            except Exception as exc:
+                self.held_rows.drop()
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                self._committed(exc, members, loop)
+                return
         if self._commit_off_loop():
             assert self._thread is not None
             self._redoable_in_flight = any(lost is not None for _, _, lost in members)
@@ -331,7 +348,9 @@ class GroupCommit:
         """Run the jobs; the ones that succeeded, with their results. A job of a batch of
         several, or joining held writes (``isolate``), runs in a savepoint, so one that fails
         rolls back alone; a job alone needs none (if it fails, the whole transaction is rolled
-        back: two statements fewer per append)."""
+        back: two statements fewer per append). A redoable job needs none either: it writes
+        nothing it would have to undo (its row waits in ``held_rows``), and the held rows are
+        written before any other job runs, outside that job's savepoint."""
         if len(batch) == 1 and not isolate:
             job, fut, on_lost = batch[0]
             try:
@@ -341,6 +360,14 @@ class GroupCommit:
                 return []
         members: Members = []
         for job, fut, on_lost in batch:
+            if on_lost is not None:
+                try:
+                    members.append((fut, job(db), on_lost))
+                except Exception as exc:
+                    fut.set_exception(exc)
+                continue
+            if not self._held_rows_written(db, fut):
+                continue
             db.execute("SAVEPOINT append")
             try:
                 result = job(db)
@@ -351,6 +378,25 @@ class GroupCommit:
                 members.append((fut, result, on_lost))
             db.execute("RELEASE append")
         return members
+
+    def _held_rows_written(self, db: sqlite3.Connection, fut: asyncio.Future[Any]) -> bool:
+        """Write the held rows before a job that reads or writes the file; if they cannot be,
+        fail that job (the rows stay held: the COMMIT tries them again, and if it fails their
+        writers are told)."""
+        if not self.held_rows:
+            return True
+        try:
+            self.held_rows.flush(db)
+        except Exception as exc:
+            fut.set_exception(
+                LogUnavailableError(
+                    f"the embedded log could not write the appends held before this one "
+                    f"({type(exc).__name__}: {exc}); this one is not on the log. Check the disk the "
+                    "log file is on (space, permissions) and retry."
+                )
+            )
+            return False
+        return True
 
     def _committed(
         self, error: BaseException | None, members: Members, loop: asyncio.AbstractEventLoop

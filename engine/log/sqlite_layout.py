@@ -3,7 +3,8 @@
 * Layout 1: an ``events`` row per event, carrying its session id; plain Avro values.
 * Layout 2: an ``events`` row per event, naming its session by ``sessions.key``; values
   compressed one by one (engine.log.zdict).
-* Layout 3 (current): a ``batches`` row per append (engine.log.sqlite_batch).
+* Layout 3 (current): a ``batches`` row per append (engine.log.sqlite_batch), or per run of a
+  session's held appends (engine.log.sqlite_held).
 
 A file of layout 1 or 2 is rewritten into layout 3 on open, in one transaction, and vacuumed to
 give the space back. Every event keeps its partition, position and version, so consumer-group
