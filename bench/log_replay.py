@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sqlite3
 import statistics
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +91,11 @@ async def read_back(path: Path, session_ids: list[str]) -> dict[str, float]:
             best["latest_snapshot_us"] = min(best["latest_snapshot_us"], lookup)
         if n != m:
             raise AssertionError(f"read_session gave {n} events, read_partition {m}")
-        best["rows"] = log._db.execute("SELECT count(*) FROM batches").fetchone()[0]
         best["events"] = n
     finally:
         await log.close()
+    with closing(sqlite3.connect(path)) as db:
+        best["rows"] = db.execute("SELECT count(*) FROM batches").fetchone()[0]
     return best
 
 

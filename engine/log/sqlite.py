@@ -180,7 +180,8 @@ class SqliteEventLog(EventLog):
         self.group: GroupCommit | None = None
         """The appends' group commit (None for an in-memory database)."""
         self.held_rows = HeldRows(compress=compress)
-        """The rows of the redoable appends held in the group commit's open transaction."""
+        """The rows of the redoable appends held in the group commit's open transaction (a
+        group commit without held rows holds no append)."""
         if not _in_memory(path):
             self.group = GroupCommit(
                 lambda: _connect(self.path, durability),
@@ -233,11 +234,28 @@ class SqliteEventLog(EventLog):
         snapshot = next((e.version for e in events if e.type == SNAPSHOT), None)
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
         group = self.group
-        if redoable and not keys and group is not None and group.held_rows is self.held_rows:
-            held = self._held_write(session_id, partition, expected_version, len(events), snapshot, body)
+        if redoable and not keys and group is not None and group.held_rows is not None:
+            held = self._held_write(
+                group.held_rows, session_id, partition, expected_version, len(events), snapshot, body
+            )
             positions = await group.write(held, on_lost=lambda error: self._lose(session_id, error))
-            self._notify()
-            return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+        else:
+            job = self._append_job(session_id, partition, expected_version, len(events), snapshot, keys, body)
+            positions = await self._write(job)
+        self._notify()
+        return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+
+    def _append_job(
+        self,
+        session_id: str,
+        partition: int,
+        expected_version: int,
+        count: int,
+        snapshot: int | None,
+        keys: list[tuple[str, str, int]],
+        body: bytes,
+    ) -> Callable[[sqlite3.Connection], range]:
+        """An append's job that writes its row at once (every append but a held one)."""
         value = pack(body) if self.compress else body
 
         def write(db: sqlite3.Connection) -> range:
@@ -258,16 +276,15 @@ class SqliteEventLog(EventLog):
             position = (last or 0) + 1
             db.execute(
                 "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (position, partition, session, expected_version + 1, len(events), snapshot, value),
+                (position, partition, session, expected_version + 1, count, snapshot, value),
             )
-            return range(position, position + len(events))
+            return range(position, position + count)
 
-        positions = await self._write(write)
-        self._notify()
-        return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+        return write
 
     def _held_write(
         self,
+        rows: HeldRows,
         session_id: str,
         partition: int,
         expected_version: int,
@@ -279,7 +296,6 @@ class SqliteEventLog(EventLog):
         as the held appends left it (read from the file if it has none), its row held until the
         transaction's next other write or its COMMIT. It writes nothing it would have to undo:
         it runs without a savepoint."""
-        rows = self.held_rows
 
         def write(db: sqlite3.Connection) -> range:
             lost = self._lost.pop(session_id, None)
