@@ -117,8 +117,7 @@ class SessionAdmin:
         """``fork``, returning the SessionForked and the events that settle the inherited
         unfinished work, appended together."""
         snapshot = await self._snapshot_at(session_id, version)
-        chain = await snapshots.chain_of(self.log, snapshot)
-        origin = snapshots.restore(snapshot, *chain)  # refuses an unreadable snapshot before we write
+        origin = await snapshots.state_before(self.log, snapshot)  # refuses an unreadable one before we write
         pending = _unfinished_work(origin)
         if pending and unfinished not in ("continue", "rest"):
             raise InputError(
@@ -173,9 +172,14 @@ class SessionAdmin:
         return events
 
     async def _snapshot_at(self, session_id: str, version: int) -> ev.SnapshotTaken:
+        """The snapshot at ``version``: one that holds a state (an index lookup) or a restore
+        point (the event read at its version)."""
         found = await self.log.latest_snapshot(session_id, at_or_before=version)
         if isinstance(found, ev.SnapshotTaken) and found.version == version:
             return found
+        at = await self.log.read_session(session_id, version - 1) if version > 0 else []
+        if at and isinstance(at[0], ev.SnapshotTaken) and at[0].version == version:
+            return at[0]
         available = [s.version for s in await self.snapshots(session_id)]
         raise SnapshotNotFoundError(session_id, version, available)
 

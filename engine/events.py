@@ -331,7 +331,8 @@ class ToolInvoked(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotTaken(Event):
-    """The folded session state as of the previous version (engine.snapshots); loading starts here."""
+    """The folded session state as of the previous version (engine.snapshots); loading starts here.
+    After a tool step it may be a restore point instead, holding only what had happened by then."""
 
     state_format: int
     """Serialisation format of ``state_json`` (engine.snapshots.FORMAT); unknown formats are refused."""
@@ -349,6 +350,12 @@ class SnapshotTaken(Event):
     (format 4, ``"p"`` in the JSON)."""
     state_json: str
     type: ClassVar[str] = "SnapshotTaken"
+
+    @property
+    def holds_state(self) -> bool:
+        """False for a restore point (format 0: no ``state_json``; its state is the newest
+        snapshot before it that holds one, with the events between folded on top)."""
+        return self.state_format != 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -178,7 +178,8 @@ class Rebaser:
             for event in keep:
                 if isinstance(event, ev.SnapshotTaken):
                     if self.encoder is not None:  # the state moved: snapshot the new one
-                        snapshots.take(w, self.encoder, correlation_id=event.correlation_id)
+                        step = not event.holds_state  # a restore point stays one where it may
+                        snapshots.take(w, self.encoder, correlation_id=event.correlation_id, step=step)
                     continue
                 moved = dataclasses.replace(event, version=fresh.version + 1)
                 fresh.apply(moved)

@@ -30,6 +30,17 @@ size stays bounded on a long session and loading reads at most two snapshots. Fo
   turn's whole history with every tool result in full, so a turn of K tool steps wrote K²/2
   results into its snapshots.
 
+Restore points (format 0, ``RESTORE_POINT``): a snapshot after a tool step holds no state
+when the session's newest snapshot that does is fewer than ``FULL_EVERY`` events back and the
+messages added since are small (under ``FULL_CHARS`` characters: a large tool result is written
+in the commit that carries its event, where the log's compression folds the two). It is
+what seed §8 asks for (a point an admin can restore from, with what had happened by then) at the
+cost of one small event: its ``state_json`` is empty, and its state is the newest full snapshot
+before it with the events between folded on top (``state_before``). Loading skips them
+(``EventLog.latest_snapshot`` returns only snapshots that hold a state), so a load still folds at
+most about ``FULL_EVERY`` events plus one step's. Every turn end, and every snapshot whose fold
+the encoder has not written a full one for (a reloaded state), holds the state.
+
 Every format is read (``READS``): fields a format lacks take their defaults. Format 1 messages
 carry no ``ref``; ``load_latest`` gives them the versions of the events they came from (one
 index read of the session's message events, ``EventLog.versions_of``), or folds from the
@@ -52,7 +63,7 @@ from typing import Any, Sequence
 from . import events as ev
 from .errors import SnapshotFormatError
 from .events import ToolCallSpec
-from .fold import InboundMessage, SessionState, ToolCallProgress, TurnProgress
+from .fold import InboundMessage, SessionState, ToolCallProgress, TurnProgress, fold
 from .log.base import EventLog
 from .messages import ChatMessage
 from .states import SessionStatus
@@ -60,6 +71,13 @@ from .tools.guards import CallRecord
 from .writer import SessionWriter
 
 FORMAT = 5
+RESTORE_POINT = 0
+"""The ``state_format`` of a snapshot that holds no state (``state_json`` is empty)."""
+FULL_EVERY = 64
+"""A tool step's snapshot holds the state once the newest one that does is this many events back
+(or is unknown to the encoder); before that it is a restore point. Bounds what a load folds."""
+FULL_CHARS = 2048
+"""Or once the messages added since hold this many characters (tool results, arguments, text)."""
 DELTA_LIMIT = 128
 """Messages a chain may add beyond its keyframe before the next snapshot is a keyframe."""
 CHAIN_LIMIT = 64
@@ -225,23 +243,40 @@ class SnapshotEncoder:
         text = encode_state(state, entry.parts[skip:], base=base, skip=skip, previous=previous, kept=kept)
         return Encoded(text, base)
 
+    def restore_point_ok(self, state: SessionState, version: int) -> bool:
+        """Whether the snapshot of ``state`` at ``version`` may be a restore point: this encoder
+        wrote one holding this fold fewer than ``FULL_EVERY`` versions before, and the messages
+        added since hold fewer than ``FULL_CHARS`` characters. (A step that added more has its
+        state written now, in the commit that carries the same text, where the log's compression
+        folds the two; left to a later commit, the text would be stored twice.)"""
+        cached = self._cache.get(state.session_id)
+        if cached is None or not cached.previous_version or not _same_fold(cached, state.messages):
+            return False
+        if version - cached.previous_version >= FULL_EVERY:
+            return False
+        added = state.messages[cached.previous_count :]
+        chars = sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in added)
+        return chars < FULL_CHARS
+
     def _entry(self, state: SessionState) -> _Encoded:
         messages = state.messages
         cached = self._cache.pop(state.session_id, None)
-        n = len(cached.parts) if cached is not None else 0
-        if (
-            cached is None
-            or cached.messages is not messages
-            or len(messages) < n
-            or (n and messages[n - 1] is not cached.last)
-        ):
-            cached, n = _Encoded(messages, None, []), 0
+        if cached is None or not _same_fold(cached, messages):
+            cached = _Encoded(messages, None, [])
+        n = len(cached.parts)
         cached.parts.extend(_message(m) for m in messages[n:])
         cached.last = messages[-1] if messages else None
         self._cache[state.session_id] = cached
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return cached
+
+
+def _same_fold(cached: _Encoded, messages: list[ChatMessage]) -> bool:
+    """Whether ``messages`` is the list the cache encoded, grown only at its end since (the fold
+    replaces the list whenever it rewrites history, and a reload makes a new one)."""
+    n = len(cached.parts)
+    return cached.messages is messages and len(messages) >= n and (not n or messages[n - 1] is cached.last)
 
 
 def _kept_history(entry: _Encoded, turn: TurnProgress | None) -> int:
@@ -452,6 +487,24 @@ async def chain_of(log: EventLog, snapshot: ev.SnapshotTaken) -> list[ev.Snapsho
     return [s for s in found if isinstance(s, ev.SnapshotTaken)]
 
 
+async def state_before(log: EventLog, snapshot: ev.SnapshotTaken) -> SessionState:
+    """The session's state as of ``snapshot.version - 1`` (``restore``'s), for a restore point
+    too: the newest snapshot before it that holds a state, with the events between folded on
+    top (from the session's start when there is none or it cannot be read)."""
+    if snapshot.holds_state:
+        return restore(snapshot, *await chain_of(log, snapshot))
+    session_id, state = snapshot.session_id, None
+    base = await log.latest_snapshot(session_id, at_or_before=snapshot.version - 1)
+    if isinstance(base, ev.SnapshotTaken):
+        try:
+            state = restore(base, *await chain_of(log, base))
+        except SnapshotFormatError:
+            state = None
+    after = state.version if state is not None else 0
+    events = await log.read_session(session_id, after)
+    return fold(session_id, (e for e in events if e.version < snapshot.version), state)
+
+
 async def load_latest(log: EventLog, session_id: str) -> SessionState | None:
     """The state of the session's newest snapshot (an index lookup and a range read), or None."""
     snapshot = await log.latest_snapshot(session_id)
@@ -542,13 +595,21 @@ def last_tool(state: SessionState) -> str:
     return ""
 
 
-def take(w: SessionWriter, encoder: SnapshotEncoder, *, correlation_id: str | None = None) -> None:
-    """Add a SnapshotTaken of the writer's state (as of its last event) to the pending batch."""
+def take(
+    w: SessionWriter, encoder: SnapshotEncoder, *, correlation_id: str | None = None, step: bool = False
+) -> None:
+    """Add a SnapshotTaken of the writer's state (as of its last event) to the pending batch.
+    ``step``: taken after a tool step, so a restore point when a full snapshot of this fold is
+    near (``SnapshotEncoder.restore_point_ok``)."""
     state = w.state
-    encoded = encoder.encode(state, state.version + 1)
+    version = state.version + 1
+    if step and encoder.restore_point_ok(state, version):
+        encoded, state_format = Encoded("", 0), RESTORE_POINT
+    else:
+        encoded, state_format = encoder.encode(state, version), FORMAT
     w.add(
         ev.SnapshotTaken,
-        state_format=FORMAT,
+        state_format=state_format,
         status=str(state.status),
         last_tool=last_tool(state),
         turns=state.turns_finished,
@@ -574,5 +635,6 @@ __all__ = [
     "inherited_refs",
     "renumbers",
     "restore_fork",
+    "state_before",
     "take",
 ]

@@ -536,7 +536,7 @@ class TurnRunner:
         batch.after_batch(w, tid, len(step.calls), plan.trip, agent.max_tool_iterations)
         w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
         if self.snapshots is not None:
-            _snapshots.take(w, self.snapshots, correlation_id=tid)
+            _snapshots.take(w, self.snapshots, correlation_id=tid, step=True)
         # nothing since the last commit that cannot run again if lost: the next model call need
         # not wait for the COMMIT of what it follows (it is made again, and so is the batch)
         w.redoable_pending = not commit_first and bool(runnable)

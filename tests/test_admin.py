@@ -91,6 +91,8 @@ async def test_fork_mid_turn_continues_with_another_model_and_leaves_the_origin_
     api, sid, model_b = await origin_session(log)
     before = await raw_rows(log, sid)
     after_tool = (await SessionAdmin(log).snapshots(sid))[2]  # second turn, refund ran, no answer yet
+    (point,) = [e for e in await log.read_session(sid) if e.version == after_tool.version]
+    assert not point.holds_state  # type: ignore[attr-defined]  # a restore point: folded from the turn end
     origin_at = fold(sid, [e for e in await log.read_session(sid) if e.version < after_tool.version])
 
     with pytest.raises(InputError, match="unfinished='continue'.*unfinished='rest'"):

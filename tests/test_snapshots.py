@@ -1,4 +1,5 @@
-"""Snapshots: written after every tool step and turn end, exact, and where loading starts."""
+"""Snapshots: written after every tool step (a restore point while a full one is near) and turn
+end, exact, and where loading starts."""
 
 from __future__ import annotations
 
@@ -89,6 +90,13 @@ async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log:
     assert len(finished) == 200 and tool_steps > 150
     assert len(snaps) == len(finished) + tool_steps  # one per turn end and per tool step
     assert {e.reason for e in finished} == {"answered", "model_error"}
+    full_ones = [s for s in snaps if s.holds_state]
+    points = [s for s in snaps if not s.holds_state]
+    # this agent's turns are short: every tool step's snapshot is a restore point, every turn
+    # end's holds the state
+    assert len(points) == tool_steps and all(s.state_format == 0 and s.state_json == "" for s in points)
+    assert [s.version for s in full_ones] == [e.version + 1 for e in finished]
+    assert all(0 < p.version - before.version < snapshots.FULL_EVERY for before, p in _after_full(snaps))
 
     # One pass: at each snapshot its restored state must equal the fold from version 1 so far;
     # then it is folded forward alongside, and must equal that fold again at the next snapshot
@@ -97,24 +105,31 @@ async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log:
     running = SessionState(sid)
     by_version = {s.version: s for s in snaps}
     forward: SessionState | None = None
-    history_before: tuple[str, int] | None = None  # the previous snapshot's turn and its history length
+    history_before: tuple[str, int] | None = None  # the previous full snapshot's turn and history length
     for event in events:
         snap = by_version.get(event.version)
         if snap is not None:
-            chain = [s for s in snaps if snap.keyframe_version <= s.version < snap.version]
-            chain = chain if snap.keyframe_version else []
-            assert await snapshots.chain_of(log, snap) == chain
-            restored = snapshots.restore(snap, *chain)
-            assert restored == running, f"snapshot v{snap.version} differs from the fold"
-            assert forward is None or forward == running, f"folding on to v{snap.version} differs"
-            if running.turn is not None:  # dict equality ignores order; the batch order matters
-                assert list(restored.turn.tool_calls) == list(running.turn.tool_calls)  # type: ignore[union-attr]
             assert (snap.status, snap.message_count, snap.turns) == (
                 running.status,
                 len(running.messages),
                 running.turns_finished,
             )
             assert (snap.input_tokens, snap.output_tokens) == (running.input_tokens, running.output_tokens)
+            if not snap.holds_state:  # a restore point: the full snapshot before it, folded on
+                assert await snapshots.state_before(log, snap) == running
+                running.apply(event)
+                if forward is not None:
+                    forward.apply(event)
+                continue
+            chain = [s for s in full_ones if snap.keyframe_version <= s.version < snap.version]
+            chain = chain if snap.keyframe_version else []
+            assert await snapshots.chain_of(log, snap) == chain
+            restored = snapshots.restore(snap, *chain)
+            assert restored == running, f"snapshot v{snap.version} differs from the fold"
+            assert await snapshots.state_before(log, snap) == running
+            assert forward is None or forward == running, f"folding on to v{snap.version} differs"
+            if running.turn is not None:  # dict equality ignores order; the batch order matters
+                assert list(restored.turn.tool_calls) == list(running.turn.tool_calls)  # type: ignore[union-attr]
             # a delta of the same turn holds only the history records added since (format 5)
             doc, now = json.loads(snap.state_json), running.turn
             same_turn = snap.keyframe_version and now and history_before and history_before[0] == now.turn_id
@@ -127,19 +142,82 @@ async def test_every_snapshot_of_a_200_turn_session_folds_to_the_same_state(log:
         if forward is not None:
             forward.apply(event)
     assert running == full and forward == full
-    first = snaps[0]
+    first = full_ones[0]
     assert fold(sid, [e for e in events if e.version >= first.version], snapshots.restore(first)) == full
-    keyframes = [s for s in snaps if not s.keyframe_version]
-    assert 3 < len(keyframes) < len(snaps) // 10, "mostly deltas, a keyframe now and then"
-    assert max(len(s.state_json) for s in snaps if s.keyframe_version) < len(keyframes[-1].state_json)
-    # a delta holds the messages added since the snapshot before it, no more (format 4)
-    for before, snap in zip(snaps, snaps[1:], strict=False):
+    keyframes = [s for s in full_ones if not s.keyframe_version]
+    assert 3 < len(keyframes) < len(full_ones) // 10, "mostly deltas, a keyframe now and then"
+    assert max(len(s.state_json) for s in full_ones if s.keyframe_version) < len(keyframes[-1].state_json)
+    # a delta holds the messages added since the full snapshot before it, no more (format 4)
+    for before, snap in zip(full_ones, full_ones[1:], strict=False):
         if snap.keyframe_version:
             doc = json.loads(snap.state_json)
             assert doc["p"] == before.version and doc["k"] == before.message_count
             assert len(doc["m"]) == snap.message_count - before.message_count
     # the summaries say what happened at each snapshot
     assert {s.last_tool for s in snaps} == {"lookup", ""}
+
+
+def _after_full(snaps: Sequence[ev.SnapshotTaken]) -> list[tuple[ev.SnapshotTaken, ev.SnapshotTaken]]:
+    """Each restore point with the newest snapshot before it that holds a state."""
+    pairs, last_full = [], None
+    for snap in snaps:
+        if snap.holds_state:
+            last_full = snap
+        elif last_full is not None:
+            pairs.append((last_full, snap))
+    return pairs
+
+
+async def test_a_long_turn_holds_the_state_at_least_every_full_every_events(log: SqliteEventLog) -> None:
+    """Restore points keep a short turn's snapshots small; a long turn still writes one that
+    holds the state once the last is ``FULL_EVERY`` events back, so a load mid-turn folds at
+    most that many events plus one step's, and every snapshot restores the fold exactly."""
+    steps = 30
+
+    def digger(request: ModelRequest) -> ModelResponse | str:
+        done = sum(1 for m in request.messages if m.role == "tool")
+        return reply("", call("lookup", {"order_id": f"dig-{done}-x"}, f"d{done}")) if done < steps else "dug"
+
+    agent = Agent(AGENT, FunctionModel(digger), [lookup], max_tool_iterations=steps + 1)
+    api = AgentSessions(log, AgentDirectory([agent]))
+    sid = (await api.create_session(AGENT, "u")).session_id
+    async for _ in api.send_user_message(sid, "dig"):
+        pass
+    events = await log.read_session(sid)
+    snaps = snapshot_events(events)
+    assert len(snaps) == steps + 1 and isinstance(events[-2], ev.TurnFinished)
+    full_ones = [s for s in snaps if s.holds_state]
+    assert 2 < len(full_ones) < len(snaps) // 3 and snaps[-1].holds_state
+    step_events = 9  # a tool step's events: answer, call requested/started/finished, states, snapshot
+    for snap in snaps:
+        base = await log.latest_snapshot(sid, at_or_before=snap.version)
+        assert base is not None and base.holds_state  # type: ignore[attr-defined]
+        assert snap.version - base.version < snapshots.FULL_EVERY + step_events
+        before = [e for e in events if e.version < snap.version]
+        assert await snapshots.state_before(log, snap) == fold(sid, before)
+    assert sum(len(s.state_json) for s in snaps) < 3 * len(snaps[-1].state_json) * len(full_ones)
+
+
+async def test_a_step_with_a_large_result_holds_the_state_next_to_it(log: SqliteEventLog) -> None:
+    """A restore point would leave a large result to the next full snapshot, in a later commit
+    than its event (stored twice); so a step that added ``FULL_CHARS`` or more holds the state."""
+
+    @tool(idempotent=True)
+    async def page(n: int) -> str:
+        """Read a page."""
+        return f"page {n}: " + "lorem ipsum " * 250  # 3,000 characters
+
+    def reader(request: ModelRequest) -> ModelResponse | str:
+        done = sum(1 for m in request.messages if m.role == "tool")
+        return reply("", call("page", {"n": done}, f"p{done}")) if done < 3 else "read"
+
+    api = AgentSessions(log, AgentDirectory([Agent(AGENT, FunctionModel(reader), [page])]))
+    sid = (await api.create_session(AGENT, "u")).session_id
+    async for _ in api.send_user_message(sid, "read"):
+        pass
+    snaps = snapshot_events(await log.read_session(sid))
+    assert len(snaps) == 4 and all(s.holds_state for s in snaps)
+    assert all(len(s.state_json) > 3000 for s in snaps[:3])  # each holds its step's page
 
 
 async def test_a_cold_load_reads_only_the_events_after_the_latest_snapshot(log_path: Path) -> None:

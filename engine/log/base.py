@@ -20,7 +20,7 @@ from typing import Sequence
 import structlog
 
 from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError
-from ..events import Event, SessionCreated, SessionForked
+from ..events import Event, SessionCreated, SessionForked, SnapshotTaken
 
 SUBMIT_RETRIES = 8
 log = structlog.get_logger("turnlog.log")
@@ -63,6 +63,16 @@ def murmur2(data: bytes) -> int:
 def partition_for(session_id: str, partitions: int) -> int:
     """Stable partition of a session: Kafka's default keyed partitioner on the session id."""
     return (murmur2(session_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def holds_state(event: Event) -> bool:
+    """A snapshot a session can be loaded from: a SnapshotTaken that is not a restore point."""
+    return isinstance(event, SnapshotTaken) and event.holds_state
+
+
+def first_state_snapshot(events: Sequence[Event]) -> int | None:
+    """The version of the first snapshot in ``events`` that holds a state, or None."""
+    return next((e.version for e in events if holds_state(e)), None)
 
 
 def check_batch(events: Sequence[Event], expected_version: int) -> str:
@@ -172,8 +182,9 @@ class EventLog(abc.ABC):
         """A session's events with version > after_version, in order."""
 
     async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
-        """The session's newest ``SnapshotTaken`` event with version <= ``at_or_before`` (any
-        version if None), or None (engine.snapshots).
+        """The session's newest ``SnapshotTaken`` event that holds a state (``holds_state``:
+        not a restore point) with version <= ``at_or_before`` (any version if None), or None
+        (engine.snapshots).
 
         Loading a session starts from it (and from its keyframe, looked up with
         ``at_or_before``), so a backend should answer without reading the session's history:
@@ -182,17 +193,17 @@ class EventLog(abc.ABC):
         is correct for any backend, but O(history).
         """
         for event in reversed(await self.read_session(session_id)):
-            if event.type == "SnapshotTaken" and (at_or_before is None or event.version <= at_or_before):
+            if holds_state(event) and (at_or_before is None or event.version <= at_or_before):
                 return event
         return None
 
     async def snapshots_between(self, session_id: str, first: int, last: int) -> list[Event]:
-        """The session's ``SnapshotTaken`` events with ``first <= version <= last``, in order: a
+        """The session's snapshots that hold a state with ``first <= version <= last``, in order: a
         delta snapshot's chain (engine.snapshots.chain_of). This default reads the session from
         ``first``; the SQLite log reads only the batches from ``first``'s snapshot to ``last``
         and decodes only their snapshots."""
         events = await self.read_session(session_id, first - 1)
-        return [e for e in events if e.type == "SnapshotTaken" and e.version <= last]
+        return [e for e in events if holds_state(e) and e.version <= last]
 
     async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
         """(version, type) of the session's events of ``types`` below version ``before``, in order.

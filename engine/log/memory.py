@@ -16,7 +16,7 @@ from typing import Sequence
 
 from ..errors import ConcurrencyError, ConfigurationError, DuplicateSubmissionError, LogError
 from ..events import Event
-from .base import EventLog, LogRecord, check_batch, partition_for
+from .base import EventLog, LogRecord, check_batch, holds_state, partition_for
 from .submissions import submission_keys
 
 
@@ -59,7 +59,7 @@ class MemoryEventLog(EventLog):
         self._partition_offsets[partition] += [r.offset for r in appended]
         for key, version in keys:
             self._submissions[(session_id, key)] = version
-        snapshots = [e for e in events if e.type == "SnapshotTaken"]
+        snapshots = [e for e in events if holds_state(e)]
         if snapshots:
             self._snapshots.setdefault(session_id, []).extend(snapshots)
         self._notify()

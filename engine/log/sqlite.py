@@ -30,7 +30,7 @@ from ..errors import (
     LogUnavailableError,
 )
 from ..events import Event
-from .base import EventLog, LogRecord, check_batch, partition_for
+from .base import EventLog, LogRecord, check_batch, first_state_snapshot, holds_state, partition_for
 from .sqlite_batch import delimited_events, split_batch
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_held import HeldRows
@@ -231,7 +231,7 @@ class SqliteEventLog(EventLog):
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
         body = delimited_events(events)
-        snapshot = next((e.version for e in events if e.type == SNAPSHOT), None)
+        snapshot = first_state_snapshot(events)  # restore points are not indexed: loads skip them
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
         group = self.group
         if redoable and not keys and group is not None and group.held_rows is not None:
@@ -374,8 +374,9 @@ class SqliteEventLog(EventLog):
 
     @_after_own_writes
     async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
-        """One walk back the session's batches to the newest holding a snapshot; only that
-        snapshot is decoded."""
+        """One walk back the session's batches to the newest holding a snapshot with a state;
+        only the snapshots from the end of that batch back to it are decoded (restore points
+        before it in a row of held steps are small)."""
         last = (1 << 63) - 1 if at_or_before is None else at_or_before
         key = self._session(session_id)
         if key is None:
@@ -385,7 +386,9 @@ class SqliteEventLog(EventLog):
             records = _records(p, o, value)
             for i in range(min(len(records), last - v + 1) - 1, -1, -1):
                 if codec.type_of(records[i]) == SNAPSHOT:
-                    return _decode(p, o + i, records[i])
+                    event = _decode(p, o + i, records[i])
+                    if holds_state(event):
+                        return event
         return None
 
     @_after_own_writes
@@ -395,12 +398,13 @@ class SqliteEventLog(EventLog):
         if key is None:
             return []
         rows = self._db.execute(_SNAPSHOTS_FROM, (key, first, last)).fetchall()
-        return [
+        found = [
             _decode(p, o + i, record)
             for p, o, v, value in rows
             for i, record in enumerate(_records(p, o, value))
             if first <= v + i <= last and codec.type_of(record) == SNAPSHOT
         ]
+        return [event for event in found if holds_state(event)]
 
     @_after_own_writes
     async def versions_of(self, session_id: str, types: Sequence[str], before: int) -> list[tuple[int, str]]:
