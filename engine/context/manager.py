@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -48,6 +49,9 @@ class ContextManager:
     def __init__(self, log: EventLog, cache_size: int = 1024) -> None:
         self.log = log
         self.tally = TokenTally(cache_size)
+        self._trim_indexes: OrderedDict[str, compaction.TrimIndex] = OrderedDict()
+        """Each session's trim candidates, read once per message (bounded like the tally)."""
+        self._cache_size = cache_size
         self._tool_tokens: weakref.WeakKeyDictionary[ToolRegistry, int] = weakref.WeakKeyDictionary()
 
     def measure(self, state: SessionState, agent: Agent) -> HistorySize:
@@ -135,8 +139,16 @@ class ContextManager:
             total=size.tokens,
             target=target,
             protected_from=size.current,
+            index=self._trim_index(w.state.session_id),
         )
         return self._add_trim(w, step, items, size, budget, agent)
+
+    def _trim_index(self, session_id: str) -> compaction.TrimIndex:
+        index = self._trim_indexes.pop(session_id, None) or compaction.TrimIndex()
+        self._trim_indexes[session_id] = index
+        if len(self._trim_indexes) > self._cache_size:
+            self._trim_indexes.popitem(last=False)
+        return index
 
     def _add_trim(
         self,
