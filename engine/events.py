@@ -329,6 +329,10 @@ class ToolInvoked(Event):
     type: ClassVar[str] = "ToolInvoked"
 
 
+RESTORE_POINT = 0
+"""SnapshotTaken.state_format of a restore point: no state, only what had happened by then."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotTaken(Event):
     """The folded session state as of the previous version (engine.snapshots); loading starts here.
@@ -355,7 +359,7 @@ class SnapshotTaken(Event):
     def holds_state(self) -> bool:
         """False for a restore point (format 0: no ``state_json``; its state is the newest
         snapshot before it that holds one, with the events between folded on top)."""
-        return self.state_format != 0
+        return self.state_format != RESTORE_POINT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

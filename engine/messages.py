@@ -69,3 +69,14 @@ def calls_text(calls: Sequence[ToolCallSpec]) -> str:
 def is_tool_error(message: ChatMessage) -> bool:
     """A tool result that reports a failure (every non-success result starts with a marker)."""
     return message.role == "tool" and message.content.startswith(("[FAILED", "[REJECTED]"))
+
+
+def grew_at_end(
+    messages: Sequence[ChatMessage], known: Sequence[ChatMessage] | None, count: int, last: ChatMessage | None
+) -> bool:
+    """Whether ``messages`` is the list ``known`` that held ``count`` messages ending in
+    ``last``, grown only at its end since. The fold appends to a session's history list and
+    replaces the list whenever it rewrites history (a compaction), and a reload makes a new one,
+    so a cache over the list (encoded messages, trim candidates) is extended while this holds
+    and rebuilt when it does not."""
+    return messages is known and len(messages) >= count and (not count or messages[count - 1] is last)

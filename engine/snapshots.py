@@ -65,13 +65,13 @@ from .errors import SnapshotFormatError
 from .events import ToolCallSpec
 from .fold import InboundMessage, SessionState, ToolCallProgress, TurnProgress, fold
 from .log.base import EventLog
-from .messages import ChatMessage
+from .messages import ChatMessage, grew_at_end
 from .states import SessionStatus
 from .tools.guards import CallRecord
 from .writer import SessionWriter
 
 FORMAT = 5
-RESTORE_POINT = 0
+RESTORE_POINT = ev.RESTORE_POINT
 """The ``state_format`` of a snapshot that holds no state (``state_json`` is empty)."""
 FULL_EVERY = 64
 """A tool step's snapshot holds the state once the newest one that does is this many events back
@@ -273,10 +273,8 @@ class SnapshotEncoder:
 
 
 def _same_fold(cached: _Encoded, messages: list[ChatMessage]) -> bool:
-    """Whether ``messages`` is the list the cache encoded, grown only at its end since (the fold
-    replaces the list whenever it rewrites history, and a reload makes a new one)."""
-    n = len(cached.parts)
-    return cached.messages is messages and len(messages) >= n and (not n or messages[n - 1] is cached.last)
+    """Whether ``messages`` is the list the cache encoded, grown only at its end since."""
+    return grew_at_end(messages, cached.messages, len(cached.parts), cached.last)
 
 
 def _kept_history(entry: _Encoded, turn: TurnProgress | None) -> int:

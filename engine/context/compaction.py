@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..messages import ChatMessage, is_tool_error
+from ..messages import ChatMessage, grew_at_end, is_tool_error
 
 SMALL_TALK = re.compile(
     r"^\W*(hi|hello|hey|thanks?|thank you( very much)?|thx|ok(ay)?|cool|great|nice|good (morning|"
@@ -122,7 +122,7 @@ class TrimIndex:
     def update(self, messages: Sequence[ChatMessage]) -> None:
         """Index the messages appended since the last call (all of them for a new list)."""
         n = self.seen
-        if messages is not self.messages or len(messages) < n or (n and messages[n - 1] is not self.last):
+        if not grew_at_end(messages, self.messages, n, self.last):
             self.messages, n = messages, 0
             self.small_talk, self.failures, self.successes, self.by_call = [], [], {}, {}
         for j in range(n, len(messages)):
