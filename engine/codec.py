@@ -6,7 +6,7 @@ looks the fingerprint up to learn which schema wrote the record, so schemas can 
 old records stay readable. The Kafka backend also puts the fingerprint in a record header.
 
 Schema history: ``schemas/history/`` keeps every schema a release wrote events with, in
-canonical form under its wire fingerprint (``python -m engine.schema_history`` records new
+canonical form under its wire fingerprint (``python -m turnlog.engine.schema_history`` records new
 ones; a test fails until it is run). Such records are read with Avro schema resolution into the
 current classes: fields added since take their defaults.
 
@@ -21,6 +21,7 @@ import dataclasses
 import io
 import json
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -42,7 +43,8 @@ from .events import EVENT_TYPES, Event, ToolCallSpec
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMA_DIR = Path(str(resources.files("turnlog").joinpath("schemas")))
+"""The Avro schemas (package data: the repository's schemas/ folder, installed as turnlog/schemas)."""
 HISTORY_DIR = SCHEMA_DIR / "history"
 """Every schema events were ever written with, so logs written by older releases stay readable."""
 ENVELOPE_FIELDS = tuple(f.name for f in dataclasses.fields(Event))

