@@ -38,7 +38,7 @@ from .avro import (
     write_native,
 )
 from .avro_read import Unsupported, compile_reader
-from .errors import EventEncodeError, MalformedEventError, UnknownSchemaError
+from .errors import EventEncodeError, MalformedEventError, TurnlogError, UnknownSchemaError
 from .events import EVENT_TYPES, Event, ToolCallSpec
 
 MAGIC = b"\xc3\x01"
@@ -196,6 +196,16 @@ def history_schemas(history_dir: Path = HISTORY_DIR) -> list[tuple[str, bytes, s
         schema = json.dumps(data["schema"], separators=(",", ":"))
         entries.append((str(data["event"]), bytes.fromhex(data["fingerprint"]), schema))
     return entries
+
+
+def schema_problem() -> str | None:
+    """None if every event type's schema and the schema history load; else why not (an install
+    without its package data, a damaged schema file)."""
+    try:
+        _registry()
+    except TurnlogError as exc:
+        return f"the event schemas do not load: {exc}"
+    return None
 
 
 def schema_fingerprint(event_type: str) -> bytes:

@@ -387,6 +387,26 @@ PATHS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "/healthz": {
+        "get": {
+            "summary": "Liveness: the process answers (no key, no session data)",
+            "operationId": "healthz",
+            "security": [],
+            "responses": {"200": _json({"$ref": "#/components/schemas/Alive"}, "alive")},
+        }
+    },
+    "/readyz": {
+        "get": {
+            "summary": "Readiness: the log answers, the schemas load, the projections are within their lag "
+            "bound, not draining after SIGTERM (no key, no session data)",
+            "operationId": "readyz",
+            "security": [],
+            "responses": {
+                "200": _json({"$ref": "#/components/schemas/Readiness"}, "ready"),
+                "503": _json({"$ref": "#/components/schemas/Readiness"}, "not ready: what each check says"),
+            },
+        }
+    },
     "/openapi.json": {
         "get": {
             "summary": "This document",

@@ -33,6 +33,23 @@ SCHEMAS: dict[str, Any] = {
         "required": ["error", "detail"],
         "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
     },
+    "Alive": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string", "const": "alive"}},
+    },
+    "Readiness": {
+        "type": "object",
+        "required": ["ready", "checks"],
+        "properties": {
+            "ready": {"type": "boolean"},
+            "checks": {
+                "type": "object",
+                "description": "each check's answer: ok, or what is wrong and what to do",
+                "additionalProperties": {"type": "string"},
+            },
+        },
+    },
     "CreateSession": {
         "type": "object",
         "required": ["agent"],

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from turnlog.consumers.health import health_answer
 from turnlog.engine.session import MAX_MESSAGE_ID_CHARS
 from turnlog.projections import queries
 
@@ -96,6 +97,8 @@ class Routes:
             Route("/metrics", wrap(admin.metrics, admin=True), methods=["GET"]),
             Route("/openapi.json", wrap(self.openapi), methods=["GET"]),
             Route("/viewer", viewer_page, methods=["GET"]),
+            Route("/healthz", self.health, methods=["GET"]),
+            Route("/readyz", self.health, methods=["GET"]),
         ]
 
     # -- user routes -----------------------------------------------------------------------------
@@ -219,6 +222,11 @@ class Routes:
                 )
         finally:
             self.gw.streams.close(user)
+
+    async def health(self, request: Request) -> Response:
+        """Liveness (``/healthz``) and readiness (``/readyz``): no key, no session data."""
+        status, body = await health_answer(self.gw.readiness, request.url.path)
+        return JSONResponse(body, status, headers={"Cache-Control": "no-store"})
 
     async def openapi(self, request: Request) -> Response:
         from .openapi import document

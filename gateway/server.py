@@ -21,13 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import socket
+import time
 from http import HTTPStatus
+from types import FrameType
 from typing import Any, Callable, cast
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from turnlog.consumers.health import Readiness
 
 from .limits import Limits
 
@@ -194,3 +199,28 @@ def server_config(app: Any, limits: Limits, **options: Any) -> uvicorn.Config:
         timeout_keep_alive=limits.keep_alive_s,
         **options,
     )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server that, on SIGTERM, first marks the process not ready (``/readyz`` 503)
+    and keeps serving for ``drain_delay_s``, so a load balancer stops sending it requests before
+    it stops listening; then it shuts down as uvicorn does (a second signal: at once)."""
+
+    def __init__(self, config: uvicorn.Config, readiness: Readiness, drain_delay_s: float = 0.0) -> None:
+        super().__init__(config)
+        self.readiness = readiness
+        self.drain_delay_s = drain_delay_s
+        self._stop_at: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.readiness.drain()
+        if sig == signal.SIGTERM and self.drain_delay_s > 0 and self._stop_at is None:
+            self._stop_at = time.monotonic() + self.drain_delay_s
+            self._captured_signals.append(sig)  # re-raised after the shutdown, as uvicorn does
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._stop_at is not None and time.monotonic() >= self._stop_at:
+            self.should_exit = True
+        return await super().on_tick(counter)

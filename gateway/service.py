@@ -22,8 +22,10 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
+from turnlog.consumers import health
 from turnlog.consumers.analytics import GROUP as ANALYTICS_GROUP
 from turnlog.consumers.analytics import AnalyticsConsumer
+from turnlog.consumers.health import MAX_PROJECTION_LAG_S, Readiness
 from turnlog.consumers.projector import Projector
 from turnlog.consumers.turn_worker import GROUP as WORKER_GROUP
 from turnlog.consumers.turn_worker import TurnWorker
@@ -75,6 +77,8 @@ class GatewayConfig:
     projector` and `turnlog analytics` do (two projectors of one store would collide): reads then
     wait up to ``projection_wait_s`` for the projections to reach what the log shows."""
     projection_wait_s: float = 10.0
+    max_projection_lag_s: float = MAX_PROJECTION_LAG_S
+    """``/readyz`` answers 503 while the projections are further behind the log than this."""
 
 
 class Gateway:
@@ -117,9 +121,22 @@ class Gateway:
             else None
         )
         self.companions = list(companions) if self.worker is not None else []
+        self.readiness = self._readiness()
         self._tasks: list[asyncio.Task[None]] = []
         self._worker_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+
+    def _readiness(self) -> Readiness:
+        """Ready: the log answers (an owner holds its partitions), the schemas load, and the
+        projections the routes read are within their lag bound."""
+        bound = self.config.max_projection_lag_s
+        if self.config.run_projector:
+            projections = health.projections_check(self.log, lags=self.projector.lag, max_lag_s=bound)
+        else:
+            projections = health.projections_check(self.log, self.store.offsets_async, max_lag_s=bound)
+        return Readiness(
+            {"log": health.log_check(self.log), "schemas": health.schemas_check(), "projections": projections}
+        )
 
     async def consumer_lag(self) -> dict[tuple[str, int], int]:
         lag: dict[tuple[str, int], int] = {}

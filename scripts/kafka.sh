@@ -8,6 +8,8 @@
 #   TURNLOG_KAFKA_PORT             client port (default 9092); the controller uses port + 1
 #   TURNLOG_KAFKA_DIR              data, config and log dir (default ./.services/kafka)
 #   TURNLOG_KAFKA_HEAP             JVM heap (default 512m; this machine has 2 cores shared with tests)
+#   TURNLOG_KAFKA_LIBS             where the broker's jars are (default DIR/libs; a second broker,
+#                                  as tests/test_health.py starts, shares the first one's)
 # On success `start` prints the bootstrap address, e.g. TURNLOG_KAFKA_BOOTSTRAP=127.0.0.1:9092
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +18,7 @@ PORT="${TURNLOG_KAFKA_PORT:-9092}"
 CPORT=$((PORT + 1))
 DIR="${TURNLOG_KAFKA_DIR:-$ROOT/.services/kafka}"
 HEAP="${TURNLOG_KAFKA_HEAP:-512m}"
-LIBS="$DIR/libs"
+LIBS="${TURNLOG_KAFKA_LIBS:-$DIR/libs}"
 PIDFILE="$DIR/broker.pid"
 LOG="$DIR/broker.log"
 POM="$ROOT/services/kafka/pom.xml"

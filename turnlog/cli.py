@@ -14,6 +14,7 @@ from typing import Annotated, Any, Coroutine
 import structlog
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from turnlog.consumers.turn_worker import MAX_CONCURRENT_TURNS
@@ -46,11 +47,19 @@ HomeOption = Annotated[
 ]
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from .doctor import version_line
+
+        print(version_line())
+        raise typer.Exit()
+
+
 def _run(coro: Coroutine[Any, Any, int]) -> None:
     try:
         code = asyncio.run(coro)
     except TurnlogError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
 
@@ -303,6 +312,35 @@ PostgresOption = Annotated[
     str | None, typer.Option("--postgres", help="PostgreSQL DSN of the projections instead of --home.")
 ]
 SchemaOption = Annotated[str, typer.Option(help="The PostgreSQL schema of the projections.")]
+HealthPortOption = Annotated[
+    int | None,
+    typer.Option(min=1, max=65535, help="Serve /healthz and /readyz on this port (all interfaces)."),
+]
+
+
+@app.command()
+def doctor(
+    home: HomeOption = None,
+    kafka: KafkaOption = None,
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    postgres: PostgresOption = None,
+    schema: SchemaOption = "public",
+    base_url: BaseUrlOption = None,
+    api_key: ApiKeyOption = None,
+    model: ModelOption = None,
+) -> None:
+    """Check this installation: Python, extras, schemas, the log, the projections and the model
+    endpoint, with what to do about each problem (exit 1 if there is one)."""
+    from .doctor import examine, version_line
+
+    side = ReadSide(home_dir(home), kafka, topic, partitions, postgres, schema)
+    findings = asyncio.run(examine(side, ModelSettings.from_env(base_url, api_key, model)))
+    console.print(version_line(), highlight=False)
+    for found in findings:
+        mark = "[red]problem[/]" if found.problem else "[green]ok[/]     "
+        console.print(f"{mark} [bold]{found.part}[/]: {escape(found.text)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1 if any(f.problem for f in findings) else 0)
 
 
 @app.command(name="rebuild")
@@ -342,11 +380,12 @@ def projector(
     topic: TopicOption = "turnlog.events",
     partitions: PartitionsOption = 8,
     schema: SchemaOption = "public",
+    health_port: HealthPortOption = None,
 ) -> None:
     """Fold the Kafka log into the PostgreSQL read models, continuously (until SIGTERM)."""
-    from .distributed import run_projector
+    from .distributed import HealthOptions, run_projector
 
-    _run(run_projector(kafka, topic, partitions, postgres, schema))
+    _run(run_projector(kafka, topic, partitions, postgres, schema, HealthOptions(health_port)))
 
 
 @app.command(name="snapshots")
@@ -410,9 +449,14 @@ def serve_cmd(
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+    drain_delay: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds between SIGTERM (when /readyz turns 503) and the server stopping."),
+    ] = 0.0,
 ) -> None:
-    """Serve the HTTP gateway (sessions, messages, event streams, metrics): on the embedded backend,
-    or on Kafka + PostgreSQL (--kafka, --postgres; with --no-worker it owns no partition)."""
+    """Serve the HTTP gateway (sessions, messages, event streams, metrics, /healthz and /readyz):
+    on the embedded backend, or on Kafka + PostgreSQL (--kafka, --postgres; with --no-worker it
+    owns no partition)."""
     from .serve import DEFAULT_KEYS_FILE, serve
 
     root = home_dir(home)
@@ -422,10 +466,10 @@ def serve_cmd(
             ReadSide(root, kafka, topic, partitions, postgres, schema),
             ModelSettings.from_env(base_url, api_key, model),
             agents=agents, host=host, port=port, keys_file=keys_file, run_worker=worker,
-            run_projector=projector, run_memory=memory, sample_rate=sample_rate,
+            run_projector=projector, run_memory=memory, sample_rate=sample_rate, drain_delay_s=drain_delay,
         )  # fmt: skip
     except TurnlogError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
 
 
@@ -446,15 +490,26 @@ def worker_cmd(
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+    health_port: HealthPortOption = None,
 ) -> None:
     """Run your agents' turns (until SIGTERM, which lets each turn in flight finish its step):
     for the Kafka partitions this process is assigned (--kafka), or for messages posted to the
     embedded log (by `turnlog serve --no-worker`). Sessions run concurrently, each in order."""
-    from .distributed import run_worker
+    from .distributed import HealthOptions, run_worker
 
     side = ReadSide(home_dir(home), kafka, topic, partitions)
     settings = ModelSettings.from_env(base_url, api_key, model)
-    _run(run_worker(side, settings, agents=agents, worker_id=worker_id, max_turns=max_turns, memory=memory))
+    _run(
+        run_worker(
+            side,
+            settings,
+            agents=agents,
+            worker_id=worker_id,
+            max_turns=max_turns,
+            memory=memory,
+            health_options=HealthOptions(health_port),
+        )  # fmt: skip
+    )
 
 
 @app.command()
@@ -506,7 +561,7 @@ def add_key_cmd(
     try:
         key = add_key(keys_file, user, role)
     except TurnlogError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     console.print(f"key for {user} ({role}), shown only now; its hash is in {keys_file}:", highlight=False)
     print(key)
@@ -625,6 +680,9 @@ def experiment_list(home: HomeOption = None, as_json: JsonOption = False) -> Non
 @app.callback()
 def _configure(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engine's own logs.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version.")
+    ] = False,
 ) -> None:
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO if verbose else logging.WARNING),

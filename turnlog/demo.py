@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from turnlog.engine import events as ev
@@ -97,9 +98,7 @@ def demo_model(
             highlight=False,
         )
         return DemoModel(server.model(), local=True)
-    reason = (
-        "--scripted was given" if scripted else extras.off_note("local", "the local model")
-    )
+    reason = "--scripted was given" if scripted else escape(extras.off_note("local", "the local model"))
     console.print(
         f"turnlog demo · model [bold]scripted-demo[/]: a deterministic offline script, not a real "
         f"model ({reason}). Set TURNLOG_BASE_URL and TURNLOG_MODEL (or --base-url/--model) to run it "

@@ -9,12 +9,14 @@ import asyncio
 import os
 import signal
 import socket
+from dataclasses import dataclass
 from typing import Callable
 
 import structlog
 
-from turnlog.consumers import Projector, TurnWorker
+from turnlog.consumers import Projector, TurnWorker, health
 from turnlog.consumers.analytics import AnalyticsConsumer
+from turnlog.consumers.health import Readiness, serve_health
 from turnlog.engine import KafkaEventLog
 from turnlog.engine.errors import ConfigurationError
 from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
@@ -32,6 +34,33 @@ def stop_on_signals(stop: Callable[[], None]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
+
+
+@dataclass(frozen=True)
+class HealthOptions:
+    """Where a process serves ``/healthz`` and ``/readyz`` (``port`` None: it does not)."""
+
+    port: int | None = None
+    host: str = "0.0.0.0"
+
+
+async def until_stopped(readiness: Readiness, health_options: HealthOptions) -> None:
+    """Serve health (if asked) and return on SIGTERM or SIGINT, readiness turned off first."""
+    stop = asyncio.Event()
+
+    def drain() -> None:
+        readiness.drain()
+        stop.set()
+
+    stop_on_signals(drain)
+    runner = None
+    if health_options.port is not None:
+        runner = await serve_health(readiness, health_options.host, health_options.port)
+    try:
+        await stop.wait()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
 
 
 def process_name(role: str) -> str:
@@ -73,6 +102,7 @@ async def run_worker(
     worker_id: str,
     max_turns: int,
     memory: bool,
+    health_options: HealthOptions = HealthOptions(),
 ) -> int:
     """Run turns until SIGTERM or SIGINT (then the turns in flight end at a step boundary): for
     messages posted to the embedded log in ``side.home`` (by `turnlog serve --no-worker`), or for
@@ -93,13 +123,12 @@ async def run_worker(
             if memory
             else []
         )
-        stop = asyncio.Event()
-        stop_on_signals(stop.set)
         tasks = [asyncio.create_task(c.run()) for c in companions]
         running = asyncio.create_task(worker.run())
         log.info("worker.ready", worker=worker_id, kafka=side.kafka, memory_consumers=len(companions))
+        readiness = Readiness({"log": health.log_check(event_log), "schemas": health.schemas_check()})
         try:
-            await stop.wait()
+            await until_stopped(readiness, health_options)
         finally:
             worker.stop()
             for companion in companions:
@@ -146,16 +175,30 @@ async def run_memory(side: ReadSide, settings: ModelSettings, *, agents: str | N
     return 0
 
 
-async def run_projector(bootstrap: str, topic: str, partitions: int, dsn: str, schema: str) -> int:
+async def run_projector(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    dsn: str,
+    schema: str,
+    health_options: HealthOptions = HealthOptions(),
+) -> int:
+    """Fold the Kafka log into the PostgreSQL read models until SIGTERM; ready while the log
+    answers and the projections are within their lag bound."""
     event_log = KafkaEventLog(bootstrap, topic=topic, partitions=partitions, owner=False)
     await event_log.start()
     store = postgres_store(dsn, schema)
     projector = Projector(event_log, store)
-    stop = asyncio.Event()
-    stop_on_signals(stop.set)
     task = asyncio.create_task(projector.run())
+    readiness = Readiness(
+        {
+            "log": health.log_check(event_log),
+            "schemas": health.schemas_check(),
+            "projections": health.projections_check(event_log, lags=projector.lag),
+        }
+    )
     try:
-        await stop.wait()
+        await until_stopped(readiness, health_options)
     finally:
         projector.stop()
         await task

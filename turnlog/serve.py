@@ -36,6 +36,7 @@ def _require_gateway() -> None:
 
 def add_key(keys_file: Path, user: str, role: str) -> str:
     """Make a new key for ``user``, append its hash to ``keys_file``, return the clear key once."""
+    extras.require("gateway", "turnlog add-key (keys are for the gateway)")
     from turnlog.gateway.auth import ROLES, hash_key, new_key
 
     if role not in ROLES:
@@ -61,11 +62,13 @@ def serve(
     run_projector: bool,
     run_memory: bool,
     sample_rate: float,
+    drain_delay_s: float = 0.0,
 ) -> None:
     """Run the gateway until interrupted: on the embedded log in ``side.home``, or on Kafka +
     PostgreSQL (``side.kafka``, ``side.postgres``). Unless ``run_worker`` is False the turn worker
     runs here too (on Kafka: a member of the owners' group), with the memory consumers its agents
-    call for (``run_memory``); unless ``run_projector`` is False, the projector and analytics."""
+    call for (``run_memory``); unless ``run_projector`` is False, the projector and analytics.
+    SIGTERM makes ``/readyz`` answer 503 at once and stops the server ``drain_delay_s`` later."""
     _require_gateway()
     from turnlog.gateway import GatewayConfig, KeyStore
     from turnlog.gateway.observe import configure_json_logs
@@ -88,7 +91,19 @@ def serve(
     configure_json_logs()
     tracing = otlp_tracer_provider()
     try:
-        asyncio.run(_serve(side, directory, keys, config, tracing, host=host, port=port, memory=run_memory))
+        asyncio.run(
+            _serve(
+                side,
+                directory,
+                keys,
+                config,
+                tracing,
+                host=host,
+                port=port,
+                memory=run_memory,
+                drain_delay_s=drain_delay_s,
+            )  # fmt: skip
+        )
     finally:
         if tracing is not None:
             tracing.shutdown()  # flushes the spans still batched
@@ -104,11 +119,11 @@ async def _serve(
     host: str,
     port: int,
     memory: bool,
+    drain_delay_s: float,
 ) -> None:
     """The gateway on this loop (aiokafka's clients are bound to the loop that starts them)."""
-    import uvicorn
-
     from turnlog.gateway import Gateway, server_config
+    from turnlog.gateway.server import DrainingServer
 
     log, store = await side.open(owner=config.run_worker)
     live = LiveLinks()
@@ -132,8 +147,10 @@ async def _serve(
             live_subscriber=live.subscriber,
         )
         # header and body read timeouts, size limits and JSON refusals below the app: gateway/server.py
-        server = uvicorn.Server(
-            server_config(gateway.app(), gateway.limits, host=host, port=port, log_level="warning")
+        server = DrainingServer(
+            server_config(gateway.app(), gateway.limits, host=host, port=port, log_level="warning"),
+            gateway.readiness,
+            drain_delay_s,
         )
         await server.serve()
     finally:

@@ -172,6 +172,12 @@ class EventLog(abc.ABC):
                 return None
             await self.wait_for_append(min(left, 0.2))
 
+    async def readiness_problem(self) -> str | None:
+        """None if the log can serve now; else what keeps it from serving, and what to do (a
+        health check). This default reads a partition's end."""
+        await self.end_offset(0)
+        return None
+
     def owned_partitions(self) -> Sequence[int]:
         """The partitions this process may append to (all of them, except on Kafka, where the
         consumer group assigns them)."""

@@ -76,6 +76,8 @@ SUBMIT_WAIT_S = 30.0
 OPERATION_TIMEOUT_S = 30.0
 """A bound on one transaction or one catch-up read: past it the outcome counts as unknown."""
 REACQUIRE_DELAY_S = 3.0
+READY_TIMEOUT_S = 2.5
+"""How long a readiness check waits for the broker before it reports it unreachable."""
 TAIL_EVERY_S = 1.0
 """How often an idle owner reads what others wrote to its partitions (poison, see kafka_poison)."""
 
@@ -135,6 +137,8 @@ class KafkaEventLog(EventLog):
         self._committed: dict[tuple[str, int], int] = {}
         self._direct = DirectOffsets(bootstrap, self.topics.events, partitions)
         self._background: set[asyncio.Task[None]] = set()
+        self._group_joined = False
+        """The owners' group has handed this process its share (possibly none) at least once."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -207,6 +211,26 @@ class KafkaEventLog(EventLog):
 
     def owned_partitions(self) -> Sequence[int]:
         return [p.partition for p in self._parts if p.owned]
+
+    async def readiness_problem(self) -> str | None:
+        """The broker answers a request for an end offset now, and an owner holds every partition
+        the owners' group assigned it."""
+        if self._reader is None:
+            return "the Kafka log is not started (or was closed)"
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await self._reader.end_offsets([TopicPartition(self.topics.events, 0)])
+        except (TimeoutError, KafkaError) as exc:
+            return (
+                f"the Kafka broker at {self.bootstrap} does not answer ({type(exc).__name__}); "
+                "check that it runs and this process can reach it"
+            )
+        if not self.owner:
+            return None
+        if not self._group_joined or self._inbox is None:
+            return f"joining the owners' group {self.topics.owners_group}; no partitions assigned yet"
+        missing = sorted({tp.partition for tp in self._inbox.assignment()} - set(self.owned_partitions()))
+        return f"taking over partitions {missing}" if missing else None
 
     # -- ownership (called by the owners' group rebalance listener) ----------------------------
 
@@ -918,6 +942,7 @@ class _Owners(ConsumerRebalanceListener):
             await self.log._release(self.log._parts[tp.partition])
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.log._group_joined = True
         await asyncio.gather(*(self._acquire(tp.partition) for tp in assigned))
 
     async def _acquire(self, partition: int) -> None:

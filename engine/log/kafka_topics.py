@@ -75,16 +75,34 @@ class TopicNames:
         return dict(LIVE_TOPIC_CONFIG if name == self.live else TOPIC_CONFIG)
 
 
+async def existing_topics(admin: AIOKafkaAdminClient, names: TopicNames) -> dict[str, int]:
+    """The log's topics that exist, with their partition counts."""
+    return {
+        t["topic"]: len(t["partitions"])
+        for t in await admin.describe_topics(list(names.all()))
+        if t.get("error_code", 0) == 0 and t["partitions"]
+    }
+
+
+async def describe_topics(bootstrap: str, names: TopicNames) -> dict[str, int]:
+    """``existing_topics`` on a connection of its own (LogUnavailableError if Kafka does not answer)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="turnlog-admin")
+    try:
+        await admin.start()
+        return await existing_topics(admin, names)
+    except KafkaError as exc:
+        raise LogUnavailableError(f"Kafka at {bootstrap} does not answer ({exc!r})") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
 async def ensure_topics(bootstrap: str, names: TopicNames, partitions: int, replication: int) -> None:
     """Create the log's topics if missing; refuse ones with another partition count."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="turnlog-admin")
     try:
         await admin.start()
-        existing = {
-            t["topic"]: len(t["partitions"])
-            for t in await admin.describe_topics(list(names.all()))
-            if t.get("error_code", 0) == 0 and t["partitions"]
-        }
+        existing = await existing_topics(admin, names)
         missing = [
             NewTopic(name, partitions, replication, topic_configs=names.config(name))
             for name in names.all()
