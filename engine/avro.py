@@ -22,14 +22,6 @@ field of a nested record as ``field tool_calls: field name: ...``): each record'
 the name of the field it is writing in a local, and its ``except`` clause (free until
 something raises) builds the message from it.
 
-Where the native writer (engine/_avrowrite.c, built at install when a C compiler is there) is
-available, ``compile_program`` turns the same schema into a tuple of field ops and
-``write_native`` writes a whole record in one C call: inside the peers' S1 step an append's
-encoding costs 3.4x less (51 -> 15 us a step), in a loop over the same events 2-3x. It takes
-only what the Python writer takes unaided (an exact int, float, bool or str, a list or tuple);
-anything else raises, and the caller runs the Python writer, which writes the value or raises
-the error naming the field, so the messages live in one place.
-
 It covers the types our schemas use (long, int, double, float, boolean, string, ``["null", T]``
 unions, arrays and nested records). Decoding is compiled the same way (engine.avro_read);
 tests/test_codec.py checks that this encoder's bytes equal fastavro's for every event type and
@@ -38,17 +30,9 @@ tests/test_avro_write.py does so for nested and edge-case schemas and checks the
 
 from __future__ import annotations
 
-import inspect
 import keyword
 import struct
-import sys
-import types
-from typing import Any, Callable, NoReturn, Sequence
-
-try:
-    from . import _avrowrite  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: the Python writers do all the writing
-    _avrowrite = None
+from typing import Any, Callable, NoReturn
 
 Writer = Callable[[bytearray, Any], None]
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
@@ -286,98 +270,6 @@ def compile_writer(
     write: Writer = namespace["write"]
     write.__doc__ = source  # the generated code, for whoever debugs it
     return write
-
-
-Program = tuple[tuple[Any, ...], ...]
-"""What the native writer runs for a record: one ``(code, attribute, sub)`` per field, in wire
-order; ``sub`` is a nested record's program or an array's item op (whose attribute is None). A
-field kept in a slot may carry its member descriptor as a fourth item (``_slot_ops``)."""
-NATIVE = _avrowrite is not None
-"""The native writer was built (engine/_avrowrite.c)."""
-_CODES = {"long": 0, "int": 0, "double": 1, "float": 2, "boolean": 3, "string": 4}
-_ARRAY, _RECORD, _NULLABLE = 5, 6, 16
-
-
-def compile_program(
-    schema: dict[str, Any],
-    named: dict[str, Any],
-    *,
-    inline_records: frozenset[str] = frozenset(),
-    cls: type | None = None,
-) -> Program | None:
-    """The native writer's program for the record ``schema`` (as ``compile_writer`` takes it),
-    or None without the native writer. With ``cls``, the class of the objects it writes, each
-    field that is a slot of it is read from the slot (``_slot_ops``)."""
-    if _avrowrite is None:
-        return None
-    program = _record_program(_Gen(named, inline_records), schema)
-    if cls is not None:
-        program = _slot_ops(program, cls)
-    _avrowrite.check(program)
-    return program
-
-
-def _slot_ops(program: Program, cls: type) -> Program:
-    """``program`` with the member descriptor of each field that ``cls`` keeps in a slot as its
-    op's fourth item: the native writer reads such a field from the slot (one load) instead of
-    through getattr, for objects of a class that has the slot (any other is read by getattr)."""
-    ops: list[tuple[Any, ...]] = []
-    for op in program:
-        slot = inspect.getattr_static(cls, op[1], None)
-        ops.append((*op, slot) if isinstance(slot, types.MemberDescriptorType) else op)
-    return tuple(ops)
-
-
-def register_native(cls: type, prefix: bytes, program: Program) -> None:
-    """``write_delimited`` writes objects of exactly ``cls`` as ``prefix`` + ``program``'s record."""
-    assert _avrowrite is not None, "compile_program gave a program, so the native writer is there"
-    _avrowrite.register(cls, prefix, program)
-
-
-def write_delimited(objs: Sequence[Any]) -> bytes | None:
-    """Each object's record (its class registered with ``register_native``) behind its length
-    as an unsigned varint, all in one native call; None without the native writer, or when a
-    class is not registered or a value needs the Python writer (write them one by one then)."""
-    if _avrowrite is None:
-        return None
-    result: bytes | None = _avrowrite.encode_delimited(objs)
-    return result
-
-
-def write_native(prefix: bytes, obj: Any, program: Program) -> bytes:
-    """``prefix`` + ``obj`` written by ``program``; raises on any value the Python writer would
-    have to check (run it then: it writes the value or names what is wrong)."""
-    assert _avrowrite is not None, "compile_program gave a program, so the native writer is there"
-    result: bytes = _avrowrite.encode(prefix, obj, program)
-    return result
-
-
-def _record_program(gen: _Gen, schema: dict[str, Any]) -> Program:
-    depth = len(gen.open)
-    program = tuple(_op(gen, ftype, sys.intern(name)) for name, ftype in gen.flat_fields(schema))
-    del gen.open[depth:]
-    return program
-
-
-def _op(gen: _Gen, schema: Any, name: str | None) -> tuple[int, Any, Any]:
-    """The op writing a value of ``schema`` read from attribute ``name`` (None: an array's item)."""
-    if isinstance(schema, list):
-        if len(schema) != 2 or schema[0] != "null" or isinstance(schema[1], list):
-            raise ValueError(f'only ["null", T] unions are supported, got {schema}')
-        code, _, sub = _op(gen, schema[1], name)
-        return code | _NULLABLE, name, sub
-    if isinstance(schema, dict):
-        kind = schema["type"]
-        if kind == "record":
-            return _RECORD, name, _record_program(gen, schema)
-        if kind == "array":
-            return _ARRAY, name, _op(gen, schema["items"], None)
-        return _op(gen, kind, name)
-    if schema in _CODES:
-        return _CODES[schema], name, None
-    if schema in _UNSUPPORTED:
-        raise ValueError(f"the Avro type {schema} is not supported")
-    return _op(gen, gen.named[schema], name)
 
 
 def _full_name(schema: dict[str, Any]) -> str:

@@ -23,20 +23,12 @@ import json
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
-from .avro import (
-    Program,
-    Writer,
-    compile_program,
-    compile_writer,
-    register_native,
-    write_delimited,
-    write_native,
-)
+from .avro import Writer, compile_writer
 from .avro_read import Unsupported, compile_reader
 from .errors import EventEncodeError, MalformedEventError, TurnlogError, UnknownSchemaError
 from .events import EVENT_TYPES, Event, ToolCallSpec
@@ -62,8 +54,6 @@ class _Codec:
     fingerprint: bytes
     writer: Writer
     """The compiled encoder (engine.avro), for writing."""
-    program: Program | None = None
-    """The native writer's program for this type (None without it): tried first."""
     writer_schema: Any = None
     """For a record an older schema wrote: that schema, resolved into ``schema`` when read."""
     reader_json: Any = None
@@ -120,11 +110,8 @@ def _registry() -> tuple[dict[str, _Codec], dict[bytes, _Codec]]:
         raw = load_schema_json(type_name)
         parsed, fp = _fingerprint(raw, named)
         writer = compile_writer(raw, dict(named_json), inline_records=_INLINE)
-        program = compile_program(raw, dict(named_json), inline_records=_INLINE, cls=cls)
         reader = expand_schema(raw, named_json)
-        codec = _Codec(cls, parsed, fp, writer, program, reader_json=reader)
-        if program is not None:
-            register_native(cls, codec.header, program)
+        codec = _Codec(cls, parsed, fp, writer, reader_json=reader)
         by_type[type_name] = codec
         by_fp[codec.fingerprint] = codec
     for type_name, fp, canonical in history_schemas():
@@ -218,27 +205,12 @@ def encode(event: Event) -> bytes:
     codec = _registry()[0].get(event.type)
     if codec is None or type(event) is not codec.cls:
         raise EventEncodeError(f"{type(event).__name__} is not a registered event type")
-    if codec.program is not None:
-        try:
-            return write_native(codec.header, event, codec.program)
-        except Exception:  # noqa: S110 - the Python writer writes the value or says what is wrong
-            pass
     out = bytearray(codec.header)
     try:
         codec.writer(out, event)
     except (TypeError, ValueError, OverflowError) as exc:
         raise EventEncodeError(f"{event.type} v{event.version} does not fit its schema: {exc}") from exc
     return bytes(out)
-
-
-def encode_delimited(events: Sequence[Event]) -> bytes | None:
-    """The events' records, each behind its length as an unsigned varint (the embedded log's
-    batch body, engine.log.sqlite_batch), in one native call: per event, that saves the
-    Python calls of ``encode``, whose code is cold in the CPU caches by the next append. None
-    without the native writer or when it refuses an event: ``encode`` them one by one (which
-    names what is wrong)."""
-    _registry()  # registers the native programs on first use
-    return write_delimited(events)
 
 
 def type_of(record: bytes) -> str | None:

@@ -1,5 +1,5 @@
 # Shared by scripts/*.sh: create ./.venv with Python 3.11+ and install turnlog (editable) into it.
-# The install is redone when pyproject.toml or the native writer's source changes (hash + extras are listed in
+# The install is redone when pyproject.toml changes (its hash + the extras are listed in
 # .venv/.turnlog-installed).
 # pip's full output goes to .venv/install.log; what it is fetching and installing is shown as it goes.
 ensure_venv() {
@@ -11,8 +11,7 @@ ensure_venv() {
     fi
     [ -x .venv/bin/python ] || "$python" -m venv .venv
     local stamp
-    # the native Avro writer is compiled at install: a change to its source reinstalls too
-    stamp="$(cat pyproject.toml engine/_avrowrite.c | sha256sum | cut -c1-16)${extras}"
+    stamp="$(sha256sum < pyproject.toml | cut -c1-16)${extras}"
     if ! grep -qxF "$stamp" .venv/.turnlog-installed 2>/dev/null; then
         local size=""
         [[ "$extras" == *local* ]] && size=" (with the local model: 22 packages, about 1.1 GB)"
@@ -25,11 +24,6 @@ ensure_venv() {
             exit 1
         fi
         echo "$stamp" >> .venv/.turnlog-installed
-    fi
-    if ! .venv/bin/python -c 'import engine._avrowrite' 2>/dev/null; then
-        echo "note: the native Avro writer (engine/_avrowrite.c) was not built, so turnlog encodes events" \
-             "in Python (slower appends). Install a C compiler and Python's headers (Debian: apt-get install" \
-             "gcc python3-dev), then: rm .venv/.turnlog-installed and run this again" >&2
     fi
 }
 

@@ -302,35 +302,7 @@ def test_unsupported_schemas_are_refused_when_compiled(schema: Any, message: str
         compile_writer(schema, {})
 
 
-# --- the native writer (engine/_avrowrite.c) ----------------------------------------------------
-
-NOT_BUILT = (
-    "the native Avro writer (engine/_avrowrite.c) was not built: install a C compiler and Python's "
-    "headers (Debian: gcc and python3-dev) and reinstall turnlog (pip install -e .)"
-)
-
-
-def _program() -> avro.Program:
-    program = avro.compile_program(SHAPE, dict(NAMED), inline_records=INLINE)
-    assert program is not None, NOT_BUILT
-    return program
-
-
-def test_the_native_writer_is_built_and_the_codec_uses_it() -> None:
-    assert avro.NATIVE, NOT_BUILT
-    assert all(c.program is not None for c in codec._registry()[0].values())
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_the_native_writer_writes_what_fastavro_writes_for_nested_schemas(seed: int) -> None:
-    obj = _shape(random.Random(seed))
-    expected = _fastavro(obj)
-    assert avro.write_native(b"prefix", obj, _program()) == b"prefix" + expected
-    obj.corners, obj.grid = tuple(obj.corners), tuple(tuple(row) for row in obj.grid)  # tuples too
-    assert avro.write_native(b"", obj, _program()) == expected
-
-
-def test_the_native_writer_leaves_no_utf8_copy_on_the_strings_it_writes() -> None:
+def test_the_codec_leaves_no_utf8_copy_on_the_strings_it_writes() -> None:
     """A session's history texts live as long as its fold: a UTF-8 copy kept on each (what
     ``PyUnicode_AsUTF8`` does) would more than double their memory in Chinese."""
     text = "物流异常的订单" * 500 + str(random.random())  # a new str, non-ASCII
@@ -338,72 +310,6 @@ def test_the_native_writer_leaves_no_utf8_copy_on_the_strings_it_writes() -> Non
     event = ev.AssistantMessage(session_id="s", version=2, turn_id="t", message_id="m", text=text)
     assert codec.decode(codec.encode(event)).text == text
     assert sys.getsizeof(text) == size
-
-
-@pytest.mark.parametrize("path, value, error, message", REFUSED)
-def test_the_native_writer_writes_nothing_the_python_writer_refuses(
-    path: str, value: Any, error: type[Exception], message: str
-) -> None:
-    """It raises instead (its own error: the codec then runs the Python writer for the message)."""
-    with pytest.raises((TypeError, ValueError, AttributeError)):
-        avro.write_native(b"", _refused(path, value), _program())
-
-
-@pytest.mark.parametrize(
-    "program",
-    [(), ((0, "x", None),), ((6, "p", ((4, "s", None),)),), ((5 | 16, "a", (0, None, None)),)],
-)
-def test_a_well_formed_program_passes_the_check(program: Any) -> None:
-    assert avro._avrowrite is not None, NOT_BUILT
-    avro._avrowrite.check(program)
-
-
-@dataclasses.dataclass(slots=True)
-class _Slotted:
-    x: int
-    name: str
-
-
-_X_SLOT = _Slotted.__dict__["x"]
-
-
-def test_a_field_op_may_name_its_slot_and_reads_it_from_instances_of_its_class() -> None:
-    assert avro._avrowrite is not None, NOT_BUILT
-    program = ((0, "x", None, _X_SLOT), (4, "name", None, _Slotted.__dict__["name"]))
-    avro._avrowrite.check(program)
-    expected = _fastavro_value("long", 21) + _fastavro_value("string", "a")
-    assert avro.write_native(b"", _Slotted(21, "a"), program) == expected
-    # another class's object is read by getattr, not from the slot's offset in it
-    assert avro.write_native(b"", types.SimpleNamespace(x=21, name="a"), program) == expected
-    with pytest.raises(AttributeError):
-        avro.write_native(b"", types.SimpleNamespace(x=21), program)
-
-
-def test_the_codecs_programs_read_every_event_field_from_its_slot() -> None:
-    for c in codec._registry()[0].values():
-        assert c.program is not None, NOT_BUILT
-        assert all(len(op) == 4 for op in c.program), c.cls.type
-
-
-@pytest.mark.parametrize(
-    "program",
-    [
-        ((0, "x", None, "x"),),  # a slot that is not a member descriptor
-        ((0, "name", None, _X_SLOT),),  # another field's slot
-        ((5, "a", (0, None, None, _X_SLOT)),),  # an array's item op with a slot
-        [(0, "x", None)],  # a list
-        ((0, "x"),),  # two items
-        ((9, "x", None),),  # no such op
-        ((0, None, None),),  # a field without a name
-        ((6, "p", None),),  # a record without its fields
-        ((5, "a", (0, "x", None)),),  # an array's item op with a name
-        ((5, "a", None),),  # an array without its item op
-    ],
-)
-def test_a_malformed_program_is_refused_by_the_check(program: Any) -> None:
-    assert avro._avrowrite is not None, NOT_BUILT
-    with pytest.raises(ValueError, match="not an Avro write program"):
-        avro._avrowrite.check(program)
 
 
 # --- through the codec: EventEncodeError naming the field -------------------------------------

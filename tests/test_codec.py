@@ -82,19 +82,18 @@ def test_every_event_type_round_trips(name: str, optional: str | None) -> None:
     assert decoded == event
 
 
-def test_an_appends_body_holds_every_event_behind_its_length_in_one_native_call() -> None:
+def test_an_appends_body_holds_every_event_behind_its_length() -> None:
     events = [
         sample(EVENT_TYPES[name], optional) for name in sorted(EVENT_TYPES) for optional in ("set", None)
     ]
-    body = codec.encode_delimited(events)
-    assert body is not None, "the native writer is built (tests/test_avro_write.py)"
+    body = delimited_events(events)
     assert body == pack_batch([codec.encode(e) for e in events], compress=False)
     assert [codec.decode(r) for r in split_batch(body)] == events
     assert [codec.decode(r) for r in split_batch(pack(delimited_events(events)))] == events
 
 
-def test_an_append_with_an_event_the_native_writer_refuses_is_encoded_one_by_one() -> None:
-    """It says which: the Python writer names the field, or that the class is not registered."""
+def test_an_append_with_an_event_that_does_not_fit_says_which_and_why() -> None:
+    """The writer names the field, or that the class is not a registered event type."""
     ok = sample(ev.StateChanged)
     too_big = dataclasses.replace(sample(ev.ModelCallFinished), input_tokens=2**64)
 
@@ -109,7 +108,6 @@ def test_an_append_with_an_event_the_native_writer_refuses_is_encoded_one_by_one
         (too_big, "field input_tokens: .* does not fit an Avro long"),
         (foreign, "not a registered"),
     ]:
-        assert codec.encode_delimited([ok, bad]) is None
         with pytest.raises(EventEncodeError, match=message):
             delimited_events([ok, bad])
 
@@ -474,9 +472,7 @@ def test_compiled_encoder_matches_fastavro_on_an_empty_tool_call_list() -> None:
     assert codec.encode(event) == _fastavro_bytes(event)
 
 
-def test_values_the_native_writer_leaves_to_the_python_writer_are_written_the_same() -> None:
-    """A str subclass and a list of tool calls are not the native writer's (it takes exact str
-    and list or tuple): the codec writes them with the Python writer, fastavro's bytes still."""
+def test_a_str_subclass_and_a_list_of_tool_calls_are_written_as_fastavro_writes_them() -> None:
 
     class Text(str):
         pass

@@ -9,8 +9,8 @@ change worth 5 % of a step is lost in the hour-to-hour spread of those runs. Thi
 (20 sessions x 10 turns x 4 tool steps, the peers' workload module and ``turnlog_impl``'s adapter
 unchanged) ``--reps`` times in one process, each on a fresh store after the harness's warm-up, and
 prints wall and CPU µs per model step (every rep, sorted) and the COMMITs of the last rep's log.
-Alternate it between two engine copies (``TURNLOG_ENGINE_DIR``: a checkout with the native
-writer's ``.so`` copied in) in the same hour; quote medians per round.
+Alternate it between two engine copies (``TURNLOG_ENGINE_DIR``: a snapshot made by
+bench/engine_version.py) in the same hour; quote medians per round.
 """
 
 from __future__ import annotations

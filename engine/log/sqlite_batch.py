@@ -24,11 +24,9 @@ from .zdict import pack, unpack
 
 
 def delimited_events(events: Sequence[Event]) -> bytes:
-    """The events' records behind their lengths, not compressed: the native writer writes the
-    whole body in one call when it can (``codec.encode_delimited``). Bodies concatenate: two
+    """The events' records behind their lengths, not compressed. Bodies concatenate: two
     appends' bodies, one after the other, are the body of their events together."""
-    body = codec.encode_delimited(events)
-    return _delimited([codec.encode(e) for e in events]) if body is None else body
+    return _delimited([codec.encode(e) for e in events])
 
 
 def pack_batch(records: Sequence[bytes], *, compress: bool) -> bytes:
