@@ -21,6 +21,7 @@ from turnlog.engine import events as ev
 from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.experiments.namespace import is_experiment_session
 from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.models.endpoints import Endpoints
 from turnlog.engine.stream import StreamItem
 from turnlog.engine.turn import TurnRunner
 
@@ -55,8 +56,9 @@ class TurnWorker:
         on_item: Callable[[StreamItem], None] | None = None,
         max_concurrent_turns: int = MAX_CONCURRENT_TURNS,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
+        endpoints: Endpoints | None = None,
     ) -> None:
-        self.runner = TurnRunner(event_log, agents.get, producer=worker_id)
+        self.runner = TurnRunner(event_log, agents.get, producer=worker_id, endpoints=endpoints)
         self.on_item = on_item
         self.consumer = KeyedConsumer(
             event_log,

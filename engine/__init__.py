@@ -36,10 +36,13 @@ from .fold import SessionState, fold
 from .log import EventLog, KafkaEventLog, LogRecord, MemoryEventLog, SqliteEventLog, partition_for
 from .messages import ChatMessage
 from .models.base import Model, ModelRequest, ModelResponse, TextDelta, Usage
+from .models.breaker import BreakerPolicy
+from .models.endpoints import Endpoints
+from .models.ratelimit import EndpointLimits
 from .models.scripted import FunctionModel, ScriptedModel, call, reply
 from .session import AgentSessions, SessionInfo
 from .states import TRANSITIONS, Cause, SessionStatus, check_transition
-from .stream import ModelDelta, ModelProgress, StreamItem
+from .stream import ModelDelta, ModelProgress, ModelWaiting, StreamItem
 from .tools import Tool, ToolOutcome, ToolRegistry, ToolStatus, tool
 from .turn import TurnRunner
 
@@ -48,10 +51,13 @@ __all__ = [
     "Agent",
     "AgentDirectory",
     "AgentSessions",
+    "BreakerPolicy",
     "Cause",
     "ChatMessage",
     "ConcurrencyError",
     "ConfigurationError",
+    "EndpointLimits",
+    "Endpoints",
     "EventEncodeError",
     "EventError",
     "EventLog",
@@ -67,6 +73,7 @@ __all__ = [
     "Model",
     "ModelDelta",
     "ModelProgress",
+    "ModelWaiting",
     "ModelError",
     "ModelRequest",
     "ModelResponse",

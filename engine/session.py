@@ -29,6 +29,7 @@ from .errors import (
 from .fold import SessionState
 from .log.base import EventLog
 from .messages import ChatMessage
+from .models.endpoints import Endpoints
 from .states import SessionStatus
 from .stream import StreamItem
 from .text import text_problem
@@ -65,11 +66,14 @@ class AgentSessions:
         *,
         producer: str = "api",
         spend_ledger: SpendLedger | None = None,
+        endpoints: Endpoints | None = None,
     ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
-        self.runner = TurnRunner(log, agents.get, producer=producer, spend_ledger=spend_ledger)
+        self.runner = TurnRunner(
+            log, agents.get, producer=producer, spend_ledger=spend_ledger, endpoints=endpoints
+        )
 
     async def create_session(
         self,

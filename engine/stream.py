@@ -1,5 +1,6 @@
 """What a caller streaming a turn receives: every event as it is committed to the log, plus
-ephemeral model text deltas and progress notes that never enter the log or the fold (seed §5.2)."""
+ephemeral model text deltas, progress notes and waits that never enter the log or the fold
+(seed §5.2)."""
 
 from __future__ import annotations
 
@@ -33,4 +34,21 @@ class ModelProgress:
     """Seconds since the call started."""
 
 
-StreamItem = Event | ModelDelta | ModelProgress
+@dataclass(frozen=True, slots=True)
+class ModelWaiting:
+    """A model call waits for its endpoint before its request goes out (the client-side limits,
+    a 429's reset), and again when the wait is over (``waiting`` false). The wait counts against
+    the call's first-token limit. Ephemeral, like ModelDelta."""
+
+    session_id: str
+    turn_id: str
+    step: int
+    model: str
+    reason: str
+    """Why, in words for the user: what holds the call."""
+    ahead: int = 0
+    """Calls of this process queued for the endpoint before this one."""
+    waiting: bool = True
+
+
+StreamItem = Event | ModelDelta | ModelProgress | ModelWaiting

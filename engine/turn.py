@@ -41,6 +41,7 @@ from .log.base import EventLog
 from .messages import ChatMessage
 from .model_call import CallOutcome, LiveCalls, stream_call
 from .models.base import ModelRequest, ModelResponse
+from .models.endpoints import Endpoints
 from .states import Cause, SessionStatus
 from .stream import StreamItem
 from .tools import Tool, batch, guards, ledger
@@ -137,15 +138,19 @@ class TurnRunner:
         cache_size: int = 1024,
         snapshots: bool = True,
         spend_ledger: SpendLedger | None = None,
+        endpoints: Endpoints | None = None,
     ) -> None:
         self.log = log
+        self.endpoints = endpoints or Endpoints()
+        """The process's model endpoints (breakers, client-side limits), handed to the agents'
+        models with every request; give every runner of a process the same one."""
         self.agents = agents
         self.producer = producer
         self.snapshots = _snapshots.SnapshotEncoder(cache_size) if snapshots else None
         """Writes a snapshot after every tool step and turn end; None turns them off (benchmarks)."""
         self.spend_ledger = spend_ledger
         """Answers what a user spent today, for per-user daily budgets."""
-        self.context = ContextManager(log, cache_size)
+        self.context = ContextManager(log, cache_size, self.endpoints)
         """Keeps every model step within the agent's context budgets (seed §3)."""
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
@@ -393,7 +398,7 @@ class TurnRunner:
         self._finish_turn(w, "budget")
 
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
-        return build_request(state, agent, closing)
+        return build_request(state, agent, closing, self.endpoints)
 
     def _record_call_failed(self, w: SessionWriter, agent: Agent, call: CallOutcome) -> None:
         """A call that failed: what was sent and what streamed before it did, estimated."""
@@ -649,7 +654,9 @@ def unique_call_ids(calls: tuple[ToolCallSpec, ...], turn: TurnProgress) -> tupl
     return tuple(unique)
 
 
-def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
+def build_request(
+    state: SessionState, agent: Agent, closing: bool, endpoints: Endpoints | None = None
+) -> ModelRequest:
     """What a model step is sent: the system prompt, the history, and for a closing call (tools
     withdrawn) the note saying why. Pure, so the gateway can show what any past call was sent."""
     messages = assemble(state, agent)
@@ -660,7 +667,8 @@ def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequ
         guard, reason = _stop_reason(turn, agent.max_tool_iterations)
         messages.append(ChatMessage.system(guards.closing_note(guard, reason, agent.max_tool_iterations)))
     tools = () if closing else builtins.session_tools(agent, state).specs()
-    return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
+    turn_id = state.turn.turn_id if state.turn else ""
+    return ModelRequest(messages, tools, state.session_id, turn_id, endpoints=endpoints)
 
 
 def _gathered_summary(state: SessionState, opening: str) -> str:

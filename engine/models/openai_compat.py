@@ -16,6 +16,12 @@ Two rules shape the code:
   resend here is not a retry of a failed call: a request the server closed the connection on
   before answering (a kept-alive connection it had just timed out) is sent again, once.
 
+Calls go through the endpoint's client-side limiter (engine.models.ratelimit): ``limits`` caps
+calls in flight, requests and tokens per minute, and a 429 whose reset is at most
+``limits.max_retry_wait_s`` away holds the endpoint until then and queues the call again: the
+server did not take the request, so this is not a retry of a failed call either. The limiter
+and the endpoint's breaker live in the request's ``endpoints`` (the process's registry).
+
 The SDK sends the request and maps HTTP errors; the stream's server-sent events are read as
 plain JSON (``with_streaming_response``), not built into the SDK's typed chunk objects: that
 typing was the largest CPU cost of a model call (about 8 ms of a call's 10 on loopback), and a
@@ -30,7 +36,7 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Iterator, Sequence
 
 import aiohttp
 import openai
@@ -38,7 +44,10 @@ import openai
 from ..errors import ContextLengthError, ModelError
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
-from .base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from .base import EndpointWait, Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from .breaker import BreakerPolicy
+from .endpoints import Endpoint, Endpoints
+from .ratelimit import EndpointLimits, Limiter, Ticket, reset_after
 from .tokens import ServerTokenCounter, TiktokenCounter, TokenCounter, count_chat_tokens, encoding_name_for
 
 _EXCERPT_CHARS = 300
@@ -48,7 +57,10 @@ _STATUS_HINTS = {
     401: "check the API key",
     403: "check the API key's permissions for this model",
     404: "check the model name and that the base URL ends in /v1",
-    429: "the server is rate limiting; retry later or lower the load",
+    429: (
+        "the server is rate limiting; set the model's client-side limits (requests_per_minute, "
+        "tokens_per_minute, max_in_flight) below the provider's, or lower the load"
+    ),
 }
 
 
@@ -149,7 +161,13 @@ class OpenAICompatibleModel(Model):
         temperature: float | None = None,
         max_tokens: int | None = None,
         token_counter: TokenCounter | None = None,
+        limits: EndpointLimits | None = None,
+        breaker: BreakerPolicy | None = None,
+        endpoints: Endpoints | None = None,
     ) -> None:
+        """``limits``: what this process may send the endpoint (none by default); ``breaker``:
+        when its circuit breaker opens (engine.models.breaker); ``endpoints``: the registry used
+        when a request carries none (by default one of the model's own)."""
         self.name = model
         self.provider_model = model
         """The model name sent to the endpoint; ``name`` is what turnlog records (a router renames it)."""
@@ -166,10 +184,22 @@ class OpenAICompatibleModel(Model):
             max_retries=max_retries,
             http_client=openai.DefaultAioHttpClient(timeout=request_timeout_s),
         )
+        self.endpoints = endpoints or Endpoints()
+        self._endpoint = Endpoint(
+            self.base_url, model, limits or EndpointLimits(), breaker or BreakerPolicy()
+        )
 
     @property
     def base_url(self) -> str:
         return str(self._client.base_url).rstrip("/")
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint
+
+    @property
+    def limits(self) -> EndpointLimits:
+        return self._endpoint.limits
 
     async def aclose(self) -> None:
         """Close the HTTP client if this model created it; a client passed in stays open."""
@@ -190,7 +220,68 @@ class OpenAICompatibleModel(Model):
         return count_chat_tokens(counter, request.messages, request.tools)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        opened, response = await self._send(request)
+        limiter = (request.endpoints or self.endpoints).limiter(self._endpoint)
+        cost = await self._cost(request)
+        ticket: Ticket | None = None
+        used: int | None = None
+        try:
+            for requeue in range(1 + _REQUEUES_ON_429):
+                ticket = limiter.admit_now(request.session_id, cost)
+                if ticket is None:
+                    self._refuse_long_hold(limiter)
+                    yield EndpointWait(self.name, limiter.waiting_for(cost), limiter.queued)
+                    ticket = await limiter.admit(request.session_id, cost)
+                    yield EndpointWait(self.name, "", over=True)
+                try:
+                    opened, response = await self._send(request)
+                    break
+                except _RateLimited as limited:
+                    limiter.release(ticket, 0)
+                    ticket = None
+                    wait = limited.wait_s
+                    if wait is not None:  # every call waits for the reset, or fails over if it is too far
+                        limiter.hold(wait, f"the endpoint answered 429 ({limited.excerpt})")
+                    if wait is None or wait > self.limits.max_retry_wait_s or requeue == _REQUEUES_ON_429:
+                        raise limited.error from None
+            answer = None
+            reading = self._read(opened, response, request)
+            try:
+                async for chunk in reading:
+                    if isinstance(chunk, ModelResponse):
+                        answer = chunk
+                    else:
+                        yield chunk
+            finally:
+                await reading.aclose()  # a call given up mid-stream closes its response now
+            assert answer is not None
+            used = answer.usage.input_tokens + answer.usage.output_tokens
+        finally:
+            if ticket is not None:
+                limiter.release(ticket, used)
+        yield answer
+
+    async def _cost(self, request: ModelRequest) -> int:
+        """What the request counts against a tokens-per-minute limit: its input, estimated, and
+        its answer cap (as providers count it); 0 without such a limit."""
+        if self.limits.tokens_per_minute is None:
+            return 0
+        caps = [n for n in (self.max_tokens, request.max_output_tokens) if n is not None]
+        return await self.estimate_input_tokens(request) + (min(caps) if caps else 0)
+
+    def _refuse_long_hold(self, limiter: Limiter) -> None:
+        """A 429 asked for a wait longer than the limits allow: fail over now, not after it."""
+        left = limiter.held_until - limiter.clock.now()
+        if left > self.limits.max_retry_wait_s:
+            raise ModelError(
+                f"model endpoint {self.base_url} asked to wait {left:.1f} s before more calls of model "
+                f"{self.name!r} ({limiter.hold_reason}), longer than its limits' max_retry_wait_s of "
+                f"{self.limits.max_retry_wait_s:g} s; the call goes to the next model"
+            )
+
+    async def _read(
+        self, opened: Any, response: Any, request: ModelRequest
+    ) -> AsyncGenerator[TextDelta | ModelResponse, None]:
+        """The answer's text as it streams, then the complete response."""
         state = _StreamState()
         try:
             chunks = _chunks(response.iter_lines()).__aiter__()
@@ -229,7 +320,10 @@ class OpenAICompatibleModel(Model):
             except Exception as exc:
                 if attempt < _RESENDS_ON_CLOSE and _closed_before_answering(exc):
                     continue
-                raise self._error(exc, streaming=False) from exc
+                error = self._error(exc, streaming=False)
+                if isinstance(exc, openai.APIStatusError) and exc.status_code == 429:
+                    raise _RateLimited(reset_after(exc.response.headers), error, _excerpt(exc)) from exc
+                raise error from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _open(self, request: ModelRequest) -> Any:
@@ -289,10 +383,12 @@ class OpenAICompatibleModel(Model):
                     f"model endpoint {where} refused the request as too long for model {model!r}: "
                     f"{_excerpt(exc)}; the history is compacted and the call made once more"
                 )
-            return ModelError(
+            error = ModelError(
                 f"model endpoint {where} answered {exc.status_code} for model {model!r}: "
                 f"{_excerpt(exc)}; {hint}"
             )
+            error.status = exc.status_code
+            return error
         refused = _refused(exc)
         if _timed_out(exc) and refused is None:
             return ModelError(
@@ -321,6 +417,20 @@ class OpenAICompatibleModel(Model):
 
 class _StreamedError(Exception):
     """The server sent an error object as an event of the stream (after its 200)."""
+
+
+class _RateLimited(Exception):
+    """A 429: the server did not take the request; ``wait_s`` is the reset its headers name."""
+
+    def __init__(self, wait_s: float | None, error: ModelError, excerpt: str) -> None:
+        super().__init__(str(error))
+        self.wait_s = wait_s
+        self.error = error
+        self.excerpt = excerpt
+
+
+_REQUEUES_ON_429 = 3
+"""A call queued again after a 429 at most this often (each waits for the reset it was given)."""
 
 
 async def _events(lines: AsyncIterator[str]) -> AsyncIterator[str]:
