@@ -128,6 +128,22 @@ async def test_a_failed_probe_opens_the_breaker_for_another_cool_down(tmp_path: 
         assert f.server.count("primary") == 4  # three failures and one probe, nothing more
 
 
+async def test_background_errors_and_the_requests_own_errors_never_open_it(tmp_path: Path) -> None:
+    async with fleet(tmp_path) as f:
+        for _ in range(6):
+            await f.turn()
+        f.server.set("primary", status=500)
+        for _ in range(3):  # 3 failures, but of 9 calls in the window: under half
+            await f.turn()
+        f.server.set("primary", status=400)  # the request's own fault, however often
+        for _ in range(4):
+            await f.turn()
+        f.server.clear("primary")
+        _, items = await f.turn()
+        assert answered_by(items) == "primary" and not of(items, ev.ModelFallback)
+        assert f.server.count("primary") == 14
+
+
 async def test_a_hung_endpoint_hands_the_calls_waiting_on_it_to_the_backup_before_their_limit(
     tmp_path: Path,
 ) -> None:

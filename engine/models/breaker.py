@@ -29,6 +29,7 @@ limiter) count for nothing.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
@@ -315,6 +316,17 @@ class Breaker:
         return None if since is None or limit is None else since + limit
 
     def _check_stall(self) -> None:
+        """The stall limit passed: decide once the loop has run what is ready. After the process
+        itself was busy past the limit, the first tokens that came meanwhile are read in the
+        loop's next turn, after this timer: deciding now would blame the endpoint."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._decide_stall()
+            return
+        self._timer = loop.call_soon(self._decide_stall)
+
+    def _decide_stall(self) -> None:
         self._timer = None
         limit = self.stall_after_s()
         if limit is not None:

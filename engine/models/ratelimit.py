@@ -6,10 +6,13 @@ it; until then the call waits in a fair queue (each session's calls in order, se
 in turn, so one busy session cannot starve the others), and the wait counts against the call's
 first-token limit like any other. Providers count requests per minute but enforce them in
 shorter slices (OpenAI: "60,000 requests/minute may be enforced as 1,000 requests/second"), so
-a request rate is kept both per minute and per second (``ceil(rpm / 60)`` in any second), with
-each window a little longer than its nominal length (``WINDOW_MARGIN``) so that requests sent at
-the edge of a window do not arrive inside the provider's. Tokens per minute count the request's
-estimated input (and its answer cap), corrected by the usage the answer reports.
+a request rate is kept both per minute and per second: requests go out evenly spaced,
+``ceil(rpm / 60)`` a second, never in bursts (a burst admitted at once reaches the provider
+spread over the client's own scheduling, and the next burst, a second later, lands inside the
+same provider window), with every interval a little longer than nominal (``WINDOW_MARGIN``) so
+that jitter on the way does not bring two requests closer than the provider counts. Tokens per
+minute count the request's estimated input (and its answer cap), corrected by the usage the
+answer reports.
 
 A 429's ``retry-after-ms`` / ``retry-after`` / ``x-ratelimit-reset-*`` headers ``hold`` the
 endpoint: no call is admitted before the reset, so the next calls wait instead of failing. The
@@ -176,9 +179,7 @@ class Limiter:
             sent.popleft()
         per_second = max(1, math.ceil(per_minute / 60.0))
         per_window = max(1, math.floor(per_minute))
-        until = 0.0
-        if len(sent) >= per_second:
-            until = sent[-per_second] + WINDOW_MARGIN
+        until = sent[-1] + WINDOW_MARGIN / per_second if sent else 0.0
         if len(sent) >= per_window:
             until = max(until, sent[-per_window] + 60.0 * WINDOW_MARGIN)
         return until
