@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import pytest
+from rich.console import Console
 
 from bench.fault_server import FaultServer
 from tests.test_model_outages import until
@@ -33,6 +34,7 @@ from turnlog.engine.models.limits import stream_within
 from turnlog.engine.models.openai_compat import OpenAICompatibleModel
 from turnlog.engine.models.ratelimit import WINDOW_MARGIN, EndpointLimits, reset_after
 from turnlog.engine.stream import ModelWaiting
+from turnlog.render import LiveRenderer
 
 
 def _echo(body: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -210,6 +212,11 @@ async def test_a_waiting_call_shows_as_waiting_in_the_turns_stream(tmp_path: Pat
         )
         assert [i.waiting for i in items if isinstance(i, ModelWaiting)] == [True, False]
         assert [i for i in items if isinstance(i, ev.AssistantMessage)][0].text == "answer to second"
+        console = Console(record=True, width=200)  # the CLI: not a terminal, so one line per wait
+        render = LiveRenderer(console)
+        for item in items:
+            render(item)
+        assert "model   waiting: 1 calls are in flight to the endpoint" in console.export_text()
         await model.aclose()
         await log.close()
 

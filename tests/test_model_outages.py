@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from bench.fault_server import FaultServer
 from turnlog.engine import AgentSessions, SqliteEventLog
 from turnlog.engine import events as ev
@@ -21,6 +23,7 @@ from turnlog.engine.models.endpoints import Endpoints
 from turnlog.engine.models.fallback import FallbackModel
 from turnlog.engine.models.openai_compat import OpenAICompatibleModel
 from turnlog.engine.stream import ModelDelta
+from turnlog.render import LiveRenderer
 
 POLICY = BreakerPolicy(failures=3, window_s=30, cooldown_s=10, stall_calls=3, stall_min_s=2)
 
@@ -68,6 +71,14 @@ def of(items: list[Any], kind: type[ev.Event]) -> list[Any]:
     return [i for i in items if isinstance(i, kind)]
 
 
+def rendered(items: list[Any]) -> str:
+    console = Console(record=True, width=300)
+    render = LiveRenderer(console)
+    for item in items:
+        render(item)
+    return console.export_text()
+
+
 def answered_by(items: list[Any]) -> str:
     [finished] = of(items, ev.ModelCallFinished)
     assert finished.status == "ok"
@@ -99,6 +110,9 @@ async def test_failures_open_the_breaker_then_calls_start_on_the_backup_until_a_
         assert "breaker of primary at" in switch.reason and "is open" in switch.reason
         assert answered_by(skipped) == "backup" and f.server.count("primary") == 4
         assert [type(e).__name__ for e in await f.events(sid)].count("ModelFallback") == 1  # on the log
+        shown = rendered(failed[-1][1] + skipped)  # what `turnlog chat` prints
+        assert f"breaker  primary at {f.server.base_url}: closed → open (3 of the 4 calls" in shown
+        assert "fallback primary → backup (breaker open): the breaker of primary at" in shown
 
         f.server.clear("primary")
         f.clock.advance(POLICY.cooldown_s)
