@@ -32,7 +32,7 @@ from turnlog.engine.models.endpoints import Endpoints
 from turnlog.engine.models.fallback import FallbackModel
 from turnlog.engine.models.limits import stream_within
 from turnlog.engine.models.openai_compat import OpenAICompatibleModel
-from turnlog.engine.models.ratelimit import WINDOW_MARGIN, EndpointLimits, reset_after
+from turnlog.engine.models.ratelimit import WINDOW_MARGIN, EndpointLimits, Limiter, reset_after
 from turnlog.engine.stream import ModelWaiting
 from turnlog.render import LiveRenderer
 
@@ -271,6 +271,24 @@ async def _items(api: AgentSessions, sid: str, text: str) -> list[Any]:
 async def _gather(api: AgentSessions, sid: str, text: str, into: list[Any]) -> None:
     async for item in api.send_user_message(sid, text):
         into.append(item)
+
+
+async def test_a_call_that_gives_up_while_queued_is_skipped_not_admitted() -> None:
+    limiter = Limiter(EndpointLimits(max_in_flight=1), ManualClock())
+    holder = limiter.admit_now("a", 0)
+    assert holder is not None
+    gives_up = asyncio.create_task(limiter.admit("b", 0))
+    await until(lambda: limiter.queued == 1)
+    next_one = asyncio.create_task(limiter.admit("c", 0))
+    await until(lambda: limiter.queued == 2)
+    gives_up.cancel()  # its wait is cancelled; its task has not run its handler yet
+    limiter.release(holder)  # the slot goes to the next call still waiting, not to the cancelled one
+    admitted = await asyncio.wait_for(next_one, 30)
+    with pytest.raises(asyncio.CancelledError):
+        await gives_up
+    assert (limiter.in_flight, limiter.queued) == (1, 0)
+    limiter.release(admitted)
+    assert limiter.in_flight == 0
 
 
 @pytest.mark.parametrize(

@@ -202,18 +202,19 @@ class Limiter:
         while self._queue:
             key, waiters = next(iter(self._queue.items()))
             waiter = waiters[0]
-            now = self.clock.now()
-            blocked = self._blocked(waiter.tokens, now)
-            if blocked is not None:
-                self._wake_at(blocked)
-                return
+            if not waiter.future.cancelled():  # a call that gave up leaves without its turn
+                blocked = self._blocked(waiter.tokens, self.clock.now())
+                if blocked is not None:
+                    self._wake_at(blocked)
+                    return
             waiters.popleft()
             self._queued -= 1
             if waiters:
                 self._queue.move_to_end(key)  # the session's next call waits for the others' turn
             else:
                 del self._queue[key]
-            waiter.future.set_result(self._admit(waiter.tokens))
+            if not waiter.future.cancelled():
+                waiter.future.set_result(self._admit(waiter.tokens))
 
     def _wake_at(self, when: float) -> None:
         if when == math.inf or (self._timer is not None and self._timer_at == when):
