@@ -91,9 +91,25 @@ def missing_note(extra: str) -> str:
 
 def install_command(extra: str) -> str:
     """``pip install 'turnlog[x]'``, or ``pip install -e '.[x]'`` in an editable checkout."""
-    if _editable():
+    if editable_checkout() is not None:
         return f"pip install -e '.[{extra}]'"
     return f"pip install 'turnlog[{extra}]'"
+
+
+@cache
+def editable_checkout() -> str | None:
+    """The checkout turnlog is installed from in editable mode (PEP 610's direct_url.json), or
+    None. Every turnlog metadata on the path is looked at: a checkout's own ``turnlog.egg-info``
+    (setuptools leaves one) is found first from its folder and has no direct_url.json."""
+    for dist in metadata.distributions(name=DISTRIBUTION):
+        raw = dist.read_text("direct_url.json")
+        try:
+            found = json.loads(raw) if raw else {}
+        except ValueError:
+            continue
+        if found.get("dir_info", {}).get("editable"):
+            return str(found.get("url", "")).removeprefix("file://")
+    return None
 
 
 def _normal(name: str) -> str:
@@ -107,15 +123,3 @@ def _installed(distribution: str) -> bool:
         return False
     return True
 
-
-@cache
-def _editable() -> bool:
-    """Whether turnlog is installed from a checkout in editable mode (PEP 610's direct_url.json)."""
-    try:
-        raw = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        return False
-    try:
-        return bool(raw and json.loads(raw).get("dir_info", {}).get("editable"))
-    except ValueError:
-        return False
