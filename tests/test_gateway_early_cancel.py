@@ -106,6 +106,19 @@ async def logged(log: EventLog, sid: str, ready: Callable[[list[ev.Event]], bool
     return events
 
 
+async def projected_to(url: str, sid: str, version: int) -> dict[str, Any]:
+    """The session's row (GET /v1/sessions/{id}) once the projections hold ``version``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+        while True:
+            row: dict[str, Any] = (await client.get(f"/v1/sessions/{sid}", headers=auth("alice"))).json()
+            if row.get("state_version") == version:
+                return row
+            assert loop.time() < deadline, row
+            await asyncio.sleep(0.05)  # another thread's projector: nothing to wait on here
+
+
 def finished(message_id: str) -> Callable[[list[ev.Event]], bool]:
     return lambda es: any(isinstance(e, ev.TurnFinished) and e.message_id == message_id for e in es)
 
@@ -153,6 +166,8 @@ async def test_a_cancel_pipelined_behind_its_post_drops_the_message(where: Stack
             async with worker_on(log, directory):
                 await post(url, sid, "messages", {"text": "where is A-18?", "message_id": "m-2"})
                 events = await logged(log, sid, finished("m-2"))
+            row = await projected_to(url, sid, len(events))  # the projector took the drop in its stride
+            assert (row["current_state"], row["turn_running"]) == ("FINISHED", False)
     check_dropped_once(events, "m-1", cancel)
     assert [e.message_id for e in events if isinstance(e, ev.TurnStarted)] == ["m-2"]
 
