@@ -19,16 +19,16 @@ from pathlib import Path
 
 import uvicorn
 
-from consumers import TurnWorker
-from engine import AgentDirectory
-from engine.log.base import EventLog
-from engine.log.kafka import KafkaEventLog
-from engine.log.sqlite import SqliteEventLog
-from gateway import Gateway, GatewayConfig, KeyStore, Principal, server_config
-from projections.postgres import PostgresProjectionStore
-from projections.store import ProjectionStore, SqliteProjectionStore
 from tests.gateway_support import KEYS, POLLING_LIMITS, PRINCIPALS, _wait_until_accepting
 from tests.services import delete_topics, fresh_topic, need_service
+from turnlog.consumers import TurnWorker
+from turnlog.engine import AgentDirectory
+from turnlog.engine.log.base import EventLog
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.sqlite import SqliteEventLog
+from turnlog.gateway import Gateway, GatewayConfig, KeyStore, Principal, server_config
+from turnlog.projections.postgres import PostgresProjectionStore
+from turnlog.projections.store import ProjectionStore, SqliteProjectionStore
 
 PARTITIONS = 2
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from consumers import TurnWorker
-from engine import (
+from turnlog.consumers import TurnWorker
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -26,12 +26,12 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
-from engine.errors import ConcurrencyError, NoTurnRunningError
-from engine.interrupts import Rebaser
-from engine.log.kafka import KafkaEventLog
-from engine.states import Cause, SessionStatus
-from engine.writer import SessionWriter
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError, NoTurnRunningError
+from turnlog.engine.interrupts import Rebaser
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.states import Cause, SessionStatus
+from turnlog.engine.writer import SessionWriter
 
 WAIT = 30.0
 

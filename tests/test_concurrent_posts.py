@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import Agent, AgentDirectory, FunctionModel
-from engine import events as ev
-from engine.log.base import EventLog
-from engine.models.base import ModelRequest
 from tests.backend_gateway import Stack, serve, stack, worker_on
 from tests.gateway_support import auth
+from turnlog.engine import Agent, AgentDirectory, FunctionModel
+from turnlog.engine import events as ev
+from turnlog.engine.log.base import EventLog
+from turnlog.engine.models.base import ModelRequest
 
 POSTS = 50
 CONNECTIONS = 5

@@ -21,12 +21,12 @@ import httpx
 import jsonschema
 import pytest
 
-from engine import Agent, AgentDirectory, FunctionModel
-from engine import events as ev
-from engine.log.base import EventLog
-from gateway import openapi
 from tests.backend_gateway import Stack, serve, stack, worker_on
 from tests.gateway_support import KEYS, GatedModel, auth, lookup
+from turnlog.engine import Agent, AgentDirectory, FunctionModel
+from turnlog.engine import events as ev
+from turnlog.engine.log.base import EventLog
+from turnlog.gateway import openapi
 
 TIMEOUT = httpx.Timeout(60.0)
 WAIT = 60.0

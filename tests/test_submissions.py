@@ -13,12 +13,12 @@ from contextlib import AbstractAsyncContextManager
 
 import pytest
 
-from consumers import TurnWorker
-from engine import AgentDirectory, AgentSessions, EventLog
-from engine import events as ev
-from engine.errors import ConcurrencyError, DuplicateSubmissionError, InputError, SessionNotFoundError
-from engine.log.memory import MemoryEventLog
 from tests.procs import worker_agent
+from turnlog.consumers import TurnWorker
+from turnlog.engine import AgentDirectory, AgentSessions, EventLog
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError, DuplicateSubmissionError, InputError, SessionNotFoundError
+from turnlog.engine.log.memory import MemoryEventLog
 
 
 def user_message(sid: str, message_id: str, text: str = "hi") -> ev.UserMessageReceived:
