@@ -92,7 +92,9 @@ class UserMessageDropped(Event):
     """The waiting message (its UserMessageReceived is earlier on the log)."""
     reason: str
     """closed: the session was closed before a turn took the message (a force-finish, or the
-    message arrived after the close) | fork_rest: a fork made to rest inherited it waiting."""
+    message arrived after the close) | fork_rest: a fork made to rest inherited it waiting |
+    cancelled: a cancel came before a turn took it (in the cancel's commit; its causation_id is
+    the CancelRequested's event id)."""
     detail: str = ""
     """What the sender is told."""
     type: ClassVar[str] = "UserMessageDropped"
@@ -364,7 +366,8 @@ class SnapshotTaken(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelRequested(Event):
-    """A user or admin asks the running turn to stop at its next step boundary (engine.interrupts)."""
+    """A user or admin asks the running turn to stop at its next step boundary; the messages
+    waiting for a turn are dropped in the same commit (engine.interrupts.add_cancel)."""
 
     reason: str
     actor: str = "user"

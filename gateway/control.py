@@ -1,7 +1,7 @@
-"""Routes that steer a session's running turn: cancel it, interrupt it with a new message, decide a
-tool call that waits for approval or a turn paused on its budget. Each appends to the log and
-answers 202 with what it appended (with log positions); whoever runs the session (a TurnWorker)
-carries the turn on from there."""
+"""Routes that steer a session's running turn: cancel it (and the messages waiting for a turn),
+interrupt it with a new message, decide a tool call that waits for approval or a turn paused on
+its budget. Each appends to the log and answers 202 with what it appended (with log positions);
+whoever runs the session (a TurnWorker) carries the turn on from there."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from turnlog.engine import events as ev
 from turnlog.engine.budget import BudgetDecision
 from turnlog.engine.errors import NoTurnRunningError, SessionClosedError
 from turnlog.engine.fold import SessionState
+from turnlog.engine.interrupts import Cancelled
 from turnlog.engine.tools.approvals import Decision
 
 from .access import appended, owned_state
@@ -34,36 +35,42 @@ class ControlRoutes:
         self.gw = gw
 
     async def cancel(self, request: Request) -> Response:
-        """Stop the running turn at its next step boundary (CANCELLED, what ran is kept)."""
+        """Stop the running turn at its next step boundary (CANCELLED, what ran is kept) and drop
+        the messages waiting for a turn; the answer names the turn and the messages."""
         state = await owned_state(self.gw, request)
         body = await json_body(request, self.gw.limits)
         reason = optional_string(body, "reason")
         actor, reason = self._actor(request, state, reason)
-        event = await self.gw.api.cancel(state.session_id, reason, actor=actor)
-        return JSONResponse({"events": await appended(self.gw, [event])}, 202)
+        cancelled = await self.gw.api.cancel(state.session_id, reason, actor=actor)
+        return JSONResponse(await self._cancel_answer(cancelled), 202)
 
     async def interrupt(self, request: Request) -> Response:
-        """A new message that stops the running turn (seed §8): a cancel of the running turn, then
-        the message, which starts the next turn. With no turn running it is a plain message.
+        """A new message that stops the running turn (seed §8): a cancel (which also drops the
+        messages waiting for a turn), then the message, which starts the next turn. With no turn
+        running and no message waiting it is a plain message.
 
-        The cancel goes first so it can only ever stop the turn that was running: a message
-        appended first could start its own turn before the cancel lands."""
+        The cancel goes first so it can only ever stop the turn that was running and drop the
+        messages sent before: a message appended first could start its own turn, or be dropped,
+        before the cancel lands."""
         state = await owned_state(self.gw, request)
         body = await json_body(request, self.gw.limits)
         text = body.get("text")
         if not isinstance(text, str):
             raise HttpError(422, "invalid_input", "'text' must be a string")
         self.gw.api.check_message(state, text)  # a message that would be refused stops nothing
-        written: list[ev.Event] = []
-        if state.turn is not None:
+        cancelled: Cancelled | None = None
+        if state.turn is not None or state.inbox:
             actor, reason = self._actor(request, state, "interrupted by a new message")
             try:
-                written.append(await self.gw.api.cancel(state.session_id, reason, actor=actor))
+                cancelled = await self.gw.api.cancel(state.session_id, reason, actor=actor)
             except NoTurnRunningError:
-                pass  # the turn ended meanwhile: nothing to stop
-        written.append(await self.gw.api.post_user_message(state.session_id, text))
-        events = await appended(self.gw, written)
-        return JSONResponse({"interrupted": len(written) == 2, "events": events}, 202)
+                pass  # the turn ended and its messages were taken meanwhile: nothing to stop or drop
+        posted = await self.gw.api.post_user_message(state.session_id, text)
+        if cancelled is None:
+            answer = {"stopped_turn": None, "dropped": [], "events": await appended(self.gw, [posted])}
+        else:
+            answer = await self._cancel_answer(cancelled, then=posted)
+        return JSONResponse({"interrupted": answer["stopped_turn"] is not None, **answer}, 202)
 
     async def decide(self, request: Request) -> Response:
         """Approve, edit (new arguments, validated against the tool) or reject a paused call."""
@@ -114,6 +121,16 @@ class ControlRoutes:
         return JSONResponse({"events": await appended(self.gw, events)}, 202)
 
     # -- helpers -------------------------------------------------------------------------------
+
+    async def _cancel_answer(self, cancelled: Cancelled, then: ev.Event | None = None) -> dict[str, Any]:
+        """What a cancel did: the turn it stops, the messages it dropped, and the events (with
+        ``then``, the event appended after it)."""
+        events = [*cancelled.events, *([then] if then is not None else [])]
+        return {
+            "stopped_turn": cancelled.stopped_turn,
+            "dropped": [d.message_id for d in cancelled.dropped],
+            "events": await appended(self.gw, events),
+        }
 
     def _actor(self, request: Request, state: SessionState, reason: str) -> tuple[str, str]:
         """The owner stops their turn as themselves; an admin stopping another user's turn is

@@ -156,14 +156,18 @@ PATHS: dict[str, dict[str, Any]] = {
     },
     "/v1/sessions/{session_id}/cancel": {
         "post": {
-            "summary": "Cancel the running turn: it stops at its next step boundary (CANCELLED)",
-            "description": "Appends a CancelRequested and answers with it; never waits for the turn. "
-            "409 `no_turn_running` when nothing runs, `session_closed` when the session is closed.",
+            "summary": "Cancel the running turn (it stops at its next step boundary: CANCELLED) and drop "
+            "the messages waiting for a turn",
+            "description": "Appends a CancelRequested and, in the same commit, a UserMessageDropped (reason "
+            "`cancelled`) for every message received and not yet taken by a turn, so a cancel sent right "
+            "after a post drops that message and nothing answers it. Answers what it did: `stopped_turn` "
+            "and `dropped`; never waits for the turn. 409 `no_turn_running` when no turn runs and no "
+            "message waits, `session_closed` when the session is closed.",
             "operationId": "cancelTurn",
             "parameters": [SESSION_ID],
             "requestBody": _body(ref("Cancel")),
             "responses": {
-                "202": _json(ref("Appended"), "the CancelRequested, durable on the log"),
+                "202": _json(ref("Cancelled"), "the CancelRequested and the drops, durable on the log"),
                 **_errors(400, 404, 409, 413, 422, 503),
             },
         }
@@ -171,9 +175,10 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/sessions/{session_id}/interrupt": {
         "post": {
             "summary": "Post a message that stops the running turn; it starts the next turn",
-            "description": "A CancelRequested for the running turn (if one runs), then the message, both "
-            "appended before the answer; the stopped turn ends CANCELLED and the message's turn sees what it "
-            "did. With no turn running it is a plain message (`interrupted: false`).",
+            "description": "A cancel (if a turn runs or messages wait: it stops the turn and drops the "
+            "waiting messages, as `/cancel` does), then the message, both appended before the answer; the "
+            "stopped turn ends CANCELLED and the message's turn sees what it did. With no turn running and "
+            "no message waiting it is a plain message (`interrupted: false`).",
             "operationId": "interruptTurn",
             "parameters": [SESSION_ID],
             "requestBody": _body(ref("PostMessage")),

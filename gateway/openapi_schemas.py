@@ -12,6 +12,17 @@ def ref(name: str) -> dict[str, str]:
 NO_NUL = "^[^\\u0000]*$"
 """Text fields are stored as text, which cannot hold a NUL character."""
 
+STOPPED_TURN = {
+    "type": ["string", "null"],
+    "description": "the running turn the cancel stops at its next step boundary (null: none ran)",
+}
+DROPPED = {
+    "type": "array",
+    "items": {"type": "string"},
+    "description": "the ids of the messages the cancel dropped (UserMessageDropped, reason cancelled): they "
+    "were waiting for a turn, and no turn will answer them",
+}
+
 NOTE = {
     "type": "string",
     "minLength": 1,
@@ -174,11 +185,22 @@ SCHEMAS: dict[str, Any] = {
         "required": ["events"],
         "properties": {"events": {"type": "array", "items": ref("AppendedEvent")}},
     },
+    "Cancelled": {
+        "type": "object",
+        "required": ["stopped_turn", "dropped", "events"],
+        "properties": {
+            "stopped_turn": STOPPED_TURN,
+            "dropped": DROPPED,
+            "events": {"type": "array", "items": ref("AppendedEvent")},
+        },
+    },
     "Interrupted": {
         "type": "object",
-        "required": ["interrupted", "events"],
+        "required": ["interrupted", "stopped_turn", "dropped", "events"],
         "properties": {
             "interrupted": {"type": "boolean", "description": "a running turn was asked to stop"},
+            "stopped_turn": STOPPED_TURN,
+            "dropped": DROPPED,
             "events": {"type": "array", "items": ref("AppendedEvent")},
         },
     },

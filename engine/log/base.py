@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -21,8 +20,8 @@ import structlog
 
 from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError
 from ..events import Event, SessionCreated, SessionForked, SnapshotTaken
+from .submissions import NEW_SESSIONS
 
-SUBMIT_RETRIES = 8
 log = structlog.get_logger("turnlog.log")
 
 
@@ -120,30 +119,32 @@ class EventLog(abc.ABC):
         """Append a producer's event (SessionCreated, UserMessageReceived) at the session's next
         version, which the log assigns; durable when this returns. Returns the event as appended.
 
-        A producer outside the session's writer cannot know that version. The embedded log
-        appends directly (retrying on a concurrent append); the Kafka log hands the event to the
-        partition's owner through its inbox topic (see docs/architecture.md), and returns it
-        with ``version == 0`` when this process does not own the partition.
+        A producer outside the session's writer cannot know that version, and must not lose it
+        to another append: the log assigns it where it orders appends. The embedded log reads the
+        session's head inside the write transaction that appends it (``_append_next``), so
+        concurrent submissions get consecutive versions and none is refused; the Kafka log hands
+        the event to the partition's owner through its inbox topic (see docs/architecture.md),
+        and returns it with ``version == 0`` when this process does not own the partition.
 
         Idempotent: an event the session already holds (the same event id, or a user message with
         the same message id, ``turnlog.engine.log.submissions``) is not appended again; the event already
         on the log is returned.
         """
         try:
-            if isinstance(event, (SessionCreated, SessionForked)):  # a new session: version 1 or nothing
+            if isinstance(event, NEW_SESSIONS):  # a new session: version 1 or nothing
                 await self.append([event], expected_version=0)
                 return event
-            for _ in range(SUBMIT_RETRIES):
-                version = await self.session_version(event.session_id)
-                sequenced = dataclasses.replace(event, version=version + 1)
-                try:
-                    await self.append([sequenced], expected_version=version)
-                except ConcurrencyError:
-                    continue
-                return sequenced
+            return await self._append_next(event)
         except DuplicateSubmissionError as held:
             return await self._held_submission(held)
-        raise ConcurrencyError(event.session_id, version, await self.session_version(event.session_id))
+
+    async def _append_next(self, event: Event) -> Event:
+        """Append ``event`` (a submission of an existing session) at the session's next version,
+        read where the log orders its appends, so it never loses a version race: a writer that
+        appended first only moves it one version on. Returns the event as appended. Raises
+        SessionNotFoundError for a session with no events, DuplicateSubmissionError for a
+        submission the session holds."""
+        raise NotImplementedError(f"{type(self).__name__} sequences no submissions: implement _append_next")
 
     async def _held_submission(self, held: DuplicateSubmissionError) -> Event:
         """The event a repeated submission names, as the log holds it."""

@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 from typing import Sequence
 
-from ..errors import ConcurrencyError, ConfigurationError, DuplicateSubmissionError, LogError
+from ..errors import (
+    ConcurrencyError,
+    ConfigurationError,
+    DuplicateSubmissionError,
+    LogError,
+    SessionNotFoundError,
+)
 from ..events import Event
 from .base import EventLog, LogRecord, check_batch, holds_state, partition_for
 from .submissions import submission_keys
@@ -64,6 +71,16 @@ class MemoryEventLog(EventLog):
             self._snapshots.setdefault(session_id, []).extend(snapshots)
         self._notify()
         return appended
+
+    async def _append_next(self, event: Event) -> Event:
+        """The session's head and the append are read and written with no await between: no
+        other append can come in between them."""
+        version = len(self._sessions.get(event.session_id, ()))
+        if version == 0:
+            raise SessionNotFoundError(event.session_id)
+        sequenced = dataclasses.replace(event, version=version + 1)
+        await self.append([sequenced], expected_version=version)
+        return sequenced
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []

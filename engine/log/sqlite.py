@@ -8,8 +8,10 @@ lose the last commits. ``durability="power"`` runs ``synchronous=FULL``: one fsy
 Appends go through group commit (engine.log.sqlite_commit): the appends of many sessions made
 while the previous transaction was being committed share the next one. In "power" mode that
 shares the fsync, and the COMMIT runs off the event-loop thread; in "process" mode the COMMIT
-(no fsync) runs on the loop, and batching saves the per-transaction work. Reads run on the
-caller's thread, on a connection of their own. An in-memory database commits each append alone.
+(no fsync) runs on the loop, and batching saves the per-transaction work. What each append
+does inside that transaction is engine.log.sqlite_jobs (a submission is given its version there).
+Reads run on the caller's thread, on a connection of their own. An in-memory database commits
+each append alone.
 """
 
 from __future__ import annotations
@@ -22,9 +24,7 @@ from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar, cast
 
 from .. import codec
 from ..errors import (
-    ConcurrencyError,
     ConfigurationError,
-    DuplicateSubmissionError,
     EventError,
     LogError,
     LogUnavailableError,
@@ -34,6 +34,7 @@ from .base import EventLog, LogRecord, check_batch, first_state_snapshot, holds_
 from .sqlite_batch import delimited_events, split_batch
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_held import HeldRows
+from .sqlite_jobs import SESSION_KEY, Head, held_job, next_job, row_job
 from .sqlite_layout import migrate
 from .submissions import SUBMITTED_TYPES, submission_keys
 from .zdict import pack
@@ -90,14 +91,6 @@ append's transaction, so a session takes each submission once, whichever process
 ``group_offsets`` and ``log_meta`` are WITHOUT ROWID in files made since layout 3 (one B-tree
 each instead of two; older files keep theirs, which read and write the same)."""
 
-_SESSION_KEY = "SELECT key FROM sessions WHERE session_id = ?"
-_HEADS = (
-    "SELECT s.key, (SELECT version + count - 1 FROM batches WHERE session = s.key ORDER BY version DESC "
-    "LIMIT 1), (SELECT position + count - 1 FROM batches ORDER BY position DESC LIMIT 1) "
-    "FROM (SELECT (" + _SESSION_KEY + ") AS key) AS s"
-)
-"""The session's key, its last version and the log's last position (each NULL if none), read
-under the write lock in one statement."""
 _FROM_VERSION = (
     "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
     "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 ORDER BY version DESC "
@@ -234,89 +227,29 @@ class SqliteEventLog(EventLog):
         snapshot = first_state_snapshot(events)  # restore points are not indexed: loads skip them
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
         group = self.group
+        head = Head(session_id, partition, expected_version, len(events), snapshot)
         if redoable and not keys and group is not None and group.held_rows is not None:
-            held = self._held_write(
-                group.held_rows, session_id, partition, expected_version, len(events), snapshot, body
-            )
+            held = held_job(group.held_rows, head, body, self._raise_lost)
             positions = await group.write(held, on_lost=lambda error: self._lose(session_id, error))
         else:
-            job = self._append_job(session_id, partition, expected_version, len(events), snapshot, keys, body)
-            positions = await self._write(job)
+            value = pack(body) if self.compress else body
+            positions = await self._write(row_job(head, keys, value, self._raise_lost))
         self._notify()
         return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
 
-    def _append_job(
-        self,
-        session_id: str,
-        partition: int,
-        expected_version: int,
-        count: int,
-        snapshot: int | None,
-        keys: list[tuple[str, str, int]],
-        body: bytes,
-    ) -> Callable[[sqlite3.Connection], range]:
-        """An append's job that writes its row at once (every append but a held one)."""
-        value = pack(body) if self.compress else body
+    async def _append_next(self, event: Event) -> Event:
+        """Sequenced in the write transaction (``sqlite_jobs.next_job``): concurrent submissions
+        take consecutive versions."""
+        partition = partition_for(event.session_id, self.partitions)
+        sequenced, _ = await self._write(next_job(event, partition, self.compress))
+        self._notify()
+        return sequenced
 
-        def write(db: sqlite3.Connection) -> range:
-            """The append's writes, inside a transaction that holds the write lock: versions
-            and positions cannot move under us."""
-            lost = self._lost.pop(session_id, None)
-            if lost is not None:
-                raise lost
-            if keys:
-                _refuse_held(db, keys)
-            session, actual, last = db.execute(_HEADS, (session_id,)).fetchone()
-            if (actual or 0) != expected_version:
-                raise ConcurrencyError(session_id, expected_version, actual or 0)
-            if keys:
-                db.executemany("INSERT INTO submissions VALUES (?, ?, ?)", keys)
-            if session is None:
-                session = _new_session_key(db, session_id)
-            position = (last or 0) + 1
-            db.execute(
-                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (position, partition, session, expected_version + 1, count, snapshot, value),
-            )
-            return range(position, position + count)
-
-        return write
-
-    def _held_write(
-        self,
-        rows: HeldRows,
-        session_id: str,
-        partition: int,
-        expected_version: int,
-        count: int,
-        snapshot: int | None,
-        body: bytes,
-    ) -> Callable[[sqlite3.Connection], range]:
-        """A redoable append's job (engine.log.sqlite_held): checked against the session's head
-        as the held appends left it (read from the file if it has none), its row held until the
-        transaction's next other write or its COMMIT. It writes nothing it would have to undo:
-        it runs without a savepoint."""
-
-        def write(db: sqlite3.Connection) -> range:
-            lost = self._lost.pop(session_id, None)
-            if lost is not None:
-                raise lost
-            head, last = rows.head(session_id), rows.last_position()
-            if head is None:
-                session, actual, file_last = db.execute(_HEADS, (session_id,)).fetchone()
-                head = (session, actual or 0)
-                if last is None:  # nothing held: the file has the log's last position
-                    last = file_last
-            session, actual = head
-            if actual != expected_version:
-                raise ConcurrencyError(session_id, expected_version, actual)
-            position = (last or 0) + 1
-            if session is None:  # the session's first append (the last write: nothing to undo after it)
-                session = _new_session_key(db, session_id)
-            rows.add(session_id, session, partition, position, expected_version + 1, count, snapshot, body)
-            return range(position, position + count)
-
-        return write
+    def _raise_lost(self, session_id: str) -> None:
+        """Raise the error a lost redoable append of the session left (``_lose``), once."""
+        lost = self._lost.pop(session_id, None)
+        if lost is not None:
+            raise lost
 
     def _lose(self, session_id: str, error: BaseException) -> None:
         """A redoable append of the session returned and then its COMMIT failed: its next
@@ -468,7 +401,7 @@ class SqliteEventLog(EventLog):
 
     def _session(self, session_id: str) -> int | None:
         """The session's key, as the committed log has it (None: no events)."""
-        row = self._db.execute(_SESSION_KEY, (session_id,)).fetchone()
+        row = self._db.execute(SESSION_KEY, (session_id,)).fetchone()
         return None if row is None else int(row[0])
 
     @_after_own_writes
@@ -516,25 +449,6 @@ def _in_memory(path: str | Path) -> bool:
     """A private in-memory database: a second connection would open another one."""
     name = str(path)
     return name in ("", ":memory:") or name.startswith("file::memory:") or "mode=memory" in name
-
-
-def _new_session_key(db: sqlite3.Connection, session_id: str) -> int:
-    """Inside the append's transaction: a rolled-back append takes its key back with it."""
-    key = db.execute("INSERT INTO sessions (session_id) VALUES (?)", (session_id,)).lastrowid
-    assert key is not None
-    return key
-
-
-def _refuse_held(db: sqlite3.Connection, keys: list[tuple[str, str, int]]) -> None:
-    """DuplicateSubmissionError if the session already holds one of the batch's keys."""
-    session_id = keys[0][0]
-    marks = ",".join("?" * len(keys))
-    held = db.execute(
-        f"SELECT key, version FROM submissions WHERE session_id = ? AND key IN ({marks}) LIMIT 1",
-        (session_id, *(key for _, key, _ in keys)),
-    ).fetchone()
-    if held is not None:
-        raise DuplicateSubmissionError(session_id, held[0], held[1])
 
 
 def _records(partition: int, position: int, value: bytes) -> list[bytes]:
