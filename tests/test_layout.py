@@ -60,6 +60,7 @@ def test_public_api_is_exported_and_importable() -> None:
         "KafkaEventLog",
         "LogRecord",
         "partition_for",
+        "NOT_APPLIED",
         "Model",
         "ModelRequest",
         "ModelResponse",
