@@ -38,6 +38,7 @@ from .log import (
     KafkaEventLog,
     LogRecord,
     MemoryEventLog,
+    SessionSummary,
     SqliteEventLog,
     partition_for,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "SessionInfo",
     "SessionNotFoundError",
     "SessionState",
+    "SessionSummary",
     "SessionStatus",
     "SnapshotFormatError",
     "SnapshotNotFoundError",

@@ -59,6 +59,7 @@ def test_public_api_is_exported_and_importable() -> None:
         "SqliteEventLog",
         "KafkaEventLog",
         "LogRecord",
+        "SessionSummary",
         "partition_for",
         "NOT_APPLIED",
         "Model",
