@@ -1,6 +1,6 @@
 """The live hub: what a turn worker streams (committed events and ephemeral token deltas), fanned
 out to the event streams and observers that listen. The worker runs in this process, or in
-another one that publishes its items on Kafka's live topic (``engine.log.kafka_live``; a notice
+another one that publishes its items on Kafka's live topic (``turnlog.engine.log.kafka_live``; a notice
 ``Committed`` then stands in for an event too heavy to send).
 
 Events are also on the log, so a listener that misses one loses nothing: the event stream
@@ -16,8 +16,8 @@ from typing import Callable
 
 import structlog
 
-from engine.log.kafka_live import Committed, LiveItem
-from engine.stream import StreamItem
+from turnlog.engine.log.kafka_live import Committed, LiveItem
+from turnlog.engine.stream import StreamItem
 
 log = structlog.get_logger("turnlog.hub")
 Observer = Callable[[StreamItem], None]

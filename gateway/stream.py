@@ -21,10 +21,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from engine import events as ev
-from engine.log.base import EventLog, LogRecord
-from engine.log.kafka_live import LiveItem
-from engine.stream import ModelDelta, ModelProgress
+from turnlog.engine import events as ev
+from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.log.kafka_live import LiveItem
+from turnlog.engine.stream import ModelDelta, ModelProgress
 
 from .access import event_json
 from .hub import LiveHub

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from consumers import TurnWorker
-from engine import AgentDirectory, EventLog, SqliteEventLog
-from engine import events as ev
-from engine.agent import Agent
 from tests.fleet import Backend, recorder
 from tests.keyed_crash import AGENT, offset_clock
 from tests.services import delete_topics, fresh_topic, kafka_log, need_service, postgres_store
+from turnlog.consumers import TurnWorker
+from turnlog.engine import AgentDirectory, EventLog, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.agent import Agent
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 2

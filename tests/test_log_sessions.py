@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from engine import EventLog, MemoryEventLog, SessionSummary, SqliteEventLog
-from engine import events as ev
-from engine.errors import LogError
-from engine.fold import SessionState
-from engine.log.kafka import KafkaEventLog
-from engine.log.kafka_sessions import read_index
-from engine.log.kafka_topics import TopicNames
-from engine.states import Cause, SessionStatus
-from engine.writer import SessionWriter
 from tests.services import delete_topics, fresh_topic, need_service
+from turnlog.engine import EventLog, MemoryEventLog, SessionSummary, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.errors import LogError
+from turnlog.engine.fold import SessionState
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.kafka_sessions import read_index
+from turnlog.engine.log.kafka_topics import TopicNames
+from turnlog.engine.states import Cause, SessionStatus
+from turnlog.engine.writer import SessionWriter
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 4

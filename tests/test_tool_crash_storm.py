@@ -20,12 +20,12 @@ from typing import cast
 
 import pytest
 
-from engine import events as ev
-from engine.tools.recovery import poison_bound
-from engine.tools.registry import DEFAULT_MAX_STARTS
 from tests.crash_support import WAIT_S, Crashes, Worker, crash_backend, finish, of, open_session
 from tests.fleet import Backend, deliveries, runs_by, side_effects
 from tests.keyed_crash import crash_agent, storm_agent
+from turnlog.engine import events as ev
+from turnlog.engine.tools.recovery import poison_bound
+from turnlog.engine.tools.registry import DEFAULT_MAX_STARTS
 
 KILLS = {"sqlite": (4, 5), "kafka": (1, 5)}
 """Per backend: tool steps, and kills in each (a Kafka takeover waits out the dead member's

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import events as ev
-from engine.tools import MARKERS, ToolStatus
-from engine.tools.recovery import restart_delay_ms
 from tests.crash_support import Crashes, crash_backend, finish, of, open_session
 from tests.fleet import deliver_late, deliveries, runs_by, side_effects
 from tests.keyed_crash import POINTS, crash_agent
+from turnlog.engine import events as ev
+from turnlog.engine.tools import MARKERS, ToolStatus
+from turnlog.engine.tools.recovery import restart_delay_ms
 
 WINDOW_PASSED_S = 61.0
 """A successor's clock this far ahead: the default ``crash_window_s`` (60 s) has passed."""

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from engine import FunctionModel, SqliteEventLog, Tool, call, reply, tool
-from engine import events as ev
-from engine.errors import ConfigurationError
-from engine.tools import ToolStatus
-from engine.tools.execute import execute, prepare
-from engine.tools.ledger import NOT_APPLIED, idempotency_key
-from engine.tools.registry import ToolRegistry
 from tests.tool_harness import open_session
+from turnlog.engine import FunctionModel, SqliteEventLog, Tool, call, reply, tool
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.tools import ToolStatus
+from turnlog.engine.tools.execute import execute, prepare
+from turnlog.engine.tools.ledger import NOT_APPLIED, idempotency_key
+from turnlog.engine.tools.registry import ToolRegistry
 
 seen: list[str] = []
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import tool
-from engine.tools.recovery import Paced, after_crash, poison_bound, restart_delay_ms
+from turnlog.engine import tool
+from turnlog.engine.tools.recovery import Paced, after_crash, poison_bound, restart_delay_ms
 
 S = 1000
 

@@ -9,7 +9,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from engine.log.base import SessionSummary
+from turnlog.engine.log.base import SessionSummary
 
 from .app import ReadSide
 

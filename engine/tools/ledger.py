@@ -3,7 +3,7 @@
 Before a tool runs, its intent is on the log: ``ToolCallRequested`` holds the call id and the
 arguments, and ``ToolCallStarted`` (committed right before the call, one per start) holds the
 call's idempotency key. After a crash the successor folds the log and decides per call started
-without a result (``batch.precheck``, the rule in ``engine.tools.recovery``):
+without a result (``batch.precheck``, the rule in ``turnlog.engine.tools.recovery``):
 
 * the tool is idempotent, or takes the key: it is run again, with the same key, paced and
   given up only after ``Tool.max_starts`` starts over ``Tool.crash_window_s`` (a tool that
