@@ -22,7 +22,7 @@ from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.experiments.namespace import is_experiment_session
 from turnlog.engine.log.base import EventLog, LogRecord
 from turnlog.engine.stream import StreamItem
-from turnlog.engine.turn import TurnRunner
+from turnlog.engine.turn import Clock, TurnRunner
 
 from .parallel import KeyedConsumer
 
@@ -55,8 +55,10 @@ class TurnWorker:
         on_item: Callable[[StreamItem], None] | None = None,
         max_concurrent_turns: int = MAX_CONCURRENT_TURNS,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
+        clock: Clock = ev.now_ms,
     ) -> None:
-        self.runner = TurnRunner(event_log, agents.get, producer=worker_id)
+        """``clock``: what a crashed tool call's starts are timed by (TurnRunner.clock)."""
+        self.runner = TurnRunner(event_log, agents.get, producer=worker_id, clock=clock)
         self.on_item = on_item
         self.consumer = KeyedConsumer(
             event_log,

@@ -35,6 +35,10 @@ class ToolCallProgress:
     approval: str = ""
     """"" (none needed) | pending | approved | edited | rejected."""
     approval_note: str = ""
+    first_started_ms: int = 0
+    """``time_ms`` of its first ``ToolCallStarted`` (0: never started): with ``last_started_ms``
+    what the crash-recovery rule reads (engine.tools.recovery)."""
+    last_started_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -245,6 +249,9 @@ def _tool_started(s: SessionState, e: ev.ToolCallStarted) -> None:
     call = _call(s, e)
     call.status = "started"
     call.attempts = e.attempt
+    if e.attempt == 1 or not call.first_started_ms:
+        call.first_started_ms = e.time_ms
+    call.last_started_ms = e.time_ms
 
 
 def _tool_finished(s: SessionState, e: ev.ToolCallFinished) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 from . import events as ev
 from . import snapshots, usage
@@ -88,11 +88,14 @@ def stop_turn(
     *,
     open_call: ev.ModelCallStarted | None = None,
     prices: PriceTable | None = None,
+    known: Mapping[str, tool_exec.ToolOutcome] | None = None,
 ) -> None:
     """Close the running turn as CANCELLED; every call the model asked for gets a result, so
     the history stays a valid conversation for the next turn. A model call left open (its
     worker stopped during it) is recorded cancelled with what was sent (``open_call``, priced
-    by ``prices``), or under ``model`` with nothing known."""
+    by ``prices``), or under ``model`` with nothing known. ``known``: the outcomes of calls a
+    stopped worker had started, by call id, where more is known than "interrupted, not safe to
+    repeat" (engine.tools.recovery.stopped_outcomes)."""
     turn = w.state.turn
     assert turn is not None
     tid = turn.turn_id
@@ -109,13 +112,17 @@ def stop_turn(
             correlation_id=tid,
         )
     for call in turn.unfinished_calls():
-        _finish_unrun(w, tid, call, stop.reason)
+        _finish_unrun(w, tid, call, stop.reason, (known or {}).get(call.call_id))
     w.transition(SessionStatus.CANCELLED, stop.cause, detail=stop.reason, correlation_id=tid)
     add_turn_finished(w, "cancelled", encoder)
 
 
-def _finish_unrun(w: SessionWriter, turn_id: str, call: ToolCallProgress, reason: str) -> None:
-    if call.status == "started":  # a crashed worker's call: it may have taken effect
+def _finish_unrun(
+    w: SessionWriter, turn_id: str, call: ToolCallProgress, reason: str, known: tool_exec.ToolOutcome | None
+) -> None:
+    if known is not None:
+        outcome = known
+    elif call.status == "started":  # a crashed worker's call: it may have taken effect
         outcome = tool_exec.interrupted(call.tool_name)
     else:
         outcome = tool_exec.ToolOutcome(

@@ -33,7 +33,7 @@ from .stream import StreamItem
 from .text import text_problem
 from .tools import ToolOutcome, approvals, invoke
 from .tools.permissions import tools_for_role
-from .turn import TurnRunner
+from .turn import Clock, TurnRunner
 from .turn_records import add_force_finish, add_turn_finished
 from .writer import SessionWriter
 
@@ -64,11 +64,12 @@ class AgentSessions:
         *,
         producer: str = "api",
         spend_ledger: SpendLedger | None = None,
+        clock: Clock = ev.now_ms,
     ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
-        self.runner = TurnRunner(log, agents.get, producer=producer, spend_ledger=spend_ledger)
+        self.runner = TurnRunner(log, agents.get, producer=producer, spend_ledger=spend_ledger, clock=clock)
 
     async def create_session(
         self,

@@ -29,6 +29,8 @@ size stays bounded on a long session and loading reads at most two snapshots. Fo
   how many it takes from there; 0 in a keyframe). Before, every snapshot of a turn repeated the
   turn's whole history with every tool result in full, so a turn of K tool steps wrote K²/2
   results into its snapshots.
+* 6: as 5, plus each tool call's ``first_started_ms`` and ``last_started_ms`` (the times the
+  crash-recovery rule reads, engine.tools.recovery).
 
 Restore points (format 0, ``RESTORE_POINT``): a snapshot after a tool step holds no state
 when the session's newest snapshot that does is fewer than ``FULL_EVERY`` events back and the
@@ -70,7 +72,7 @@ from .states import SessionStatus
 from .tools.guards import CallRecord
 from .writer import SessionWriter
 
-FORMAT = 5
+FORMAT = 6
 RESTORE_POINT = ev.RESTORE_POINT
 """The ``state_format`` of a snapshot that holds no state (``state_json`` is empty)."""
 FULL_EVERY = 64
@@ -139,6 +141,8 @@ CALL_FIELDS = (
     "iteration",
     "approval",
     "approval_note",
+    "first_started_ms",
+    "last_started_ms",
 )
 RECORD_FIELDS = ("call_id", "tool_name", "arguments_json", "iteration", "status", "result")
 
@@ -155,13 +159,18 @@ class Layout:
     """A delta builds on the previous snapshot of its chain (``"p"``), not on its keyframe."""
     history_chained: bool = False
     """A delta's turn history starts with the first ``"h"`` records of the previous snapshot's."""
+    call: tuple[str, ...] = CALL_FIELDS
+    """A tool call's fields, in order."""
 
 
+_CALLS_5 = CALL_FIELDS[:8]
+"""A tool call's fields up to format 5 (no start times)."""
 READS = {
-    1: Layout(SESSION_FIELDS[:16], TURN_FIELDS[:16], refs=False),
-    2: Layout(SESSION_FIELDS[:18], TURN_FIELDS, refs=True),
-    3: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True),
-    4: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True),
+    1: Layout(SESSION_FIELDS[:16], TURN_FIELDS[:16], refs=False, call=_CALLS_5),
+    2: Layout(SESSION_FIELDS[:18], TURN_FIELDS, refs=True, call=_CALLS_5),
+    3: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, call=_CALLS_5),
+    4: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True, call=_CALLS_5),
+    5: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True, history_chained=True, call=_CALLS_5),
     FORMAT: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True, history_chained=True),
 }
 """Every format this turnlog reads."""
@@ -369,7 +378,7 @@ def decode_state(
         state.inbox = deque(InboundMessage(*row) for row in doc["i"])
         own = [_decode_message(row, layout.refs) for row in doc["m"]]
         state.messages = _inherited(doc, base, base_version, layout, where) + own
-        state.turn = None if doc["t"] is None else _turn(doc["t"], layout.turn)
+        state.turn = None if doc["t"] is None else _turn(doc["t"], layout)
         if layout.history_chained and doc["h"]:
             _inherit_history(state.turn, doc["h"], base_turn, where)
     except (ValueError, KeyError, TypeError) as exc:
@@ -407,13 +416,13 @@ def _decode_message(row: list[Any], with_ref: bool) -> ChatMessage:
     return ChatMessage(role, content, tuple(ToolCallSpec(*c) for c in calls), call_id, name, *ref)
 
 
-def _turn(row: list[Any], names: tuple[str, ...]) -> TurnProgress:
+def _turn(row: list[Any], layout: Layout) -> TurnProgress:
     *scalars, calls = row
-    fields = dict(zip(names, scalars, strict=True))
+    fields = dict(zip(layout.turn, scalars, strict=True))
     fields["history"] = [CallRecord(*r) for r in fields["history"]]
     turn = TurnProgress(**fields)
     for call in calls:
-        progress = ToolCallProgress(**dict(zip(CALL_FIELDS, call, strict=True)))
+        progress = ToolCallProgress(**dict(zip(layout.call, call, strict=True)))
         turn.tool_calls[progress.call_id] = progress
     return turn
 

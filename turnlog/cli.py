@@ -22,7 +22,7 @@ from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.errors import ConfigurationError, TurnlogError
 from turnlog.projections.rebuild import rebuild
 
-from . import admin_cli
+from . import admin_cli, log_listing
 from .agents import DEFAULT_AGENTS, AgentContext, AgentsTarget, agents_target, load_agents
 from .app import EmbeddedApp, ReadSide
 from .config import ModelSettings, home_dir
@@ -241,9 +241,25 @@ async def _continue(
 
 
 @app.command()
-def sessions(home: HomeOption = None, limit: int = 50) -> None:
-    """List sessions from the projections."""
-    _run(_sessions(home, limit))
+def sessions(
+    home: HomeOption = None,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many sessions.")] = 50,
+    from_log: Annotated[
+        bool,
+        typer.Option("--from-log", help="List from the log (id, partition, version), not the projections."),
+    ] = False,
+    kafka: Annotated[
+        str | None, typer.Option("--kafka", help="List from the Kafka log at this bootstrap address.")
+    ] = None,
+    topic: Annotated[str, typer.Option(help="The Kafka log's events topic.")] = "turnlog.events",
+    partitions: Annotated[int, typer.Option(help="The log's partition count.")] = 8,
+) -> None:
+    """List sessions: from the projections (state, turns, tokens), or from the log itself with
+    --from-log or --kafka (every session the log holds, projected or not)."""
+    if from_log or kafka is not None:
+        _run(log_listing.print_sessions(console, ReadSide(home_dir(home), kafka, topic, partitions), limit))
+    else:
+        _run(_sessions(home, limit))
 
 
 async def _sessions(home: Path | None, limit: int) -> int:

@@ -14,7 +14,7 @@ import abc
 import asyncio
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import AsyncGenerator, Iterable, Sequence
 
 import structlog
 
@@ -22,6 +22,8 @@ from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError
 from ..events import Event, SessionCreated, SessionForked, SnapshotTaken
 from .submissions import NEW_SESSIONS
 
+SESSIONS_PAGE = 1000
+"""Sessions ``EventLog.sessions`` asks ``list_sessions`` for at a time."""
 log = structlog.get_logger("turnlog.log")
 
 
@@ -30,6 +32,16 @@ class LogRecord:
     partition: int
     offset: int
     event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """A session as the log lists it (``EventLog.sessions``), without reading its events."""
+
+    session_id: str
+    partition: int
+    version: int
+    """Its last version: how many events it has."""
 
 
 def murmur2(data: bytes) -> int:
@@ -62,6 +74,12 @@ def murmur2(data: bytes) -> int:
 def partition_for(session_id: str, partitions: int) -> int:
     """Stable partition of a session: Kafka's default keyed partitioner on the session id."""
     return (murmur2(session_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def page_of(partition: int, versions: dict[str, int], after: str, limit: int) -> list[SessionSummary]:
+    """The sessions of ``versions`` (id -> last version) after ``after``, in id order, at most ``limit``."""
+    wanted = sorted(sid for sid in versions if sid > after)[: max(limit, 0)]
+    return [SessionSummary(sid, partition, versions[sid]) for sid in wanted]
 
 
 def holds_state(event: Event) -> bool:
@@ -237,6 +255,36 @@ class EventLog(abc.ABC):
     @abc.abstractmethod
     async def session_version(self, session_id: str) -> int:
         """The session's last version (0 if it has no events)."""
+
+    async def sessions(
+        self, *, partitions: Iterable[int] | None = None, page: int = SESSIONS_PAGE
+    ) -> AsyncGenerator[SessionSummary, None]:
+        """Every session of the log (or of ``partitions``), partition by partition and by id
+        within one: a stable order. Streamed ``page`` sessions at a time (``list_sessions``),
+        so a large log is never listed at once."""
+        for partition in range(self.partitions) if partitions is None else partitions:
+            after = ""
+            while True:
+                found = await self.list_sessions(partition, after=after, limit=page)
+                for summary in found:
+                    yield summary
+                if len(found) < page:
+                    break
+                after = found[-1].session_id
+
+    async def list_sessions(
+        self, partition: int, *, after: str = "", limit: int = SESSIONS_PAGE
+    ) -> list[SessionSummary]:
+        """One page of a partition's sessions: those whose id sorts after ``after``, in id
+        order, at most ``limit``. This default scans the partition's records (correct for
+        any backend, O(its history) a page); the backends answer from their indexes."""
+        versions: dict[str, int] = {}
+        offset = 0
+        while records := await self.read_partition(partition, offset):
+            for record in records:
+                versions[record.event.session_id] = record.event.version
+            offset = records[-1].offset + 1
+        return page_of(partition, versions, after, limit)
 
     @abc.abstractmethod
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:

@@ -23,7 +23,16 @@ from ..errors import (
     SessionNotFoundError,
 )
 from ..events import Event
-from .base import EventLog, LogRecord, check_batch, holds_state, partition_for
+from .base import (
+    SESSIONS_PAGE,
+    EventLog,
+    LogRecord,
+    SessionSummary,
+    check_batch,
+    holds_state,
+    page_of,
+    partition_for,
+)
 from .submissions import submission_keys
 
 
@@ -115,6 +124,15 @@ class MemoryEventLog(EventLog):
 
     async def session_version(self, session_id: str) -> int:
         return len(self._sessions.get(session_id, ()))
+
+    async def list_sessions(
+        self, partition: int, *, after: str = "", limit: int = SESSIONS_PAGE
+    ) -> list[SessionSummary]:
+        self._check_partition(partition)
+        versions = {
+            sid: len(records) for sid, records in self._sessions.items() if records[0].partition == partition
+        }
+        return page_of(partition, versions, after, limit)
 
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
         self._check_partition(partition)

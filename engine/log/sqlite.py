@@ -30,7 +30,16 @@ from ..errors import (
     LogUnavailableError,
 )
 from ..events import Event
-from .base import EventLog, LogRecord, check_batch, first_state_snapshot, holds_state, partition_for
+from .base import (
+    SESSIONS_PAGE,
+    EventLog,
+    LogRecord,
+    SessionSummary,
+    check_batch,
+    first_state_snapshot,
+    holds_state,
+    partition_for,
+)
 from .sqlite_batch import delimited_events, split_batch
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_held import HeldRows
@@ -114,6 +123,16 @@ _FROM_POSITION = (
     "DESC LIMIT 1), 0) ORDER BY position"
 )
 """A partition's batches from the one that holds position ?2 on."""
+_SESSIONS_OF = (
+    "SELECT s.session_id, (SELECT version + count - 1 FROM batches WHERE session = s.key ORDER BY version "
+    "DESC LIMIT 1) FROM sessions s CROSS JOIN batches b ON b.session = s.key AND b.version = 1 "
+    "WHERE b.partition = ?1 AND s.session_id > ?2 ORDER BY s.session_id LIMIT ?3"
+)
+"""A page of a partition's sessions with their last versions: ``sessions`` walked in id order
+(its unique index; CROSS JOIN keeps it the outer loop, so a page reads about ``partitions``
+times ``limit`` sessions, never a partition's history), each session's first batch (``UNIQUE
+(session, version)``: every session's first append is at version 1) telling its partition, its
+last batch its version."""
 SNAPSHOT = "SnapshotTaken"
 MAX_HOLD_S = 1.0
 """The longest ``hold_s`` taken: other processes' writers wait up to that long for the write lock
@@ -369,6 +388,15 @@ class SqliteEventLog(EventLog):
             "SELECT version + count - 1 FROM batches WHERE session = ? ORDER BY version DESC LIMIT 1", (key,)
         ).fetchone()
         return 0 if row is None else int(row[0])
+
+    @_after_own_writes
+    async def list_sessions(
+        self, partition: int, *, after: str = "", limit: int = SESSIONS_PAGE
+    ) -> list[SessionSummary]:
+        """From the sessions table and the batches' index: no event is read."""
+        self._check_partition(partition)
+        rows = self._db.execute(_SESSIONS_OF, (partition, after, max(limit, 0))).fetchall()
+        return [SessionSummary(sid, partition, int(version)) for sid, version in rows]
 
     @_after_own_writes
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
