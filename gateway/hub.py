@@ -58,5 +58,9 @@ class LiveHub:
             except asyncio.QueueFull:
                 pass  # a slow listener loses deltas; events come back from the log
 
+    def subscriptions(self) -> int:
+        """Subscriptions open over all sessions (each an event stream or a run being answered)."""
+        return sum(len(queues) for queues in list(self._subscribers.values()))
+
     def listeners(self, session_id: str) -> int:
         return len(self._subscribers.get(session_id, ()))

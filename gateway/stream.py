@@ -85,6 +85,8 @@ class SessionStream:
         self.poll_s = poll_s
         self._version = 0
         self._open_steps: set[tuple[str, int]] = set()
+        self._queue: asyncio.Queue[LiveItem] | None = None
+        self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[StreamMessage]:
         async for item in self.items():
@@ -92,7 +94,9 @@ class SessionStream:
 
     async def items(self) -> AsyncIterator[LogRecord | ModelDelta]:
         """The session's log records after ``after_position`` and live deltas, in order, forever."""
-        queue = self.hub.subscribe(self.session_id)
+        if self._closed:
+            return
+        queue = self._queue = self.hub.subscribe(self.session_id)
         try:
             for out in await self._catch_up():
                 yield out
@@ -107,7 +111,15 @@ class SessionStream:
                     for out in await self._on(queue.get_nowait()):
                         yield out
         finally:
-            self.hub.unsubscribe(self.session_id, queue)
+            self.close()
+
+    def close(self) -> None:
+        """End the stream's subscription to the hub (once; a stream that never started has
+        none). The answer that carries the stream calls it when it ends, however it ends."""
+        self._closed = True
+        if self._queue is not None:
+            self.hub.unsubscribe(self.session_id, self._queue)
+            self._queue = None
 
     async def _on(self, item: LiveItem | None) -> list[LogRecord | ModelDelta]:
         if isinstance(item, ModelDelta):
