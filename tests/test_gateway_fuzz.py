@@ -108,7 +108,15 @@ def test_any_request_gets_a_documented_answer(
     CALLER["user"] = user
     response = case.call(base_url=fuzzed.url, timeout=30)
     assert response.status_code < 500, response.text
-    case.validate_response(response)
+    case.validate_response(response, excluded_checks=data_dependent(response))
+
+
+def data_dependent(response: Any) -> list[Any]:
+    """The checks a refusal that depends on the log's data, not on the schema, is exempt from: a
+    ``from_turn`` past the turns the selected sessions have ended is a 422 no schema can foresee."""
+    if response.status_code == 422 and response.json()["detail"].startswith("from_turn must be in 0.."):
+        return [schemathesis.checks.positive_data_acceptance]
+    return []
 
 
 # -- hostile bodies --------------------------------------------------------------------------------
