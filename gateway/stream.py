@@ -10,8 +10,8 @@ order with the deltas in between, and the stream reads the log up to each event 
 deltas land between the ModelCallStarted and ModelCallFinished they belong to. A delta whose model
 call is already finished on the stream (the stream read ahead) is dropped: the complete text is in
 the AssistantMessage. Items of a worker in another process reach the hub through Kafka's live
-topic (a ``Committed`` notice stands in for a heavy event); a poll every ``poll_s`` catches up
-with writers whose items do not reach the hub at all.
+topic or the embedded log's channel (a ``Committed`` notice stands in for an event: read it from
+the log); a poll every ``poll_s`` catches up with writers whose items do not reach the hub at all.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import Any, AsyncIterator
 
 from engine import events as ev
 from engine.log.base import EventLog, LogRecord
-from engine.log.kafka_live import LiveItem
-from engine.stream import ModelDelta, ModelProgress
+from engine.stream import LiveItem, ModelDelta, ModelProgress
 
 from .access import event_json
 from .hub import LiveHub

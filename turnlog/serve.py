@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from engine.agent import AgentDirectory
 from engine.errors import ConfigurationError
 from engine.log.kafka import KafkaEventLog
+from engine.log.sqlite import SqliteEventLog
 
 from .agents import AgentContext, deployed_agents
 from .app import ReadSide
@@ -122,6 +123,8 @@ async def _serve(
     try:
         if isinstance(log, KafkaEventLog):
             await live.start(log, publish=config.run_worker)
+        elif isinstance(log, SqliteEventLog):  # a `turnlog worker` or another gateway on the file
+            await live.share(log, "serve", publish=config.run_worker)
         companions = (
             memory_consumers(log, directory, owned_only=isinstance(log, KafkaEventLog))
             if memory and config.run_worker
