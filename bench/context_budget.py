@@ -45,7 +45,7 @@ for _p in (str(REPO), str(HERE)):
 
 import engine_version  # noqa: E402
 
-from engine import (  # noqa: E402
+from turnlog.engine import (  # noqa: E402
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -56,8 +56,8 @@ from engine import (  # noqa: E402
     reply,
     tool,
 )
-from engine import events as ev  # noqa: E402
-from engine.models.base import ModelRequest, ModelResponse  # noqa: E402
+from turnlog.engine import events as ev  # noqa: E402
+from turnlog.engine.models.base import ModelRequest, ModelResponse  # noqa: E402
 
 ANSWER = (
     "I checked the deliveries in this batch against the carrier's scans and the customer notes; "

@@ -35,7 +35,7 @@ for _p in (str(REPO), str(HERE)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from engine import (  # noqa: E402
+from turnlog.engine import (  # noqa: E402
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -46,7 +46,7 @@ from engine import (  # noqa: E402
     call,
     reply,
 )
-from engine.models.base import ModelChunk, ModelRequest, ModelResponse  # noqa: E402
+from turnlog.engine.models.base import ModelChunk, ModelRequest, ModelResponse  # noqa: E402
 
 FACTS = json.loads((REPO / "tests" / "corpus" / "context_facts.json").read_text(encoding="utf-8"))
 FILLER = "Continue with the next batch of the delivery list."
@@ -135,8 +135,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
             models.append(stack.enter_context(serve_local_model(Path(args.home))).model())
         if args.base_url:
-            from engine.models.openai_compat import OpenAICompatibleModel
-            from engine.models.prompt_tools import PromptToolsModel
+            from turnlog.engine.models.openai_compat import OpenAICompatibleModel
+            from turnlog.engine.models.prompt_tools import PromptToolsModel
 
             remote: Model = OpenAICompatibleModel(args.model, base_url=args.base_url, api_key=args.api_key)
             models.append(PromptToolsModel(remote) if args.prompt_tools else remote)

@@ -52,10 +52,10 @@ for _p in (str(REPO), str(HERE), str(ENGINE_DIR)):
 
 import engine_version  # noqa: E402
 
-from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, fold, tool  # noqa: E402
-from engine.events import AssistantMessage, ToolCallSpec  # noqa: E402
-from engine.messages import turn_tool_results  # noqa: E402
-from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage  # noqa: E402
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, fold, tool  # noqa: E402
+from turnlog.engine.events import AssistantMessage, ToolCallSpec  # noqa: E402
+from turnlog.engine.messages import turn_tool_results  # noqa: E402
+from turnlog.engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage  # noqa: E402
 
 PERSISTENCE = ("memory", "process", "power")
 FINAL_TEXT = "done"

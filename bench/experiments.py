@@ -6,7 +6,7 @@ next to the recording's.
     PYTHONPATH=. .venv/bin/python bench/experiments.py --sessions 200                 # scripted model
     PYTHONPATH=. .venv/bin/python bench/experiments.py --model local --sessions 200   # the local model
 
-Each session is the logistics demo agent (``examples.logistics.build_agent``) on the embedded
+Each session is the logistics demo agent (``turnlog.examples.logistics.build_agent``) on the embedded
 log in a fresh temporary folder. Session i asks, in turn order, SCRIPTS[i % 4] (the test's mix:
 the task alone, a lookup alone, a lookup then the task, the task then a lookup), unless
 ``--message`` gives one question for every session (one turn). Recording runs ``--concurrency``
@@ -45,10 +45,10 @@ for _p in (str(REPO), str(HERE)):
 
 import engine_version  # noqa: E402
 
-from engine import AgentDirectory, AgentSessions, SqliteEventLog  # noqa: E402
-from engine.experiments import ExperimentRunner, Selection  # noqa: E402
-from engine.models.base import Model  # noqa: E402
-from examples.logistics import TASK, LogisticsBackend, build_agent, demo_model  # noqa: E402
+from turnlog.engine import AgentDirectory, AgentSessions, SqliteEventLog  # noqa: E402
+from turnlog.engine.experiments import ExperimentRunner, Selection  # noqa: E402
+from turnlog.engine.models.base import Model  # noqa: E402
+from turnlog.examples.logistics import TASK, LogisticsBackend, build_agent, demo_model  # noqa: E402
 
 LOOKUP = "Which orders had logistics anomalies last week?"
 SCRIPTS = ([TASK], [LOOKUP], [LOOKUP, TASK], [TASK, LOOKUP])
@@ -132,7 +132,7 @@ async def run(args: argparse.Namespace, folder: Path, model_factory: Any) -> dic
 
 
 async def _turns(log: SqliteEventLog, session_id: str) -> list[Any]:
-    from engine.experiments.recording import load_recording
+    from turnlog.engine.experiments.recording import load_recording
 
     return (await load_recording(log, session_id)).turns
 

@@ -48,9 +48,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine import Agent, AgentDirectory, AgentSessions, FunctionModel, SqliteEventLog, call, reply  # noqa: E402
-from engine.models.base import ModelRequest, ModelResponse  # noqa: E402
-from engine.tools import tool  # noqa: E402
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, FunctionModel, SqliteEventLog, call, reply  # noqa: E402
+from turnlog.engine.models.base import ModelRequest, ModelResponse  # noqa: E402
+from turnlog.engine.tools import tool  # noqa: E402
 
 USERS = 600
 
@@ -96,9 +96,9 @@ def _serve_floor(port: int) -> None:
 def _serve(home: str, port: int, worker: bool) -> None:
     import uvicorn
 
-    from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal
-    from gateway.observe import configure_json_logs
-    from projections import SqliteProjectionStore
+    from turnlog.gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal
+    from turnlog.gateway.observe import configure_json_logs
+    from turnlog.projections import SqliteProjectionStore
 
     configure_json_logs(open(os.devnull, "w"))  # the JSON logs are part of the cost; not their terminal
     keys = {key(i): Principal(f"u{i}", "user") for i in range(USERS)}

@@ -8,7 +8,7 @@
 * bare: one aiokafka transactional producer on the same broker, in a loop: begin, send one
   record of an encoded event's size, commit. What one partition's transactions alone allow:
   the floor for one writer's latency; once with aiokafka's defaults and once with the settings
-  the owners' producers use (``engine.log.kafka_txn``: a shorter wait while the coordinator
+  the owners' producers use (``turnlog.engine.log.kafka_txn``: a shorter wait while the coordinator
   writes the previous transaction's markers).
 * turnlog: ``KafkaEventLog.append`` of one event per call on a 1-partition topic, by 1, 16 and
   64 sessions appending concurrently (each session waits for its append before the next, as the
@@ -34,11 +34,11 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.producer import sender as aiokafka_sender
 
-from engine import KafkaEventLog, codec
-from engine import events as ev
-from engine.log.kafka_topics import TopicNames, ensure_topics
-from engine.log.kafka_txn import owner_producer
 from tests.services import delete_topics
+from turnlog.engine import KafkaEventLog, codec
+from turnlog.engine import events as ev
+from turnlog.engine.log.kafka_topics import TopicNames, ensure_topics
+from turnlog.engine.log.kafka_txn import owner_producer
 
 BOOTSTRAP = os.environ.get("TURNLOG_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 AIOKAFKA_CONCURRENT_TXN_RETRY_S = 0.02

@@ -39,17 +39,17 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from engine import codec
-from engine import events as ev
-from engine.errors import LogUnavailableError
-from engine.fold import SessionState
-from engine.log.base import LogRecord
-from engine.log.kafka import KafkaEventLog
-from engine.log.kafka_index import PartitionIndex
-from engine.log.kafka_topics import TopicNames
-from engine.snapshots import SnapshotEncoder, take
-from engine.states import Cause, SessionStatus
-from engine.writer import SessionWriter
+from turnlog.engine import codec
+from turnlog.engine import events as ev
+from turnlog.engine.errors import LogUnavailableError
+from turnlog.engine.fold import SessionState
+from turnlog.engine.log.base import LogRecord
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.kafka_index import PartitionIndex
+from turnlog.engine.log.kafka_topics import TopicNames
+from turnlog.engine.snapshots import SnapshotEncoder, take
+from turnlog.engine.states import Cause, SessionStatus
+from turnlog.engine.writer import SessionWriter
 
 
 def session_events(log: KafkaEventLog, sid: str, turns: int, encoder: SnapshotEncoder) -> list[ev.Event]:

@@ -8,7 +8,7 @@ much of each prompt does llama.cpp's prompt cache spare.
 
 Each run is the seed's task (``turnlog demo``: query last week's orders, notify each affected
 customer, save a report, answer naming the failed notice) in a fresh embedded log, through the
-same code as the CLI: ``examples.logistics.build_agent`` on the local model's server (one server
+same code as the CLI: ``turnlog.examples.logistics.build_agent`` on the local model's server (one server
 for all runs, threads chosen as ``turnlog demo`` chooses them unless ``--threads``). Run n plays
 the task n days after today (the prompt's dates change, as they do from day to day for users),
 unless ``--same-day``.
@@ -58,11 +58,11 @@ for _p in (str(REPO), str(HERE)):
 
 import engine_version  # noqa: E402
 
-from engine import AgentSessions, SqliteEventLog  # noqa: E402
-from engine import events as ev  # noqa: E402
-from engine.agent import AgentDirectory  # noqa: E402
-from examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent  # noqa: E402
-from examples.logistics.backend import ANOMALIES, last_week  # noqa: E402
+from turnlog.engine import AgentSessions, SqliteEventLog  # noqa: E402
+from turnlog.engine import events as ev  # noqa: E402
+from turnlog.engine.agent import AgentDirectory  # noqa: E402
+from turnlog.examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent  # noqa: E402
+from turnlog.examples.logistics.backend import ANOMALIES, last_week  # noqa: E402
 from turnlog.local_model import LocalModelServer, Threads, assemble_model, choose_threads, usable_cores  # noqa: E402
 
 FAILED_NOTICE = ("C-105", "O-1008")

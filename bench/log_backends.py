@@ -17,7 +17,7 @@ For each backend, on a fresh log (fresh topics / a fresh schema):
 * latency: a producer submits a user message (``post_user_message``) and a turn worker on the
   same log runs it with a zero-latency scripted model; measured from the submit to the moment a
   reader that polls the log sees the turn's first StateChanged (median and p95 of 50);
-* rebuild: ``projections.rebuild`` (drop, refold from offset 0) of the appended events into the
+* rebuild: ``turnlog.projections.rebuild`` (drop, refold from offset 0) of the appended events into the
   backend's projection store, events per second.
 """
 
@@ -35,12 +35,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from consumers import TurnWorker
-from engine import Agent, AgentDirectory, AgentSessions, KafkaEventLog, ScriptedModel, SqliteEventLog
-from engine import events as ev
-from engine.log.base import EventLog
-from projections import PostgresProjectionStore, SqliteProjectionStore, rebuild
-from projections.store import ProjectionStore
+from turnlog.consumers import TurnWorker
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, KafkaEventLog, ScriptedModel, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.log.base import EventLog
+from turnlog.projections import PostgresProjectionStore, SqliteProjectionStore, rebuild
+from turnlog.projections.store import ProjectionStore
 
 CONCURRENCY = 16
 

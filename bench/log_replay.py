@@ -32,8 +32,8 @@ from typing import Any
 
 import engine_overhead as eo  # noqa: E402  (sets sys.path: the engine from TURNLOG_ENGINE_DIR or the repo)
 
-from engine import SqliteEventLog  # noqa: E402
-from engine.events import Event  # noqa: E402
+from turnlog.engine import SqliteEventLog  # noqa: E402
+from turnlog.engine.events import Event  # noqa: E402
 
 Append = tuple[list[Event], int, bool]
 DURABILITIES = ("process", "power")

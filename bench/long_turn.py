@@ -34,10 +34,10 @@ from typing import Any, AsyncIterator
 import engine_version
 from snapshot_load import HERE, _size
 
-from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, tool
-from engine import events as ev
-from engine.messages import turn_tool_results
-from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, tool
+from turnlog.engine import events as ev
+from turnlog.engine.messages import turn_tool_results
+from turnlog.engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage
 
 
 class StepsModel(Model):

@@ -45,10 +45,10 @@ for _p in (str(REPO), str(HERE)):
 
 import engine_version  # noqa: E402
 
-from engine.memory.base import Memory  # noqa: E402
-from engine.memory.edge import EdgeMemoryStore  # noqa: E402
-from engine.memory.embedders import UniversalSentenceEncoder  # noqa: E402
-from engine.memory.qdrant import QdrantMemoryStore  # noqa: E402
+from turnlog.engine.memory.base import Memory  # noqa: E402
+from turnlog.engine.memory.edge import EdgeMemoryStore  # noqa: E402
+from turnlog.engine.memory.embedders import UniversalSentenceEncoder  # noqa: E402
+from turnlog.engine.memory.qdrant import QdrantMemoryStore  # noqa: E402
 
 CARRIERS = ["DHL", "FedEx", "UPS", "顺丰", "圆通", "中通", "韵达", "EMS"]
 CITIES = ["Shanghai", "Beijing", "Shenzhen", "Hangzhou", "上海", "北京", "广州", "成都"]

@@ -66,8 +66,8 @@ KEY_USER = "bench"
 
 
 def bench_agent(model_url: str) -> Any:
-    from engine import Agent, tool
-    from engine.models.openai_compat import OpenAICompatibleModel
+    from turnlog.engine import Agent, tool
+    from turnlog.engine.models.openai_compat import OpenAICompatibleModel
 
     @tool(idempotent=True)
     async def lookup(order_id: str) -> dict:
@@ -95,9 +95,9 @@ def model_server(port: int, latency: float) -> None:
 def gateway(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from engine import AgentDirectory, KafkaEventLog, SqliteEventLog
-    from gateway import Gateway, GatewayConfig, KeyStore, Limits
-    from projections import PostgresProjectionStore, SqliteProjectionStore
+    from turnlog.engine import AgentDirectory, KafkaEventLog, SqliteEventLog
+    from turnlog.gateway import Gateway, GatewayConfig, KeyStore, Limits
+    from turnlog.projections import PostgresProjectionStore, SqliteProjectionStore
 
     agents = AgentDirectory([bench_agent(args.model_url)])
     limits = Limits(requests_per_second=1e6, burst=1_000_000, streams_per_user=10_000)
@@ -123,8 +123,8 @@ def gateway(args: argparse.Namespace) -> None:
 
 
 async def worker(args: argparse.Namespace) -> None:
-    from consumers import TurnWorker
-    from engine import AgentDirectory, KafkaEventLog
+    from turnlog.consumers import TurnWorker
+    from turnlog.engine import AgentDirectory, KafkaEventLog
 
     log = KafkaEventLog(args.kafka, topic=args.topic, partitions=PARTITIONS, client_id=args.id)
     await log.start()
@@ -140,9 +140,9 @@ async def model_floor(args: argparse.Namespace) -> None:
     other as its turns make them, all sessions at once, through the same model adapter (one
     OpenAI SDK client) against the same model server, with the history growing as in a turn:
     what the model latency and the model layer's CPU allow on this machine, minus the engine."""
-    from engine.messages import ChatMessage
-    from engine.models.base import ModelRequest, ModelResponse
-    from engine.models.openai_compat import OpenAICompatibleModel
+    from turnlog.engine.messages import ChatMessage
+    from turnlog.engine.models.base import ModelRequest, ModelResponse
+    from turnlog.engine.models.openai_compat import OpenAICompatibleModel
 
     model = OpenAICompatibleModel("bench-model", base_url=args.model_url, api_key="bench")
 
@@ -310,7 +310,7 @@ class LogWatcher:
         return turn
 
     def seen(self, event: Any, now: float) -> None:
-        from engine import events as ev
+        from turnlog.engine import events as ev
 
         if isinstance(event, ev.TurnStarted) and event.message_id in self.turns:
             self.turns[event.message_id].started = now
@@ -327,7 +327,7 @@ class LogWatcher:
             await self._poll_sqlite()
 
     async def _poll_sqlite(self) -> None:
-        from engine import SqliteEventLog
+        from turnlog.engine import SqliteEventLog
 
         log = SqliteEventLog(self.case.home / "log.db", partitions=PARTITIONS)
         offsets = {p: await log.end_offset(p) for p in range(PARTITIONS)}
@@ -346,7 +346,7 @@ class LogWatcher:
     async def _tail_kafka(self) -> None:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        from engine import codec
+        from turnlog.engine import codec
 
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.case.kafka, isolation_level="read_committed", fetch_max_wait_ms=10
@@ -564,7 +564,7 @@ async def wait_owners(case: Case, timeout_s: float = 120.0) -> None:
     """Until every worker is a member of the owners' group and its rebalance is over."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from engine.log.kafka_topics import TopicNames
+    from turnlog.engine.log.kafka_topics import TopicNames
 
     group = TopicNames(case.topic).owners_group
     admin = AIOKafkaAdminClient(bootstrap_servers=case.kafka)

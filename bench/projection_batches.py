@@ -10,14 +10,14 @@ interleave in every partition), ``--turns`` turns each, two tool calls per turn,
 log of 8 partitions; with Kafka it is copied record by record to a fresh 8-partition topic.
 
 * **apply**: the records, read into memory first, applied in batches of ``BATCH`` (5,000: the
-  grouping ``projections.rebuild`` uses) into a fresh store: the store's cost alone. ``old`` is the code
+  grouping ``turnlog.projections.rebuild`` uses) into a fresh store: the store's cost alone. ``old`` is the code
   before the batched apply (``--baseline``, imported from git: one SELECT of the version and one
   round trip per statement, per event); ``new`` the batched apply; on PostgreSQL also two other
   ways to send the same plan: ``executemany`` (new rows as INSERTs in a pipeline instead of
   COPY) and ``statements`` (every statement its own ``execute`` in one pipeline). The floors:
   the log's own records (session, version, type, Avro bytes: one row per event) written to an
   unindexed table in the same batches, with COPY and with executemany.
-* **rebuild**: ``projections.rebuild`` (drop, refold from offset 0) from the log, old and new:
+* **rebuild**: ``turnlog.projections.rebuild`` (drop, refold from offset 0) from the log, old and new:
   embedded log into SQLite, embedded log into PostgreSQL, and Kafka into PostgreSQL (a fresh
   reader each time: a new process's view). The floor there is reading the log alone.
 
@@ -43,7 +43,7 @@ from typing import Any, Awaitable, Callable
 
 from aiokafka import AIOKafkaProducer
 
-from engine import (
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -55,14 +55,14 @@ from engine import (
     reply,
     tool,
 )
-from engine.log.base import EventLog, LogRecord
-from engine.log.kafka import _headers
-from engine.models.base import ModelRequest
-from projections import PostgresProjectionStore, SqliteProjectionStore, rebuild
-from projections.batch import Group, NewRows
-from projections.changes import insert_sql
-from projections.postgres import PostgresWriter, to_pyformat
-from projections.rebuild import BATCH, read_batches
+from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.log.kafka import _headers
+from turnlog.engine.models.base import ModelRequest
+from turnlog.projections import PostgresProjectionStore, SqliteProjectionStore, rebuild
+from turnlog.projections.batch import Group, NewRows
+from turnlog.projections.changes import insert_sql
+from turnlog.projections.postgres import PostgresWriter, to_pyformat
+from turnlog.projections.rebuild import BATCH, read_batches
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 8

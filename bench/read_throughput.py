@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 import fastavro  # noqa: E402
 from snapshot_load import OneToolModel, lookup  # noqa: E402
 
-from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, codec  # noqa: E402
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, codec  # noqa: E402
 
 
 async def build(path: Path, sessions: int, turns: int) -> SqliteEventLog:
@@ -64,9 +64,9 @@ def raw_values(path: Path) -> list[bytes]:
     """Every record as the codec wrote it (decompressed where the file stores it compressed)."""
     with sqlite3.connect(path) as db:
         try:
-            from engine.log.sqlite_layout import all_records
+            from turnlog.engine.log.sqlite_layout import all_records
         except ImportError:  # a checkout before layout 3: a row per event, compressed or not
-            from engine.log.zdict import unpack
+            from turnlog.engine.log.zdict import unpack
 
             return [unpack(bytes(v)) for (v,) in db.execute("SELECT value FROM events ORDER BY position")]
         return all_records(db)

@@ -46,9 +46,9 @@ for _p in (str(REPO), str(HERE)):
 
 import engine_version  # noqa: E402
 
-from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, TurnRunner, fold, tool  # noqa: E402
-from engine import events as ev  # noqa: E402
-from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage  # noqa: E402
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog, TurnRunner, fold, tool  # noqa: E402
+from turnlog.engine import events as ev  # noqa: E402
+from turnlog.engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage  # noqa: E402
 
 
 class OneToolModel(Model):

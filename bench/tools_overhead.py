@@ -30,7 +30,7 @@ from typing import Any, Callable, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import (  # noqa: E402
+from turnlog.engine import (  # noqa: E402
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -44,10 +44,10 @@ from engine import (  # noqa: E402
     call,
     tool,
 )
-from engine.messages import turn_tool_results  # noqa: E402
-from engine.tools import parse_arguments  # noqa: E402
-from engine.tools.guards import canonical_arguments  # noqa: E402
-from engine.tools.permissions import tools_for_role  # noqa: E402
+from turnlog.engine.messages import turn_tool_results  # noqa: E402
+from turnlog.engine.tools import parse_arguments  # noqa: E402
+from turnlog.engine.tools.guards import canonical_arguments  # noqa: E402
+from turnlog.engine.tools.permissions import tools_for_role  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

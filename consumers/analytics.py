@@ -10,10 +10,10 @@ from typing import Any
 
 import structlog
 
-from engine.log.base import EventLog
-from projections.analytics import AnalyticsStore
-from projections.rebuild import Follower
-from projections.store import ProjectionStore
+from turnlog.engine.log.base import EventLog
+from turnlog.projections.analytics import AnalyticsStore
+from turnlog.projections.rebuild import Follower
+from turnlog.projections.store import ProjectionStore
 
 GROUP = "analytics"
 log = structlog.get_logger("turnlog.analytics")

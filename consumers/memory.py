@@ -34,10 +34,10 @@ from typing import Any, Collection, Sequence
 import json_repair
 import structlog
 
-from consumers.runner import GroupConsumer
-from engine import usage
-from engine.errors import InputError, LogUnavailableError, MemoryStoreError, ModelError
-from engine.events import (
+from turnlog.consumers.runner import GroupConsumer
+from turnlog.engine import usage
+from turnlog.engine.errors import InputError, LogUnavailableError, MemoryStoreError, ModelError
+from turnlog.engine.events import (
     AssistantMessage,
     AuxiliaryModelCall,
     Event,
@@ -47,13 +47,13 @@ from engine.events import (
     TurnFinished,
     UserMessageReceived,
 )
-from engine.experiments.namespace import is_experiment_session
-from engine.fold import fold
-from engine.log.base import EventLog, LogRecord
-from engine.memory.base import MemoryStore, MemoryTag
-from engine.messages import ChatMessage
-from engine.models.base import Model, ModelRequest, ModelResponse, TextDelta
-from engine.models.pricing import PriceTable
+from turnlog.engine.experiments.namespace import is_experiment_session
+from turnlog.engine.fold import fold
+from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.memory.base import MemoryStore, MemoryTag
+from turnlog.engine.messages import ChatMessage
+from turnlog.engine.models.base import Model, ModelRequest, ModelResponse, TextDelta
+from turnlog.engine.models.pricing import PriceTable
 
 GROUP = "memory"
 EXTRACTION_TIMEOUT_S = 120.0

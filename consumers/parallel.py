@@ -36,8 +36,8 @@ from typing import Awaitable, Callable, Sequence
 
 import structlog
 
-from engine.errors import ConcurrencyError, LogUnavailableError
-from engine.log.base import EventLog, LogRecord
+from turnlog.engine.errors import ConcurrencyError, LogUnavailableError
+from turnlog.engine.log.base import EventLog, LogRecord
 
 Handler = Callable[[LogRecord], Awaitable[None]]
 log = structlog.get_logger("turnlog.consumer")

@@ -12,9 +12,9 @@ import asyncio
 
 import structlog
 
-from engine.log.base import EventLog
-from projections.rebuild import BATCH, AppliedBatch, Follower, OnBatch, PartitionLag
-from projections.store import ProjectionStore
+from turnlog.engine.log.base import EventLog
+from turnlog.projections.rebuild import BATCH, AppliedBatch, Follower, OnBatch, PartitionLag
+from turnlog.projections.store import ProjectionStore
 
 log = structlog.get_logger("turnlog.projector")
 

@@ -17,12 +17,12 @@ from typing import Callable, Sequence
 
 import structlog
 
-from engine import events as ev
-from engine.agent import AgentDirectory
-from engine.experiments.namespace import is_experiment_session
-from engine.log.base import EventLog, LogRecord
-from engine.stream import StreamItem
-from engine.turn import TurnRunner
+from turnlog.engine import events as ev
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.experiments.namespace import is_experiment_session
+from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.stream import StreamItem
+from turnlog.engine.turn import TurnRunner
 
 from .parallel import KeyedConsumer
 

@@ -6,7 +6,7 @@ looks the fingerprint up to learn which schema wrote the record, so schemas can 
 old records stay readable. The Kafka backend also puts the fingerprint in a record header.
 
 Schema history: ``schemas/history/`` keeps every schema a release wrote events with, in
-canonical form under its wire fingerprint (``python -m engine.schema_history`` records new
+canonical form under its wire fingerprint (``python -m turnlog.engine.schema_history`` records new
 ones; a test fails until it is run). Such records are read with Avro schema resolution into the
 current classes: fields added since take their defaults.
 

@@ -111,7 +111,7 @@ class StateChanged(Event):
     from_state: str
     to_state: str
     cause: str
-    """One of ``engine.states.Cause``: why the session moved."""
+    """One of ``turnlog.engine.states.Cause``: why the session moved."""
     detail: str = ""
     type: ClassVar[str] = "StateChanged"
 
@@ -221,7 +221,7 @@ class ToolCallStarted(Event):
     attempt: int = 1
     idempotency_key: str = ""
     """The call's key for external systems, the same on every attempt and after a crash
-    (``engine.tools.ledger``); "" in logs written before it existed."""
+    (``turnlog.engine.tools.ledger``); "" in logs written before it existed."""
     type: ClassVar[str] = "ToolCallStarted"
 
 
@@ -231,7 +231,7 @@ class ToolCallFinished(Event):
     call_id: str
     tool_name: str
     status: str
-    """One of ``engine.tools.ToolStatus``: success, failed, timeout, rejected, interrupted."""
+    """One of ``turnlog.engine.tools.ToolStatus``: success, failed, timeout, rejected, interrupted."""
     content: str
     """The text the model is given (failures start with a marker)."""
     output_json: str | None = None

@@ -1,6 +1,6 @@
 """Record the current event schemas in ``schemas/history/`` (run after changing a schema).
 
-    python -m engine.schema_history
+    python -m turnlog.engine.schema_history
 
 Each event type's schema, in Avro parsing canonical form, is stored once under its fingerprint.
 The codec reads old records with the schema that wrote them and resolves them into the current

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from starlette.requests import Request
 
-from engine import events as ev
-from engine.agent import AgentDirectory
-from engine.errors import SessionNotFoundError
-from engine.fold import SessionState
+from turnlog.engine import events as ev
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.errors import SessionNotFoundError
+from turnlog.engine.fold import SessionState
 
 from .http import not_found, principal_of
 

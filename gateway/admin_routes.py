@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, cast
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.admin import SessionAdmin, Unfinished
-from engine.fold import SessionState, fold
-from projections import queries
+from turnlog.engine.admin import SessionAdmin, Unfinished
+from turnlog.engine.fold import SessionState, fold
+from turnlog.projections import queries
 
 from .access import appended, event_json, owned_state, pending_approvals, projected, session_json
 from .bodies import json_body

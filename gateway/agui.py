@@ -44,9 +44,9 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from engine import events as ev
-from engine.errors import SessionNotFoundError
-from engine.stream import ModelDelta
+from turnlog.engine import events as ev
+from turnlog.engine.errors import SessionNotFoundError
+from turnlog.engine.stream import ModelDelta
 
 from .bodies import json_body
 from .http import HttpError, principal_of

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from engine.errors import ConfigurationError
+from turnlog.engine.errors import ConfigurationError
 
 ROLES = ("user", "admin")
 """Known roles, lowest first. An admin may do everything a user may."""

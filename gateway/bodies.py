@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from starlette.requests import ClientDisconnect, Request
 
-from engine.text import unicode_problem
+from turnlog.engine.text import unicode_problem
 
 from .http import HttpError
 from .limits import Limits

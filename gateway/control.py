@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, get_args
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine import events as ev
-from engine.budget import BudgetDecision
-from engine.errors import NoTurnRunningError, SessionClosedError
-from engine.fold import SessionState
-from engine.tools.approvals import Decision
+from turnlog.engine import events as ev
+from turnlog.engine.budget import BudgetDecision
+from turnlog.engine.errors import NoTurnRunningError, SessionClosedError
+from turnlog.engine.fold import SessionState
+from turnlog.engine.tools.approvals import Decision
 
 from .access import appended, owned_state
 from .bodies import json_body

@@ -18,9 +18,15 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.agent import AgentDirectory
-from engine.experiments import ExperimentRunner, ExperimentSpec, Selection, list_experiments, load_spec
-from engine.experiments.report import report_json
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.experiments import (
+    ExperimentRunner,
+    ExperimentSpec,
+    Selection,
+    list_experiments,
+    load_spec,
+)
+from turnlog.engine.experiments.report import report_json
 
 from .bodies import json_body
 from .http import HttpError, int_field, principal_of, string_field

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.errors import (
+from turnlog.engine.errors import (
     ApprovalError,
     ConcurrencyError,
     ExperimentNotFoundError,
@@ -29,7 +29,7 @@ from engine.errors import (
     SnapshotNotFoundError,
     TurnlogError,
 )
-from engine.text import text_problem
+from turnlog.engine.text import text_problem
 
 from .auth import KeyStore, Principal
 from .limits import Limits, RateLimiter

@@ -1,8 +1,8 @@
 """The live hub: what a turn worker streams (committed events and ephemeral token deltas), fanned
 out to the event streams and observers that listen. The worker runs in this process, or in
-another one that publishes its items on Kafka's live topic (``engine.log.kafka_live``; a notice
+another one that publishes its items on Kafka's live topic (``turnlog.engine.log.kafka_live``; a notice
 ``Committed`` then stands in for an event too heavy to send) or on the channel of the processes
-sharing an embedded log file (``engine.log.local_live``: every event as a ``Committed`` notice).
+sharing an embedded log file (``turnlog.engine.log.local_live``: every event as a ``Committed`` notice).
 
 Events are also on the log, so a listener that misses one loses nothing: the event stream
 re-reads the log whenever the hub wakes it, and a poll catches up with writers in other
@@ -17,7 +17,7 @@ from typing import Callable
 
 import structlog
 
-from engine.stream import Committed, LiveItem, StreamItem
+from turnlog.engine.stream import Committed, LiveItem, StreamItem
 
 log = structlog.get_logger("turnlog.hub")
 Observer = Callable[[StreamItem], None]

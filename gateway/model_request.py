@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import events as ev
-from engine.agent import AgentDirectory
-from engine.fold import fold
-from engine.log.base import EventLog
-from engine.messages import ChatMessage
-from engine.turn import build_request
+from turnlog.engine import events as ev
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.fold import fold
+from turnlog.engine.log.base import EventLog
+from turnlog.engine.messages import ChatMessage
+from turnlog.engine.turn import build_request
 
 
 def _json(message: ChatMessage) -> dict[str, Any]:

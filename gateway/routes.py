@@ -10,8 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.session import MAX_MESSAGE_ID_CHARS
-from projections import queries
+from turnlog.engine.session import MAX_MESSAGE_ID_CHARS
+from turnlog.projections import queries
 
 from .access import appended, owned_state, projected, session_json, session_view
 from .admin_routes import AdminRoutes

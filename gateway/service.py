@@ -23,18 +23,18 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
-from consumers.analytics import GROUP as ANALYTICS_GROUP
-from consumers.analytics import AnalyticsConsumer
-from consumers.projector import Projector
-from consumers.turn_worker import GROUP as WORKER_GROUP
-from consumers.turn_worker import TurnWorker
-from engine.agent import AgentDirectory
-from engine.errors import LogUnavailableError
-from engine.log.base import EventLog
-from engine.session import AgentSessions
-from engine.stream import LiveItem, StreamItem
-from projections import queries
-from projections.store import ProjectionStore
+from turnlog.consumers.analytics import GROUP as ANALYTICS_GROUP
+from turnlog.consumers.analytics import AnalyticsConsumer
+from turnlog.consumers.projector import Projector
+from turnlog.consumers.turn_worker import GROUP as WORKER_GROUP
+from turnlog.consumers.turn_worker import TurnWorker
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.errors import LogUnavailableError
+from turnlog.engine.log.base import EventLog
+from turnlog.engine.session import AgentSessions
+from turnlog.engine.stream import LiveItem, StreamItem
+from turnlog.projections import queries
+from turnlog.projections.store import ProjectionStore
 
 from .auth import KeyStore
 from .http import Guard, SecurityHeaders, internal_error, router_error

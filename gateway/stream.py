@@ -21,9 +21,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from engine import events as ev
-from engine.log.base import EventLog, LogRecord
-from engine.stream import LiveItem, ModelDelta, ModelProgress
+from turnlog.engine import events as ev
+from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.stream import LiveItem, ModelDelta, ModelProgress
 
 from .access import event_json
 from .hub import LiveHub

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import events as ev
-from engine.agent import AgentDirectory
-from engine.log.base import EventLog
-from projections import queries
-from projections.store import ProjectionStore
+from turnlog.engine import events as ev
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.log.base import EventLog
+from turnlog.projections import queries
+from turnlog.projections.store import ProjectionStore
 
 from .access import event_json, priced
 

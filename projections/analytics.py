@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Iterable
 
-from engine import events as ev
-from engine.experiments.namespace import is_experiment_session
-from engine.log.base import LogRecord
+from turnlog.engine import events as ev
+from turnlog.engine.experiments.namespace import is_experiment_session
+from turnlog.engine.log.base import LogRecord
 
 from .batch import Group
 from .store import ProjectionStore, Row, Writer

@@ -17,9 +17,9 @@ import datetime as dt
 import json
 from typing import Any, Callable
 
-from engine import events as ev
-from engine.models.base import estimate_tokens
-from engine.states import SessionStatus
+from turnlog.engine import events as ev
+from turnlog.engine.models.base import estimate_tokens
+from turnlog.engine.states import SessionStatus
 
 from .changes import Change, Insert, insert, update
 from .session_row import SessionRow

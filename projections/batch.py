@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, Callable, Iterable, Sequence
 
-from engine.errors import OutOfOrderError
-from engine.events import Event
+from turnlog.engine.errors import OutOfOrderError
+from turnlog.engine.events import Event
 
 from .apply import CREATING, changes_for
 from .changes import Insert, Update

@@ -21,7 +21,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from engine.errors import ConfigurationError
+from turnlog.engine.errors import ConfigurationError
 
 from .batch import Group, NewRows
 from .store import ProjectionStore, Row, Writer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.experiments.namespace import sql_exclusion
+from turnlog.engine.experiments.namespace import sql_exclusion
 
 from .store import ProjectionStore, Row
 

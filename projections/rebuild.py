@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Protocol, Sequence
 
-from engine.errors import EventError
-from engine.log.base import EventLog, LogRecord
+from turnlog.engine.errors import EventError
+from turnlog.engine.log.base import EventLog, LogRecord
 
 from .store import ProjectionStore
 

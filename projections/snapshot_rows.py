@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-from engine import events as ev
-from engine.models.base import estimate_tokens
-from engine.snapshots import decode_state
+from turnlog.engine import events as ev
+from turnlog.engine.models.base import estimate_tokens
+from turnlog.engine.snapshots import decode_state
 
 from .changes import Change, insert
 from .session_row import SessionRow

@@ -25,10 +25,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, TypeVar
 
-from engine.errors import OutOfOrderError
-from engine.events import Event
-from engine.experiments.namespace import sql_exclusion
-from engine.log.base import LogRecord
+from turnlog.engine.errors import OutOfOrderError
+from turnlog.engine.events import Event
+from turnlog.engine.experiments.namespace import sql_exclusion
+from turnlog.engine.log.base import LogRecord
 
 from .batch import Group, NewRows, load_rows, plan_batch
 from .changes import insert_sql

@@ -10,8 +10,17 @@ import asyncio
 import sys
 from typing import Any
 
-from consumers import TurnWorker
-from engine import Agent, AgentDirectory, FunctionModel, ModelRequest, SqliteEventLog, call, reply, tool
+from turnlog.consumers import TurnWorker
+from turnlog.engine import (
+    Agent,
+    AgentDirectory,
+    FunctionModel,
+    ModelRequest,
+    SqliteEventLog,
+    call,
+    reply,
+    tool,
+)
 
 PARTITIONS = 2
 

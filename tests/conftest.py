@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.log.base import EventLog
-from engine.log.kafka import KafkaEventLog
-from engine.log.sqlite import SqliteEventLog
-from projections.store import ProjectionStore, SqliteProjectionStore
 from tests.services import kafka_log, need_service, postgres_store
+from turnlog.engine.log.base import EventLog
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.sqlite import SqliteEventLog
+from turnlog.projections.store import ProjectionStore, SqliteProjectionStore
 
 BACKENDS = ["sqlite", "kafka"]
 

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from engine import ChatMessage, FunctionModel, SqliteEventLog, Tool
-from engine import events as ev
-from engine.models.base import ModelRequest, ModelResponse
 from tests import tool_harness
 from tests.tool_harness import Session
+from turnlog.engine import ChatMessage, FunctionModel, SqliteEventLog, Tool
+from turnlog.engine import events as ev
+from turnlog.engine.models.base import ModelRequest, ModelResponse
 
 
 async def open_session(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.auth import hash_key
+from turnlog.gateway.auth import hash_key
 
 REPO = Path(__file__).resolve().parent.parent
 

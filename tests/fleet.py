@@ -23,8 +23,8 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import psycopg
 
-from consumers import TurnWorker
-from engine import (
+from turnlog.consumers import TurnWorker
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     FunctionModel,
@@ -37,8 +37,8 @@ from engine import (
     reply,
     tool,
 )
-from engine.errors import LogUnavailableError
-from engine.models.base import ModelChunk
+from turnlog.engine.errors import LogUnavailableError
+from turnlog.engine.models.base import ModelChunk
 
 AGENT = "fleet"
 SIDE_EFFECTS_DDL = (

@@ -18,17 +18,17 @@ from typing import Any, AsyncIterator, Iterator
 import httpx
 import uvicorn
 
-from engine import Agent, AgentDirectory, SqliteEventLog, tool
-from engine.budget import Budget
-from engine.errors import ModelError
-from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
-from engine.models.fallback import FallbackModel
-from engine.models.pricing import Price, PriceTable
-from engine.models.prompt_tools import PromptToolsModel
-from engine.models.scripted import FunctionModel, call, reply
-from examples.logistics import SCRIPTED_TOOLS, LogisticsBackend, build_agent, demo_model
-from gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal, server_config
-from projections import SqliteProjectionStore
+from turnlog.engine import Agent, AgentDirectory, SqliteEventLog, tool
+from turnlog.engine.budget import Budget
+from turnlog.engine.errors import ModelError
+from turnlog.engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from turnlog.engine.models.fallback import FallbackModel
+from turnlog.engine.models.pricing import Price, PriceTable
+from turnlog.engine.models.prompt_tools import PromptToolsModel
+from turnlog.engine.models.scripted import FunctionModel, call, reply
+from turnlog.examples.logistics import SCRIPTED_TOOLS, LogisticsBackend, build_agent, demo_model
+from turnlog.gateway import Gateway, GatewayConfig, KeyStore, Limits, Principal, server_config
+from turnlog.projections import SqliteProjectionStore
 
 KEYS = {
     "alice": "tlk_alice_key_0123456789abcdefghij",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from consumers import TurnWorker
-from engine import Agent, AgentDirectory, SqliteEventLog
 from tests.gateway_support import PARTITIONS, GatedModel, lookup
+from turnlog.consumers import TurnWorker
+from turnlog.engine import Agent, AgentDirectory, SqliteEventLog
 
 
 async def main(path: str) -> None:

@@ -23,12 +23,21 @@ import os
 import signal
 from collections.abc import Sequence
 
-from consumers import TurnWorker
-from engine import Agent, AgentDirectory, FunctionModel, KafkaEventLog, SqliteEventLog, call, reply, tool
-from engine import events as ev
-from engine.log.base import EventLog, LogRecord
-from engine.models.base import ModelRequest, ModelResponse
 from tests.fleet import Backend, recorder, run_until_signalled
+from turnlog.consumers import TurnWorker
+from turnlog.engine import (
+    Agent,
+    AgentDirectory,
+    FunctionModel,
+    KafkaEventLog,
+    SqliteEventLog,
+    call,
+    reply,
+    tool,
+)
+from turnlog.engine import events as ev
+from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.models.base import ModelRequest, ModelResponse
 
 AGENT = "booker"
 POINTS = ("entry", "applied", "returned")

@@ -137,7 +137,7 @@ async def _accepted(request: Request, validate: Callable[[Any], str | None]) -> 
 def _request_tokens(body: dict[str, Any]) -> int:
     """The request's size as the server counts it: tiktoken cl100k over every message, tool
     call and tool definition (a provider's count differs a little from the client's estimate)."""
-    from engine.models.tokens import shared_counter
+    from turnlog.engine.models.tokens import shared_counter
 
     counter = shared_counter("cl100k_base")
     total = 0

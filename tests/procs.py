@@ -26,8 +26,11 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from consumers import TurnWorker
-from engine import (
+from tests.fleet import kafka_worker_main
+from tests.fleet import sqlite_worker_main as sqlite_fleet_worker_main
+from tests.keyed_crash import tool_crash_main
+from turnlog.consumers import TurnWorker
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -40,10 +43,7 @@ from engine import (
     reply,
     tool,
 )
-from engine.models.base import ModelChunk
-from tests.fleet import kafka_worker_main
-from tests.fleet import sqlite_worker_main as sqlite_fleet_worker_main
-from tests.keyed_crash import tool_crash_main
+from turnlog.engine.models.base import ModelChunk
 
 # --- crash: tests/test_recovery.py -----------------------------------------------------------
 

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from engine.log.kafka import KafkaEventLog
-from engine.log.kafka_topics import TopicNames
-from projections.postgres import PostgresProjectionStore
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.kafka_topics import TopicNames
+from turnlog.projections.postgres import PostgresProjectionStore
 
 
 def need_service(variable: str) -> str:

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 from ag_ui.core import RunAgentInput
 
-from engine import Agent, AgentDirectory, AgentSessions, EventLog, FunctionModel, call, reply, tool
-from engine import events as ev
-from engine.models.base import ModelRequest, ModelResponse
-from gateway.agui import RunMapper
 from tests.gateway_support import auth, create, read_until, serve_gateway, sse_messages
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, EventLog, FunctionModel, call, reply, tool
+from turnlog.engine import events as ev
+from turnlog.engine.models.base import ModelRequest, ModelResponse
+from turnlog.gateway.agui import RunMapper
 
 WAIT_S = 30.0
 Reopen = Callable[[], AbstractAsyncContextManager[EventLog]]

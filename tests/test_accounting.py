@@ -13,16 +13,16 @@ from contextlib import AbstractAsyncContextManager
 from decimal import Decimal
 from pathlib import Path
 
-from consumers import Projector, TurnWorker
-from consumers.memory import MemoryConsumer
-from engine import Agent, AgentDirectory, AgentSessions, ContextPolicy, EventLog, FunctionModel, Model
-from engine import events as ev
-from engine.memory.embedders import UniversalSentenceEncoder
-from engine.memory.stores import open_store
-from engine.models.base import ModelChunk, ModelRequest, ModelResponse, TextDelta
-from engine.models.pricing import Price, PriceTable
-from engine.models.tokens import count_chat_tokens
-from projections.store import ProjectionStore
+from turnlog.consumers import Projector, TurnWorker
+from turnlog.consumers.memory import MemoryConsumer
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, ContextPolicy, EventLog, FunctionModel, Model
+from turnlog.engine import events as ev
+from turnlog.engine.memory.embedders import UniversalSentenceEncoder
+from turnlog.engine.memory.stores import open_store
+from turnlog.engine.models.base import ModelChunk, ModelRequest, ModelResponse, TextDelta
+from turnlog.engine.models.pricing import Price, PriceTable
+from turnlog.engine.models.tokens import count_chat_tokens
+from turnlog.projections.store import ProjectionStore
 
 WAIT_S = 30.0
 PRICES = PriceTable(

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from consumers import Projector
-from engine import (
+from tests.test_cli_demo import turnlog
+from turnlog.consumers import Projector
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -23,12 +24,11 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
-from engine.admin import SessionAdmin
-from engine.errors import InputError, SnapshotNotFoundError
-from engine.log.base import EventLog
-from projections import SqliteProjectionStore
-from tests.test_cli_demo import turnlog
+from turnlog.engine import events as ev
+from turnlog.engine.admin import SessionAdmin
+from turnlog.engine.errors import InputError, SnapshotNotFoundError
+from turnlog.engine.log.base import EventLog
+from turnlog.projections import SqliteProjectionStore
 
 calls: list[str] = []
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import AgentDirectory
-from engine.errors import ConfigurationError
 from turnlog.agents import DEFAULT_AGENTS, AgentContext, AgentsTarget, agents_target, load_agents
 from turnlog.config import ModelSettings
+from turnlog.engine import AgentDirectory
+from turnlog.engine.errors import ConfigurationError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from consumers import TurnWorker
-from consumers.analytics import AnalyticsConsumer
-from engine import (
+from turnlog.consumers import TurnWorker
+from turnlog.consumers.analytics import AnalyticsConsumer
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -18,9 +18,9 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
-from engine.models.base import ModelRequest, ModelResponse
-from projections import SqliteProjectionStore
+from turnlog.engine import events as ev
+from turnlog.engine.models.base import ModelRequest, ModelResponse
+from turnlog.projections import SqliteProjectionStore
 
 
 @tool

@@ -13,12 +13,12 @@ import fastavro
 import pytest
 from fastavro.schema import parse_schema
 
-from engine import codec
-from engine import events as ev
-from engine.avro_read import Unsupported, compile_reader
-from engine.errors import MalformedEventError
-from engine.events import EVENT_TYPES, Event, ToolCallSpec
 from tests.test_codec import sample
+from turnlog.engine import codec
+from turnlog.engine import events as ev
+from turnlog.engine.avro_read import Unsupported, compile_reader
+from turnlog.engine.errors import MalformedEventError
+from turnlog.engine.events import EVENT_TYPES, Event, ToolCallSpec
 
 HISTORY = codec.history_schemas()
 

@@ -15,11 +15,11 @@ import fastavro
 import pytest
 from fastavro.schema import parse_schema
 
-from engine import avro, codec
-from engine import events as ev
-from engine.avro import compile_writer
-from engine.errors import EventEncodeError
-from engine.events import ToolCallSpec
+from turnlog.engine import avro, codec
+from turnlog.engine import events as ev
+from turnlog.engine.avro import compile_writer
+from turnlog.engine.errors import EventEncodeError
+from turnlog.engine.events import ToolCallSpec
 
 POINT = {
     "type": "record",

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from consumers.projector import Projector
-from engine import AgentDirectory, AgentSessions, SqliteEventLog
-from engine import events as ev
-from engine.agent import Agent
-from engine.models.base import ModelRequest, ModelResponse
-from engine.models.scripted import FunctionModel, call, reply
-from engine.tools.registry import tool
-from projections import SqliteProjectionStore
-from projections.rebuild import rebuild
+from turnlog.consumers.projector import Projector
+from turnlog.engine import AgentDirectory, AgentSessions, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.agent import Agent
+from turnlog.engine.models.base import ModelRequest, ModelResponse
+from turnlog.engine.models.scripted import FunctionModel, call, reply
+from turnlog.engine.tools.registry import tool
+from turnlog.projections import SqliteProjectionStore
+from turnlog.projections.rebuild import rebuild
 
 
 @tool(idempotent=True)

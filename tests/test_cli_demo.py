@@ -14,14 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine import Agent, FunctionModel, ModelRequest, tool
-from engine.errors import ModelError
-from engine.models.prompt_tools import PromptToolsModel
-from examples.logistics.backend import last_week
-from projections import SqliteProjectionStore
-from projections.schema import READ_MODELS
 from tests.openai_server import FakeReply, serve_openai
 from turnlog.app import EmbeddedApp
+from turnlog.engine import Agent, FunctionModel, ModelRequest, tool
+from turnlog.engine.errors import ModelError
+from turnlog.engine.models.prompt_tools import PromptToolsModel
+from turnlog.examples.logistics.backend import last_week
+from turnlog.projections import SqliteProjectionStore
+from turnlog.projections.schema import READ_MODELS
 from turnlog.render import duration
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def tables(home: Path) -> dict[str, list[dict]]:
 
 def remembered(home: Path, user: str, query: str) -> list[str]:
     """What the demo's memory store (the embedded default under the home) holds for ``user``."""
-    from engine.memory.stores import open_store
+    from turnlog.engine.memory.stores import open_store
 
     async def search() -> list[str]:
         store = open_store(home / "memory")

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from examples.logistics import AGENT_ID, TASK
 from tests.openai_server import free_port
+from turnlog.examples.logistics import AGENT_ID, TASK
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -148,7 +148,7 @@ def serve_demo_task(tmp_path: Path, otlp_url: str, spans: list[dict[str, object]
 
 
 def test_serve_without_worker_and_a_separate_turnlog_worker(tmp_path: Path) -> None:
-    from engine import SqliteEventLog
+    from turnlog.engine import SqliteEventLog
 
     home = tmp_path / "home"
     key = add_key(home, "alice", "user")

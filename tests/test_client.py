@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import SessionClient, SqliteEventLog, TurnWaitTimeoutError
-from engine import events as ev
-from engine.errors import SessionNotFoundError
-from engine.log.base import EventLog
 from tests.deployment import Program
 from tests.services import kafka_log, need_service
+from turnlog.engine import SessionClient, SqliteEventLog, TurnWaitTimeoutError
+from turnlog.engine import events as ev
+from turnlog.engine.errors import SessionNotFoundError
+from turnlog.engine.log.base import EventLog
 
 PARTITIONS = 2
 AGENTS = "tests.agentpkg.good:directory"

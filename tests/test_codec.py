@@ -12,12 +12,12 @@ import fastavro
 import pytest
 from fastavro.schema import parse_schema, to_parsing_canonical_form
 
-from engine import codec
-from engine import events as ev
-from engine.errors import EventEncodeError, MalformedEventError, UnknownSchemaError
-from engine.events import EVENT_TYPES, Event, ToolCallSpec
-from engine.log.sqlite_batch import delimited_events, pack_batch, split_batch
-from engine.log.zdict import pack
+from turnlog.engine import codec
+from turnlog.engine import events as ev
+from turnlog.engine.errors import EventEncodeError, MalformedEventError, UnknownSchemaError
+from turnlog.engine.events import EVENT_TYPES, Event, ToolCallSpec
+from turnlog.engine.log.sqlite_batch import delimited_events, pack_batch, split_batch
+from turnlog.engine.log.zdict import pack
 
 NAMESPACE = "turnlog.events"
 ENVELOPE = [f.name for f in dataclasses.fields(Event)]
@@ -330,7 +330,7 @@ def test_unknown_fingerprint_raises_unknown_schema() -> None:
 
 
 def test_malformed_and_unknown_are_event_errors() -> None:
-    from engine.errors import EventError
+    from turnlog.engine.errors import EventError
 
     assert issubclass(MalformedEventError, EventError) and issubclass(UnknownSchemaError, EventError)
 
@@ -495,7 +495,7 @@ def test_values_the_native_writer_leaves_to_the_python_writer_are_written_the_sa
 def test_every_current_schema_is_recorded_in_the_history() -> None:
     recorded = {(event, fp) for event, fp, _ in codec.history_schemas()}
     missing = [t for t in EVENT_TYPES if (t, codec.wire_fingerprint_of(t)) not in recorded]
-    assert not missing, f"run `python -m engine.schema_history` to record the new schemas of {missing}"
+    assert not missing, f"run `python -m turnlog.engine.schema_history` to record the new schemas of {missing}"
 
 
 @pytest.mark.parametrize("event_type, fp, canonical", codec.history_schemas())

@@ -9,12 +9,12 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import events as ev
-from engine.context import compaction
-from engine.fold import SessionState
-from engine.messages import SUMMARY_HEADER, ChatMessage, is_tool_error
-from engine.models.scripted import call
 from tests.context_support import provider_problems
+from turnlog.engine import events as ev
+from turnlog.engine.context import compaction
+from turnlog.engine.fold import SessionState
+from turnlog.engine.messages import SUMMARY_HEADER, ChatMessage, is_tool_error
+from turnlog.engine.models.scripted import call
 
 EXCHANGE = st.tuples(
     st.sampled_from(["thanks!", "hello", "Check order A-1", "What is late this week?"]),

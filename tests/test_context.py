@@ -13,20 +13,20 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from engine import ContextPolicy, FunctionModel, ToolFailure, call, reply, tool
-from engine import events as ev
-from engine.budget import Budget
-from engine.context.assemble import RECALL_HEADER
-from engine.context.compaction import is_small_talk
-from engine.context.summarize import FALLBACK_NOTE
-from engine.fold import fold
-from engine.log.base import EventLog
-from engine.models.base import ModelRequest, ModelResponse
-from engine.models.pricing import PriceTable
-from engine.models.tokens import count_chat_tokens
-from engine.turn import TurnRunner
 from tests import tool_harness
 from tests.context_support import last_user_text, open_session, provider_problems, section_tokens
+from turnlog.engine import ContextPolicy, FunctionModel, ToolFailure, call, reply, tool
+from turnlog.engine import events as ev
+from turnlog.engine.budget import Budget
+from turnlog.engine.context.assemble import RECALL_HEADER
+from turnlog.engine.context.compaction import is_small_talk
+from turnlog.engine.context.summarize import FALLBACK_NOTE
+from turnlog.engine.fold import fold
+from turnlog.engine.log.base import EventLog
+from turnlog.engine.models.base import ModelRequest, ModelResponse
+from turnlog.engine.models.pricing import PriceTable
+from turnlog.engine.models.tokens import count_chat_tokens
+from turnlog.engine.turn import TurnRunner
 
 FACTS = [  # (planted by the user, a probe question or None, what the probe must find)
     (f["plant"], f["probe"], f["expect"])
@@ -160,7 +160,7 @@ async def test_huge_tool_results_are_cut_to_fit_and_calls_keep_their_results(tmp
 
 
 async def test_a_failing_summariser_falls_back_and_says_so(tmp_path: Path) -> None:
-    from engine import ModelError
+    from turnlog.engine import ModelError
 
     def broken(request: ModelRequest) -> str:
         raise ModelError("summariser endpoint is down")
@@ -285,9 +285,9 @@ async def test_task_state_set_overwrite_and_reset_are_events_and_shown_every_ste
 
 
 async def test_context_length_error_compacts_and_retries_once_through_the_openai_sdk(tmp_path: Path) -> None:
-    from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog
-    from engine.models.openai_compat import OpenAICompatibleModel
     from tests.openai_server import FakeReply, serve_openai
+    from turnlog.engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog
+    from turnlog.engine.models.openai_compat import OpenAICompatibleModel
 
     replies = [FakeReply(ANSWER * 3)] * 8 + [FakeReply("Answered after compaction.")]
     with serve_openai(replies, context_window=900) as server:
@@ -326,7 +326,7 @@ class CountingModel(FunctionModel):
 
 
 async def test_a_budget_that_would_stop_the_call_first_compacts_the_context(tmp_path: Path) -> None:
-    from engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog
+    from turnlog.engine import Agent, AgentDirectory, AgentSessions, SqliteEventLog
 
     prices = PriceTable.from_dict(
         {"models": {"counted": {"input": 2.5, "output": 10, "max_output_tokens": 1000}}}
@@ -358,7 +358,7 @@ async def test_a_budget_that_would_stop_the_call_first_compacts_the_context(tmp_
 
 
 async def test_the_archive_projection_keeps_every_cut_message_with_what_cut_it(tmp_path: Path) -> None:
-    from projections.queries import archived_messages
+    from turnlog.projections.queries import archived_messages
 
     policy = ContextPolicy(window=2048, summarizer="extractive")
     s = await open_session(tmp_path, lambda r: ANSWER, context=policy)
@@ -386,8 +386,8 @@ async def test_a_steady_conversation_calls_the_summariser_at_most_once_per_n_tur
     """Each summary cuts the history down to ``summarize_to`` (50 %) of its budget, not just
     below the 90 % threshold, so the next one waits until the history has grown back by 40 %:
     N = (summarize_at - summarize_to) * history budget / tokens a turn adds (docs)."""
-    from engine.context.tally import message_tokens
-    from engine.messages import ChatMessage
+    from turnlog.engine.context.tally import message_tokens
+    from turnlog.engine.messages import ChatMessage
 
     summaries: list[ModelRequest] = []
 

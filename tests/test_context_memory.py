@@ -11,15 +11,15 @@ from typing import AsyncIterator
 
 import pytest
 
-from consumers.memory import MemoryConsumer
-from engine import MemoryPolicy, call, reply
-from engine import events as ev
-from engine.context.assemble import MEMORY_HEADER
-from engine.memory.edge import EdgeMemoryStore
-from engine.memory.embedders import UniversalSentenceEncoder
-from engine.memory.qdrant import QdrantMemoryStore
-from engine.models.base import ModelRequest, ModelResponse
 from tests.context_support import last_user_text, open_session
+from turnlog.consumers.memory import MemoryConsumer
+from turnlog.engine import MemoryPolicy, call, reply
+from turnlog.engine import events as ev
+from turnlog.engine.context.assemble import MEMORY_HEADER
+from turnlog.engine.memory.edge import EdgeMemoryStore
+from turnlog.engine.memory.embedders import UniversalSentenceEncoder
+from turnlog.engine.memory.qdrant import QdrantMemoryStore
+from turnlog.engine.models.base import ModelRequest, ModelResponse
 
 FACT = "The user prefers DHL Express for every replacement shipment."
 

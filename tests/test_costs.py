@@ -10,27 +10,27 @@ from pathlib import Path
 
 import pytest
 
-from consumers.projector import Projector
-from engine import AgentSessions, SqliteEventLog
-from engine import events as ev
-from engine.agent import Agent, AgentDirectory
-from engine.budget import Budget, SpendLedger
-from engine.errors import ConfigurationError
-from engine.messages import ChatMessage
-from engine.models.base import ModelRequest, ModelResponse, Usage
-from engine.models.openai_compat import OpenAICompatibleModel
-from engine.models.pricing import Price, PriceTable
-from engine.models.scripted import FunctionModel, call
-from engine.models.tokens import (
+from tests.openai_server import FakeReply, serve_openai
+from turnlog.consumers.projector import Projector
+from turnlog.engine import AgentSessions, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.agent import Agent, AgentDirectory
+from turnlog.engine.budget import Budget, SpendLedger
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.messages import ChatMessage
+from turnlog.engine.models.base import ModelRequest, ModelResponse, Usage
+from turnlog.engine.models.openai_compat import OpenAICompatibleModel
+from turnlog.engine.models.pricing import Price, PriceTable
+from turnlog.engine.models.scripted import FunctionModel, call
+from turnlog.engine.models.tokens import (
     O200K_LOCATION,
     TiktokenCounter,
     count_chat_tokens,
     encoding_name_for,
     install_o200k,
 )
-from engine.tools.registry import tool
-from projections import SqliteProjectionStore
-from tests.openai_server import FakeReply, serve_openai
+from turnlog.engine.tools.registry import tool
+from turnlog.projections import SqliteProjectionStore
 
 PRICES = PriceTable.from_dict(
     {
@@ -290,7 +290,7 @@ async def test_a_pausing_budget_waits_for_the_user_to_raise_it_then_the_turn_goe
 
 
 async def test_a_pausing_budget_stopped_by_the_user_ends_the_turn_with_a_message(tmp_path: Path) -> None:
-    from engine.errors import InputError, NotAwaitingBudgetError
+    from turnlog.engine.errors import InputError, NotAwaitingBudgetError
 
     budget = Budget(per_turn_micros=11_000, on_exceed="pause")
     agent = Agent.build("a", _tool_loop_model(Usage(100, 100)), [lookup], prices=PRICES, budget=budget)
@@ -312,7 +312,7 @@ async def test_a_pausing_budget_stopped_by_the_user_ends_the_turn_with_a_message
 
 
 async def test_a_budget_raise_posted_by_a_producer_is_carried_on_by_a_turn_worker(tmp_path: Path) -> None:
-    from consumers import TurnWorker
+    from turnlog.consumers import TurnWorker
 
     budget = Budget(per_turn_micros=11_000, on_exceed="pause")
     agent = Agent.build("a", _tool_loop_model(Usage(100, 100)), [lookup], prices=PRICES, budget=budget)

@@ -14,9 +14,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from consumers import TurnWorker
-from consumers.turn_worker import GROUP
-from engine import (
+from turnlog.consumers import TurnWorker
+from turnlog.consumers.turn_worker import GROUP
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -29,7 +29,7 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
+from turnlog.engine import events as ev
 
 SESSIONS = 120
 PAIRS = 3  # producer threads come in pairs; both of a pair write to the same sessions

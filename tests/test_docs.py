@@ -6,9 +6,9 @@ import dataclasses
 import re
 from pathlib import Path
 
-from engine.codec import ENVELOPE_FIELDS
-from engine.events import EVENT_TYPES
-from engine.states import TRANSITIONS
+from turnlog.engine.codec import ENVELOPE_FIELDS
+from turnlog.engine.events import EVENT_TYPES
+from turnlog.engine.states import TRANSITIONS
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
 

@@ -24,15 +24,15 @@ from typing import Any, Callable
 import httpx
 import psycopg
 
-from engine import events as ev
-from engine.log.kafka import KafkaEventLog
-from projections import PostgresProjectionStore, rebuild
-from projections.schema import READ_MODELS
 from tests.agentpkg.e2e import AGENT, SIDE_EFFECTS
 from tests.deployment import Program, program_env, wait_answering, write_keys
 from tests.gateway_support import SseMessage, sse_messages
 from tests.openai_server import free_port
 from tests.services import delete_topics, fresh_topic, need_service, postgres_store
+from turnlog.engine import events as ev
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.projections import PostgresProjectionStore, rebuild
+from turnlog.projections.schema import READ_MODELS
 
 PARTITIONS = 4
 USERS = [f"user{i:02d}" for i in range(20)]

@@ -9,8 +9,8 @@ import inspect
 
 import pytest
 
-from engine.events import EVENT_TYPES, Event, StateChanged
 from tests.test_codec import sample
+from turnlog.engine.events import EVENT_TYPES, Event, StateChanged
 
 NAMES = sorted(EVENT_TYPES)
 

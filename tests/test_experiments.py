@@ -25,10 +25,12 @@ from typing import Any
 
 import pytest
 
-from consumers import Projector
-from engine import AgentDirectory, AgentSessions, SqliteEventLog
-from engine import events as ev
-from engine.experiments import (
+from tests.agentpkg import experiments as candidates
+from tests.services import kafka_log, need_service, postgres_store
+from turnlog.consumers import Projector
+from turnlog.engine import AgentDirectory, AgentSessions, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.experiments import (
     UNMATCHED_ERROR,
     ExperimentRunner,
     Selection,
@@ -36,16 +38,14 @@ from engine.experiments import (
     list_experiments,
     load_spec,
 )
-from engine.experiments.compare import ExperimentReport
-from engine.experiments.namespace import replay_id
-from engine.experiments.report import report_json
-from engine.experiments.runner import Progress
-from engine.log.base import EventLog, LogRecord
-from examples.logistics import TASK, LogisticsBackend, build_agent
-from projections import SqliteProjectionStore, queries
-from projections.analytics import AnalyticsStore
-from tests.agentpkg import experiments as candidates
-from tests.services import kafka_log, need_service, postgres_store
+from turnlog.engine.experiments.compare import ExperimentReport
+from turnlog.engine.experiments.namespace import replay_id
+from turnlog.engine.experiments.report import report_json
+from turnlog.engine.experiments.runner import Progress
+from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.examples.logistics import TASK, LogisticsBackend, build_agent
+from turnlog.projections import SqliteProjectionStore, queries
+from turnlog.projections.analytics import AnalyticsStore
 
 REPO = Path(__file__).resolve().parent.parent
 LOOKUP = "Which orders had logistics anomalies last week?"
@@ -191,7 +191,7 @@ async def test_a_write_tool_with_other_arguments_is_never_run_and_is_reported(
 async def test_only_idempotent_tools_run_live_and_only_when_asked(sqlite_log: SqliteEventLog) -> None:
     """A candidate whose query has other arguments: unmatched and not run by default; run live
     (a real result) with live=['query_orders']; send_notification is never live."""
-    from engine.experiments.tool_server import RecordedTools
+    from turnlog.engine.experiments.tool_server import RecordedTools
 
     await record(sqlite_log, 4)
 
@@ -353,7 +353,7 @@ async def test_turn_workers_leave_experiment_sessions_to_their_runner(
 ) -> None:
     """A message waiting in a replay (its runner died before it ran the turn) is not run by a turn
     worker, which has the real tools; a production session's message is."""
-    from consumers import TurnWorker
+    from turnlog.consumers import TurnWorker
 
     api = AgentSessions(sqlite_log, candidates.same(), producer="test")
     replay = await api.create_session("logistics-assistant", "u", session_id="exp-0123456789ab-00")
@@ -368,8 +368,8 @@ async def test_turn_workers_leave_experiment_sessions_to_their_runner(
 
 
 async def test_selection_by_user_agent_time_ids_and_a_seeded_sample(sqlite_log: SqliteEventLog) -> None:
-    from engine.errors import InputError
-    from engine.experiments import select_sessions
+    from turnlog.engine.errors import InputError
+    from turnlog.engine.experiments import select_sessions
 
     asked = list(await record(sqlite_log, 8))
     heads = {sid: (await sqlite_log.read_session(sid))[0] for sid in asked}
@@ -420,8 +420,8 @@ async def test_a_replay_from_the_snapshot_at_the_end_of_the_first_turn(sqlite_lo
 async def test_a_from_turn_past_what_the_sessions_have_is_refused_with_the_range(
     sqlite_log: SqliteEventLog,
 ) -> None:
-    from engine.errors import InputError
-    from engine.experiments import list_experiments
+    from turnlog.engine.errors import InputError
+    from turnlog.engine.experiments import list_experiments
 
     await record(sqlite_log, 4)  # the shortest sessions have one turn
     runner = ExperimentRunner(sqlite_log, candidates.same())

@@ -11,18 +11,18 @@ from typing import Any
 
 import pytest
 
-from engine import AgentSessions, SqliteEventLog
-from engine import events as ev
-from engine.agent import Agent, AgentDirectory
-from engine.errors import ConfigurationError
-from engine.messages import ChatMessage
-from engine.models.degraded import DEGRADED_NOTICE, Intent, RuleBasedResponder
-from engine.models.fallback import FallbackModel, drop_oldest_exchange
-from engine.models.openai_compat import OpenAICompatibleModel
-from engine.models.scripted import call
-from engine.stream import ModelDelta
-from engine.tools.registry import tool
 from tests.openai_server import FakeError, FakeMalformed, FakeOpenAIServer, FakeReply, Step, serve_openai
+from turnlog.engine import AgentSessions, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.agent import Agent, AgentDirectory
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.messages import ChatMessage
+from turnlog.engine.models.degraded import DEGRADED_NOTICE, Intent, RuleBasedResponder
+from turnlog.engine.models.fallback import FallbackModel, drop_oldest_exchange
+from turnlog.engine.models.openai_compat import OpenAICompatibleModel
+from turnlog.engine.models.scripted import call
+from turnlog.engine.stream import ModelDelta
+from turnlog.engine.tools.registry import tool
 
 
 @tool(idempotent=True)
@@ -161,7 +161,7 @@ async def test_a_smaller_backup_window_gets_a_refitted_request(tmp_path: Path) -
         small = _model(backup, "backup-model")
         small.context_window = 2048
         chain = FallbackModel(_model(main, "main-model"), small)
-        from engine.models.base import ModelRequest
+        from turnlog.engine.models.base import ModelRequest
 
         request = ModelRequest([ChatMessage.system("Be brief."), *history])
         _ = [chunk async for chunk in chain.stream(request)]

@@ -24,14 +24,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from consumers import Projector
-from engine import SessionStatus, fold
-from engine import events as ev
-from engine.log.kafka import KafkaEventLog
-from projections import PostgresProjectionStore, rebuild
-from projections.schema import READ_MODELS
 from tests.fleet import AGENT, SIDE_EFFECTS_DDL, deliveries, side_effects
 from tests.services import delete_topics, fresh_topic, kafka_log, need_service, postgres_store
+from turnlog.consumers import Projector
+from turnlog.engine import SessionStatus, fold
+from turnlog.engine import events as ev
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.projections import PostgresProjectionStore, rebuild
+from turnlog.projections.schema import READ_MODELS
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 6

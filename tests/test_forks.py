@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from consumers import TurnWorker
-from engine import Agent, AgentDirectory, AgentSessions, EventLog, FunctionModel, call, reply, tool
-from engine import events as ev
-from engine.admin import SessionAdmin
-from engine.context import ContextPolicy
-from engine.errors import InputError
-from engine.models.base import ModelRequest, ModelResponse
+from turnlog.consumers import TurnWorker
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, EventLog, FunctionModel, call, reply, tool
+from turnlog.engine import events as ev
+from turnlog.engine.admin import SessionAdmin
+from turnlog.engine.context import ContextPolicy
+from turnlog.engine.errors import InputError
+from turnlog.engine.models.base import ModelRequest, ModelResponse
 
 
 @dataclass

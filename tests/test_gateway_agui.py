@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import events as ev
-from gateway.agui import thread_session_id
 from tests.gateway_support import KEYS, RunningGateway, open_log, serve_gateway
+from turnlog.engine import events as ev
+from turnlog.gateway.agui import thread_session_id
 
 AGUI = Path(__file__).resolve().parent / "agui"
 pytestmark = pytest.mark.skipif(

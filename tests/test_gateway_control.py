@@ -11,7 +11,6 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from engine import events as ev
 from tests.gateway_support import (
     RunningGateway,
     SseMessage,
@@ -23,6 +22,7 @@ from tests.gateway_support import (
     sse_messages,
     turn_committed,
 )
+from turnlog.engine import events as ev
 
 TIMEOUT = httpx.Timeout(30.0)
 

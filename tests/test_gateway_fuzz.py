@@ -31,10 +31,10 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import events as ev
-from gateway import Limits
-from gateway.openapi import document
 from tests.gateway_support import AGENTS, KEYS, RunningGateway, auth, open_log, serve_gateway
+from turnlog.engine import events as ev
+from turnlog.gateway import Limits
+from turnlog.gateway.openapi import document
 
 STREAMS = ["/v1/sessions/{session_id}/events", "/v1/agui/{agent}"]
 schema = schemathesis.openapi.from_dict(document(AGENTS)).exclude(path=STREAMS)

@@ -12,9 +12,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine import events as ev
-from gateway import Limits
-from gateway.openapi import document
 from tests.gateway_support import (
     AGENTS,
     RunningGateway,
@@ -27,6 +24,9 @@ from tests.gateway_support import (
     sse_messages,
     turn_committed,
 )
+from turnlog.engine import events as ev
+from turnlog.gateway import Limits
+from turnlog.gateway.openapi import document
 
 TIMEOUT = httpx.Timeout(30.0)
 

@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import httpx
 
-from engine import events as ev
 from tests.gateway_support import KEYS, auth, open_log, serve_gateway
+from turnlog.engine import events as ev
 
 TIMEOUT = httpx.Timeout(30.0)
 MISSING = "0" * 32

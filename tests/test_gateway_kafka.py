@@ -15,15 +15,15 @@ from typing import Any
 
 import httpx
 
-from consumers import TurnWorker
-from engine import events as ev
-from engine.log.kafka import KafkaEventLog
-from engine.log.kafka_live import KafkaLivePublisher
 from tests.agentpkg import desk
 from tests.deployment import Program, wait_answering, write_keys
 from tests.gateway_support import SseMessage, read_until, sse_messages
 from tests.openai_server import free_port
 from tests.services import delete_topics, fresh_topic, need_service, postgres_store
+from turnlog.consumers import TurnWorker
+from turnlog.engine import events as ev
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.kafka_live import KafkaLivePublisher
 
 PARTITIONS = 2
 KEYS = {

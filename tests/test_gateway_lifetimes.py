@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.lifetimes import Holdings
 from tests.gateway_support import KEYS, RunningGateway, auth, create, read_until, serve_gateway, sse_messages
+from turnlog.gateway.lifetimes import Holdings
 
 TIMEOUT = httpx.Timeout(30.0)
 

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from consumers import TurnWorker
-from engine import (
+from turnlog.consumers import TurnWorker
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -23,12 +23,12 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
-from engine.models.base import ModelRequest, ModelResponse
-from engine.stream import ModelDelta
-from gateway.hub import LiveHub
-from gateway.observe import EventLogger, GatewayMetrics, ObservabilityConsumer, SpanBuilder, redact
-from gateway.observe.logs import sampled
+from turnlog.engine import events as ev
+from turnlog.engine.models.base import ModelRequest, ModelResponse
+from turnlog.engine.stream import ModelDelta
+from turnlog.gateway.hub import LiveHub
+from turnlog.gateway.observe import EventLogger, GatewayMetrics, ObservabilityConsumer, SpanBuilder, redact
+from turnlog.gateway.observe.logs import sampled
 
 SECRET = "sk-live0123456789abcdefghijkl"
 EMAIL = "pat@customer.example"
@@ -244,8 +244,8 @@ def test_a_failing_observer_never_breaks_the_publisher() -> None:
 
 
 async def test_context_compactions_and_overflow_alerts_are_counted(tmp_path: Path) -> None:
-    from engine import ContextPolicy, ModelError
     from tests.context_support import open_session
+    from turnlog.engine import ContextPolicy, ModelError
 
     @tool(idempotent=True, max_result_chars=100_000)
     def export(name: str) -> str:

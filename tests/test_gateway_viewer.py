@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import events as ev
 from tests.gateway_support import KEYS, RunningGateway, auth, open_log, serve_gateway, sse_messages
+from turnlog.engine import events as ev
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -406,9 +406,9 @@ async def test_an_experiment_started_over_http_and_read_in_the_viewer(tmp_path: 
     side in the viewer, and the replay opens as a session of its own."""
     import datetime as dt
 
-    from engine import AgentDirectory, AgentSessions, FunctionModel
-    from examples.logistics import TASK, LogisticsBackend, build_agent, demo_model
     from tests.agentpkg.experiments import _response, _skip_first_notice
+    from turnlog.engine import AgentDirectory, AgentSessions, FunctionModel
+    from turnlog.examples.logistics import TASK, LogisticsBackend, build_agent, demo_model
 
     decide = demo_model().fn
     skipping = FunctionModel(lambda r: _skip_first_notice(_response(decide(r))), name="scripted-demo")

@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-from engine import EventLog
-from engine import events as ev
-from engine.errors import ConcurrencyError
-from engine.log.kafka import KafkaEventLog
+from turnlog.engine import EventLog
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError
+from turnlog.engine.log.kafka import KafkaEventLog
 
 SESSIONS = 64
 

@@ -1,4 +1,4 @@
-"""Event, message and turn ids (``engine.events.new_id``): 128 random bits as 32 hex characters,
+"""Event, message and turn ids (``turnlog.engine.events.new_id``): 128 random bits as 32 hex characters,
 read ahead from the OS in batches; never repeated, also not by a forked child, which would
 otherwise hand out the ids its parent had read ahead."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from engine import events as ev
+from turnlog.engine import events as ev
 
 
 def test_ids_are_32_hex_characters_and_never_repeat() -> None:

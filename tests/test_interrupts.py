@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from consumers import TurnWorker
-from consumers.turn_worker import GROUP
-from engine import (
+from turnlog.consumers import TurnWorker
+from turnlog.consumers.turn_worker import GROUP
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -30,11 +30,11 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
-from engine.errors import NoTurnRunningError
-from engine.models.base import ModelChunk, Usage
-from engine.states import Cause, SessionStatus
-from engine.writer import SessionWriter
+from turnlog.engine import events as ev
+from turnlog.engine.errors import NoTurnRunningError
+from turnlog.engine.models.base import ModelChunk, Usage
+from turnlog.engine.states import Cause, SessionStatus
+from turnlog.engine.writer import SessionWriter
 
 AGENT = "helper"
 WAIT = 30.0  # generous: the machine is shared
@@ -356,7 +356,7 @@ async def test_every_event_carries_the_version_it_was_decided_from(log: SqliteEv
 
 
 def test_an_unknown_message_policy_is_refused() -> None:
-    from engine import ConfigurationError
+    from turnlog.engine import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="on_message must be 'queue' or 'interrupt', not 'drop'"):
         Agent(AGENT, FunctionModel(model_fn), on_message="drop")  # type: ignore[arg-type]

@@ -11,8 +11,11 @@ from collections.abc import AsyncIterator
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from consumers import Projector, TurnWorker
-from engine import (
+from tests.services import kafka_log, need_service, postgres_store
+from tests.test_kafka_requests import until_logged
+from tests.test_log_kafka import _read_topic_once, read_topic
+from turnlog.consumers import Projector, TurnWorker
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -24,13 +27,10 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
-from engine.errors import ConcurrencyError
-from engine.log.kafka import KafkaEventLog
-from engine.models.base import ModelRequest, ModelResponse
-from tests.services import kafka_log, need_service, postgres_store
-from tests.test_kafka_requests import until_logged
-from tests.test_log_kafka import _read_topic_once, read_topic
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.models.base import ModelRequest, ModelResponse
 
 AGENT = "plain"
 

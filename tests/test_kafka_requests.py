@@ -11,21 +11,30 @@ from decimal import Decimal
 
 import pytest
 
-from consumers import TurnWorker
-from engine import Agent, AgentDirectory, AgentSessions, FunctionModel, SessionAdmin, call, reply, tool
-from engine import events as ev
-from engine.budget import Budget
-from engine.errors import (
+from tests.services import kafka_log, need_service
+from turnlog.consumers import TurnWorker
+from turnlog.engine import (
+    Agent,
+    AgentDirectory,
+    AgentSessions,
+    FunctionModel,
+    SessionAdmin,
+    call,
+    reply,
+    tool,
+)
+from turnlog.engine import events as ev
+from turnlog.engine.budget import Budget
+from turnlog.engine.errors import (
     ApprovalError,
     NotAwaitingBudgetError,
     NoTurnRunningError,
     SessionClosedError,
     SessionNotFoundError,
 )
-from engine.log.kafka import KafkaEventLog
-from engine.models.base import ModelRequest, ModelResponse, Usage
-from engine.models.pricing import Price, PriceTable
-from tests.services import kafka_log, need_service
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.models.base import ModelRequest, ModelResponse, Usage
+from turnlog.engine.models.pricing import Price, PriceTable
 
 
 @pytest.fixture

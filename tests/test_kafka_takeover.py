@@ -11,14 +11,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine import events as ev
-from engine.errors import ConcurrencyError, SessionClosedError
-from engine.fold import SessionState, fold
-from engine.log.kafka import KafkaEventLog
-from engine.snapshots import SnapshotEncoder, load_latest, take
-from engine.states import Cause, SessionStatus
-from engine.writer import SessionWriter
 from tests.services import delete_topics, fresh_topic, need_service
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError, SessionClosedError
+from turnlog.engine.fold import SessionState, fold
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.snapshots import SnapshotEncoder, load_latest, take
+from turnlog.engine.states import Cause, SessionStatus
+from turnlog.engine.writer import SessionWriter
 
 FINISHED = 12
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import engine
 import turnlog
+import turnlog.engine
 
 REPO = Path(__file__).resolve().parent.parent
 FORBIDDEN = {

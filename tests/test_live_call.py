@@ -1,4 +1,4 @@
-"""``engine.usage.LiveCall``: the turn reads a model stream in its own task, and a cancel from
+"""``turnlog.engine.usage.LiveCall``: the turn reads a model stream in its own task, and a cancel from
 another task (``LiveCall.stop``) ends it at once without ending the turn's task; a cancel of
 the turn's task itself still goes through, also when it comes together with a stop."""
 
@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.models.base import ModelChunk, TextDelta
-from engine.usage import LiveCall
+from turnlog.engine.models.base import ModelChunk, TextDelta
+from turnlog.engine.usage import LiveCall
 
 
 class Stream:

@@ -17,10 +17,10 @@ from typing import AsyncIterator
 
 import pytest
 
-from engine import SqliteEventLog
-from engine import events as ev
-from engine.log.local_live import socket_dir
-from engine.stream import Committed, LiveItem, ModelDelta
+from turnlog.engine import SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.log.local_live import socket_dir
+from turnlog.engine.stream import Committed, LiveItem, ModelDelta
 
 DEADLINE_S = 30.0
 """How long a test waits for what the channel should deliver at once (a failure, not a measure)."""

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from engine import AgentSessions, SqliteEventLog
-from engine import events as ev
-from engine.agent import AgentDirectory
-from engine.models.prompt_tools import PromptToolsModel
-from engine.stream import ModelDelta, StreamItem
-from examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent
-from examples.logistics.backend import last_week
+from turnlog.engine import AgentSessions, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.models.prompt_tools import PromptToolsModel
+from turnlog.engine.stream import ModelDelta, StreamItem
+from turnlog.examples.logistics import AGENT_ID, TASK, LogisticsBackend, build_agent
+from turnlog.examples.logistics.backend import last_week
 from turnlog.local_model import (
     MODEL_SHA256,
     LocalModelServer,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import ConfigurationError
+from turnlog.engine.errors import ConfigurationError
 from turnlog.local_model import THREADS_ENV, choose_threads
 
 

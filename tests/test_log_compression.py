@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from engine import codec
-from engine import events as ev
-from engine.errors import ConcurrencyError, MalformedEventError
-from engine.log import LogRecord, zdict
-from engine.log.sqlite import SqliteEventLog
-from engine.log.sqlite_batch import split_batch
-from engine.log.sqlite_layout import layout
-from engine.log.submissions import submission_keys
+from turnlog.engine import codec
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError, MalformedEventError
+from turnlog.engine.log import LogRecord, zdict
+from turnlog.engine.log.sqlite import SqliteEventLog
+from turnlog.engine.log.sqlite_batch import split_batch
+from turnlog.engine.log.sqlite_layout import layout
+from turnlog.engine.log.submissions import submission_keys
 
 
 def _turn(sid: str, start: int, n: int) -> list[ev.Event]:
@@ -81,7 +81,7 @@ async def test_a_log_written_uncompressed_opens_reads_and_goes_on_compressed(tmp
 
 
 def log_partition(log: SqliteEventLog, sid: str) -> int:
-    from engine.log.base import partition_for
+    from turnlog.engine.log.base import partition_for
 
     return partition_for(sid, log.partitions)
 
@@ -164,7 +164,7 @@ CREATE INDEX snapshots_by_session ON events (session_id, version) WHERE type = '
 
 def _layout_1_file(path: Path, sessions: dict[str, list[ev.Event]]) -> None:
     """A log file as an older turnlog left it: positions interleaved across sessions."""
-    from engine.log.base import partition_for
+    from turnlog.engine.log.base import partition_for
 
     rows = []
     position = 0
@@ -265,7 +265,7 @@ CREATE INDEX snapshots_by_session ON events (session, version) WHERE type = 'Sna
 
 def _layout_2_file(path: Path, runs: list[list[ev.Event]]) -> dict[int, str]:
     """A layout-2 file whose appends were ``runs``, in this order; position -> session:version."""
-    from engine.log.base import partition_for
+    from turnlog.engine.log.base import partition_for
 
     keys: dict[str, int] = {}
     rows: list[tuple[int, int, int, int, str, bytes]] = []

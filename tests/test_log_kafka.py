@@ -14,9 +14,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
 
-from engine import codec
-from engine import events as ev
-from engine.errors import (
+from tests.services import delete_topics, fresh_topic, kafka_log, need_service
+from turnlog.engine import codec
+from turnlog.engine import events as ev
+from turnlog.engine.errors import (
     ConcurrencyError,
     ConfigurationError,
     LogUnavailableError,
@@ -24,8 +25,7 @@ from engine.errors import (
     SessionClosedError,
     SessionNotFoundError,
 )
-from engine.log.kafka import KafkaEventLog
-from tests.services import delete_topics, fresh_topic, kafka_log, need_service
+from turnlog.engine.log.kafka import KafkaEventLog
 
 
 @pytest.fixture
@@ -386,7 +386,7 @@ async def test_owner_producers_retry_a_busy_transaction_coordinator_within_milli
     aiokafka reads the constant it keeps in its sender module: an upgrade that renames it shows here."""
     from aiokafka.producer import sender
 
-    from engine.log.kafka_txn import CONCURRENT_TXN_RETRY_S, TXN_RETRY_BACKOFF_MS
+    from turnlog.engine.log.kafka_txn import CONCURRENT_TXN_RETRY_S, TXN_RETRY_BACKOFF_MS
 
     part = owner._parts[0]
     assert part.producer is not None
@@ -400,7 +400,7 @@ def test_an_inbox_queue_drops_the_batches_fetched_before_a_rewind() -> None:
     brings back."""
     from types import SimpleNamespace
 
-    from engine.log.kafka_inbox import InboxQueue
+    from turnlog.engine.log.kafka_inbox import InboxQueue
 
     def batch(first: int, last: int) -> list:
         return [SimpleNamespace(offset=o) for o in range(first, last + 1)]

@@ -13,9 +13,6 @@ from types import ModuleType
 
 import pytest
 
-from engine import EventLog, MemoryEventLog
-from engine import events as ev
-from engine.errors import ConcurrencyError, DuplicateSubmissionError
 from tests import (
     test_group_commit,
     test_interrupts,
@@ -25,6 +22,9 @@ from tests import (
     test_submissions,
     test_turn_loop,
 )
+from turnlog.engine import EventLog, MemoryEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError, DuplicateSubmissionError
 
 SUITES: tuple[ModuleType, ...] = (
     test_group_commit,

@@ -5,7 +5,7 @@ records."""
 
 from __future__ import annotations
 
-from engine import Agent, AgentDirectory, AgentSessions, EventLog, FunctionModel, SqliteEventLog
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, EventLog, FunctionModel, SqliteEventLog
 
 
 async def test_default_and_indexed_session_records_agree(log: SqliteEventLog) -> None:

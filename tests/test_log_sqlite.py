@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import events as ev
-from engine.errors import ConcurrencyError, ConfigurationError, LogError, MalformedEventError
-from engine.log import EventLog, SqliteEventLog, murmur2, partition_for
-from engine.log.sqlite import _SNAPSHOTS_FROM
-from engine.log.sqlite_batch import pack_batch, split_batch
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError, ConfigurationError, LogError, MalformedEventError
+from turnlog.engine.log import EventLog, SqliteEventLog, murmur2, partition_for
+from turnlog.engine.log.sqlite import _SNAPSHOTS_FROM
+from turnlog.engine.log.sqlite_batch import pack_batch, split_batch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -354,8 +354,8 @@ async def versions_after(log: SqliteEventLog, session_id: str, after: int) -> li
 
 WRITER = """
 import asyncio, sys
-from engine import events as ev
-from engine.log import SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.log import SqliteEventLog
 
 async def main():
     log = SqliteEventLog(sys.argv[1], partitions=4)

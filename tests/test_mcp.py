@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from engine import FunctionModel, ModelRequest, SqliteEventLog, ToolStatus, call, reply
-from engine import events as ev
-from engine.tools.mcp import McpToolset, ToolPolicy
 from tests.tool_harness import of, open_session, since_user, tool_results
+from turnlog.engine import FunctionModel, ModelRequest, SqliteEventLog, ToolStatus, call, reply
+from turnlog.engine import events as ev
+from turnlog.engine.tools.mcp import McpToolset, ToolPolicy
 
 SERVERS = Path(__file__).resolve().parent / "mcp" / "node_modules" / "@modelcontextprotocol"
 EVERYTHING = str(SERVERS / "server-everything" / "dist" / "index.js")
@@ -206,7 +206,7 @@ async def test_filesystem_server_write_needs_approval_and_errors_are_failures(
 
 
 async def test_configuration_mistakes_are_named() -> None:
-    from engine import ConfigurationError
+    from turnlog.engine import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="has no tool ech0; it lists: echo"):
         async with McpToolset.stdio(

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from consumers.memory import GROUP, MemoryConsumer, parse_facts
-from engine import events as ev
-from engine.errors import ModelError
-from engine.log.sqlite import SqliteEventLog
-from engine.memory.edge import EdgeMemoryStore
-from engine.memory.embedders import UniversalSentenceEncoder
-from engine.models.openai_compat import OpenAICompatibleModel
-from engine.models.scripted import ScriptedModel
 from tests.openai_server import FakeReply, serve_openai
+from turnlog.consumers.memory import GROUP, MemoryConsumer, parse_facts
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ModelError
+from turnlog.engine.log.sqlite import SqliteEventLog
+from turnlog.engine.memory.edge import EdgeMemoryStore
+from turnlog.engine.memory.embedders import UniversalSentenceEncoder
+from turnlog.engine.models.openai_compat import OpenAICompatibleModel
+from turnlog.engine.models.scripted import ScriptedModel
 
 FACTS = json.dumps(
     [

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import structlog
 
-from engine import MemoryPolicy
-from engine import events as ev
-from engine.errors import ConfigurationError, MemoryStoreError
-from engine.memory.base import Memory
-from engine.memory.edge import EdgeMemoryStore
-from engine.memory.embedders import UniversalSentenceEncoder
-from engine.memory.qdrant import QdrantMemoryStore
-from engine.memory.stores import ENGINE_ENV, open_store
-from engine.models.base import ModelRequest
 from tests.context_support import open_session
+from turnlog.engine import MemoryPolicy
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConfigurationError, MemoryStoreError
+from turnlog.engine.memory.base import Memory
+from turnlog.engine.memory.edge import EdgeMemoryStore
+from turnlog.engine.memory.embedders import UniversalSentenceEncoder
+from turnlog.engine.memory.qdrant import QdrantMemoryStore
+from turnlog.engine.memory.stores import ENGINE_ENV, open_store
+from turnlog.engine.models.base import ModelRequest
 
 REPO = Path(__file__).resolve().parent.parent
 FACT = "The user prefers DHL Express for every replacement shipment."
@@ -67,7 +67,7 @@ def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     proc = python(
         f"""
         import asyncio, sys
-        from engine.memory.edge import EdgeMemoryStore
+        from turnlog.engine.memory.edge import EdgeMemoryStore
 
         async def main():
             store = EdgeMemoryStore(path={str(tmp_path / "memory")!r})
@@ -124,7 +124,7 @@ async def test_a_crashed_writer_keeps_its_memories_and_dedup_still_holds(
     writer = python(
         f"""
         import asyncio, os
-        from engine.memory.edge import EdgeMemoryStore
+        from turnlog.engine.memory.edge import EdgeMemoryStore
 
         async def main():
             store = EdgeMemoryStore(path={str(path)!r})

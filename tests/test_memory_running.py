@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from engine import KafkaEventLog, SessionClient
-from engine import events as ev
-from engine.log.kafka_topics import committed_offset
-from engine.memory.stores import open_store
 from tests.deployment import Program
 from tests.test_client import worker_and_log
+from turnlog.engine import KafkaEventLog, SessionClient
+from turnlog.engine import events as ev
+from turnlog.engine.log.kafka_topics import committed_offset
+from turnlog.engine.memory.stores import open_store
 
 AGENTS = "tests.agentpkg.memo:build"
 

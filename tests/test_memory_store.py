@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.errors import ConfigurationError, InputError, MemoryStoreError
-from engine.memory.dedup import DUPLICATE_THRESHOLD, same_fact
-from engine.memory.edge import EdgeMemoryStore
-from engine.memory.embedders import OpenAIEmbeddings, UniversalSentenceEncoder
-from engine.memory.qdrant import QdrantMemoryStore
-from engine.memory.stores import open_store
 from tests.openai_server import free_port, serve_openai
+from turnlog.engine.errors import ConfigurationError, InputError, MemoryStoreError
+from turnlog.engine.memory.dedup import DUPLICATE_THRESHOLD, same_fact
+from turnlog.engine.memory.edge import EdgeMemoryStore
+from turnlog.engine.memory.embedders import OpenAIEmbeddings, UniversalSentenceEncoder
+from turnlog.engine.memory.qdrant import QdrantMemoryStore
+from turnlog.engine.memory.stores import open_store
 
 CORPUS = Path(__file__).parent / "corpus"
 PAIRS: list[dict[str, Any]] = json.loads((CORPUS / "memory_pairs.json").read_text())["pairs"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.messages import ChatMessage, turn_tool_results
+from turnlog.engine.messages import ChatMessage, turn_tool_results
 
 
 def tool(content: str) -> ChatMessage:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from engine import Agent, AgentDirectory, AgentSessions, FunctionModel, ModelRequest, tool
-from engine import events as ev
-from engine.log.base import EventLog
-from engine.models.prompt_text import ANSWER_NOW_REQUEST, ANSWER_STOPS, NO_TOOLS_REQUEST
-from engine.models.prompt_tools import PromptToolsModel
-from engine.tools import Tool
 from tests.tool_harness import of
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, FunctionModel, ModelRequest, tool
+from turnlog.engine import events as ev
+from turnlog.engine.log.base import EventLog
+from turnlog.engine.models.prompt_text import ANSWER_NOW_REQUEST, ANSWER_STOPS, NO_TOOLS_REQUEST
+from turnlog.engine.models.prompt_tools import PromptToolsModel
+from turnlog.engine.tools import Tool
 
 
 def block(*calls: tuple[str, dict[str, Any]]) -> str:

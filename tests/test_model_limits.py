@@ -1,4 +1,4 @@
-"""``engine.models.limits.stream_within``: the first-token and total-response limits on a model's
+"""``turnlog.engine.models.limits.stream_within``: the first-token and total-response limits on a model's
 stream, kept with one timer per call. A limit is met only while the stream waits for the model:
 the consumer's own work between chunks is never cancelled; a cancel from outside is never
 mistaken for a timeout, and a timeout leaves the reading task with no cancel pending."""
@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from engine.errors import ModelTimeoutError
-from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta
-from engine.models.limits import stream_within
+from turnlog.engine.errors import ModelTimeoutError
+from turnlog.engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta
+from turnlog.engine.models.limits import stream_within
 
 
 class Paced(Model):

@@ -8,11 +8,6 @@ from typing import Any
 import openai
 import pytest
 
-from engine.errors import ModelError
-from engine.events import ToolCallSpec
-from engine.messages import ChatMessage
-from engine.models.base import ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
-from engine.models.openai_compat import OpenAICompatibleModel
 from tests.openai_server import (
     ClosingFront,
     FakeDrop,
@@ -23,6 +18,11 @@ from tests.openai_server import (
     free_port,
     serve_openai,
 )
+from turnlog.engine.errors import ModelError
+from turnlog.engine.events import ToolCallSpec
+from turnlog.engine.messages import ChatMessage
+from turnlog.engine.models.base import ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from turnlog.engine.models.openai_compat import OpenAICompatibleModel
 
 WEATHER_TOOL = {
     "name": "get_weather",

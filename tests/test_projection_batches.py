@@ -18,9 +18,10 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from consumers import Projector
-from consumers.analytics import AnalyticsConsumer
-from engine import (
+from tests.services import need_service, postgres_store
+from turnlog.consumers import Projector
+from turnlog.consumers.analytics import AnalyticsConsumer
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -32,16 +33,15 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
-from engine.errors import MalformedEventError
-from engine.log.base import EventLog, LogRecord
-from engine.log.kafka import KafkaEventLog
-from engine.log.sqlite_batch import pack_batch
-from engine.models.base import ModelRequest
-from projections import PostgresProjectionStore, ProjectionStore, SqliteProjectionStore, rebuild
-from projections.rebuild import AppliedBatch, catch_up
-from projections.schema import READ_MODELS
-from tests.services import need_service, postgres_store
+from turnlog.engine import events as ev
+from turnlog.engine.errors import MalformedEventError
+from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.sqlite_batch import pack_batch
+from turnlog.engine.models.base import ModelRequest
+from turnlog.projections import PostgresProjectionStore, ProjectionStore, SqliteProjectionStore, rebuild
+from turnlog.projections.rebuild import AppliedBatch, catch_up
+from turnlog.projections.schema import READ_MODELS
 
 SESSIONS = 12
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from consumers import Projector
-from engine import (
+from turnlog.consumers import Projector
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -21,11 +21,11 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
-from engine.log.base import EventLog
-from projections import ProjectionStore, rebuild
-from projections.rebuild import catch_up
-from projections.schema import READ_MODELS
+from turnlog.engine import events as ev
+from turnlog.engine.log.base import EventLog
+from turnlog.projections import ProjectionStore, rebuild
+from turnlog.projections.rebuild import catch_up
+from turnlog.projections.schema import READ_MODELS
 
 
 @tool(idempotent=True)

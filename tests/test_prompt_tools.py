@@ -9,24 +9,24 @@ from typing import Any
 
 import pytest
 
-from engine import AgentSessions, SqliteEventLog
-from engine import events as ev
-from engine.agent import Agent, AgentDirectory
-from engine.errors import ModelError
-from engine.messages import ChatMessage
-from engine.models.base import ModelRequest, ModelResponse, TextDelta
-from engine.models.openai_compat import OpenAICompatibleModel
-from engine.models.prompt_tools import (
+from tests.openai_server import FakeReply, serve_openai
+from turnlog.engine import AgentSessions, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.agent import Agent, AgentDirectory
+from turnlog.engine.errors import ModelError
+from turnlog.engine.messages import ChatMessage
+from turnlog.engine.models.base import ModelRequest, ModelResponse, TextDelta
+from turnlog.engine.models.openai_compat import OpenAICompatibleModel
+from turnlog.engine.models.prompt_tools import (
     ANSWER_STOPS,
     NEXT_STEP_HINT,
     NO_TOOLS_REQUEST,
     PromptToolsModel,
     to_text_messages,
 )
-from engine.models.tool_text import parse_tool_text
-from engine.stream import ModelDelta
-from engine.tools.registry import tool
-from tests.openai_server import FakeReply, serve_openai
+from turnlog.engine.models.tool_text import parse_tool_text
+from turnlog.engine.stream import ModelDelta
+from turnlog.engine.tools.registry import tool
 
 CORPUS = json.loads((Path(__file__).parent / "corpus" / "tool_call_texts.json").read_text())
 TOOLS = ["query_orders", "send_notification", "save_report", "a_tool", "b_tool"]
@@ -61,7 +61,7 @@ def test_unrepairable_error_names_the_position_and_shows_the_text() -> None:
 
 
 def test_history_is_written_as_text_the_model_can_follow() -> None:
-    from engine.models.scripted import call
+    from turnlog.engine.models.scripted import call
 
     history = [
         ChatMessage.system("Be brief."),
@@ -183,7 +183,7 @@ async def test_same_agent_runs_unchanged_on_a_model_without_native_tools(tmp_pat
 
 async def test_a_call_written_when_no_tools_are_offered_is_held_back_and_asked_again() -> None:
     """The closing call of a capped turn offers no tools; a small model may still write one."""
-    from engine.models.scripted import call
+    from turnlog.engine.models.scripted import call
 
     history = [
         ChatMessage.system("Be brief."),
@@ -205,9 +205,9 @@ async def test_a_call_written_when_no_tools_are_offered_is_held_back_and_asked_a
 
 
 async def test_repeating_the_call_that_just_succeeded_is_turned_into_a_request_to_answer() -> None:
-    from engine.models.base import ModelCorrection
-    from engine.models.prompt_tools import REPEAT_REQUEST
-    from engine.models.scripted import call
+    from turnlog.engine.models.base import ModelCorrection
+    from turnlog.engine.models.prompt_tools import REPEAT_REQUEST
+    from turnlog.engine.models.scripted import call
 
     history = [
         ChatMessage.user("save the report"),

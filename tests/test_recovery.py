@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from engine import AgentDirectory, AgentSessions, FunctionModel, SqliteEventLog
-from engine import events as ev
-from engine.tools import MARKERS, ToolStatus
-from projections import SqliteProjectionStore
 from tests.procs import QUESTION, answer, tool_name
 from tests.procs import RECOVERY_PARTITIONS as PARTITIONS
 from tests.procs import recovery_agent as build_agent
+from turnlog.engine import AgentDirectory, AgentSessions, FunctionModel, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.tools import MARKERS, ToolStatus
+from turnlog.projections import SqliteProjectionStore
 
 REPO = Path(__file__).resolve().parent.parent
 SID = "session-crash"

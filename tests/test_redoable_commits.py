@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine import Agent, AgentDirectory, AgentSessions, ScriptedModel, call, reply, tool
-from engine import events as ev
-from engine.tools import Tool
 from tests.test_sqlite_group_commit import group_of, held_log, version_elsewhere
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, ScriptedModel, call, reply, tool
+from turnlog.engine import events as ev
+from turnlog.engine.tools import Tool
 
 STEPS = 3
 

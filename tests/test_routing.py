@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from engine import AgentSessions, SqliteEventLog
-from engine import events as ev
-from engine.agent import Agent, AgentDirectory
-from engine.errors import ConfigurationError
-from engine.models.routing import RoutedModel, Routing, in_candidate_share
 from tests.openai_server import FakeOpenAIServer, FakeReply, serve_openai
+from turnlog.engine import AgentSessions, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.agent import Agent, AgentDirectory
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.models.routing import RoutedModel, Routing, in_candidate_share
 
 AGENT = "support"
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine import FunctionModel, ModelRequest, call
-from engine.messages import ChatMessage
+from turnlog.engine import FunctionModel, ModelRequest, call
+from turnlog.engine.messages import ChatMessage
 
 REPO = Path(__file__).resolve().parent.parent
 PRINT_ID = "from engine import call; print(call('lookup', {'order_id': 'A-17'}).call_id)"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers import Projector
-from engine import (
+from turnlog.consumers import Projector
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -28,10 +28,10 @@ from engine import (
     snapshots,
     tool,
 )
-from engine import events as ev
-from engine.errors import SnapshotFormatError
-from engine.fold import InboundMessage, SessionState, ToolCallProgress, TurnProgress
-from projections import SqliteProjectionStore
+from turnlog.engine import events as ev
+from turnlog.engine.errors import SnapshotFormatError
+from turnlog.engine.fold import InboundMessage, SessionState, ToolCallProgress, TurnProgress
+from turnlog.projections import SqliteProjectionStore
 
 AGENT = "clerk"
 
@@ -320,9 +320,9 @@ def test_a_corrupt_snapshot_names_the_record() -> None:
 def test_a_snapshot_of_every_field_round_trips_exactly() -> None:
     from collections import deque
 
-    from engine import ChatMessage
-    from engine.states import SessionStatus
-    from engine.tools.guards import CallRecord
+    from turnlog.engine import ChatMessage
+    from turnlog.engine.states import SessionStatus
+    from turnlog.engine.tools.guards import CallRecord
 
     turn = TurnProgress(
         "t1", "m1", 7, iterations=2, model_calls=3, model_calls_started=4, model_call_open=True,
@@ -460,7 +460,7 @@ async def test_a_format_1_snapshot_is_read_with_the_refs_of_its_messages(log: Sq
 
 
 def test_format_1_bodies_decode_with_the_defaults_of_later_fields() -> None:
-    from engine import ChatMessage
+    from turnlog.engine import ChatMessage
 
     state = SessionState("s", 9, "a", "u", messages=[ChatMessage("user", "hi", ref=3)])
     state.turn = TurnProgress("t", "m", 2, iterations=1)
@@ -473,8 +473,8 @@ def test_format_1_bodies_decode_with_the_defaults_of_later_fields() -> None:
 
 def test_format_4_deltas_with_their_whole_turn_history_still_decode() -> None:
     """Logs written before chained turn histories: a format-4 delta repeats its turn's history."""
-    from engine import ChatMessage
-    from engine.tools.guards import CallRecord
+    from turnlog.engine import ChatMessage
+    from turnlog.engine.tools.guards import CallRecord
 
     state = SessionState("s", 9, "a", "u", messages=[ChatMessage("user", "hi", ref=3)])
     state.turn = TurnProgress("t", "m", 2, history=[CallRecord("c1", "lookup", "{}", 1, "success", "ok")])

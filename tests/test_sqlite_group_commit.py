@@ -16,11 +16,11 @@ from typing import Callable
 
 import pytest
 
-from engine import SqliteEventLog
-from engine import events as ev
-from engine.errors import ConcurrencyError, ConfigurationError, LogUnavailableError
-from engine.log.sqlite import MAX_HOLD_S, Durability
-from engine.log.sqlite_commit import PROBE_EVERY, RUN_NOW_IN_A_ROW, GroupCommit
+from turnlog.engine import SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError, ConfigurationError, LogUnavailableError
+from turnlog.engine.log.sqlite import MAX_HOLD_S, Durability
+from turnlog.engine.log.sqlite_commit import PROBE_EVERY, RUN_NOW_IN_A_ROW, GroupCommit
 
 SESSIONS = 100
 APPENDS = 5

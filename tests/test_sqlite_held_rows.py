@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import SqliteEventLog
-from engine import events as ev
-from engine.errors import ConcurrencyError, LogUnavailableError
-from engine.log.base import LogRecord
-from engine.log.sqlite_held import MAX_ROW_EVENTS
 from tests.test_sqlite_group_commit import create, group_of, held_log, turn_started, version_elsewhere
+from turnlog.engine import SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConcurrencyError, LogUnavailableError
+from turnlog.engine.log.base import LogRecord
+from turnlog.engine.log.sqlite_held import MAX_ROW_EVENTS
 
 
 def step(sid: str, version: int, n: int) -> list[ev.Event]:

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from engine.errors import IllegalTransitionError
-from engine.states import RESTING, TRANSITIONS, Cause, SessionStatus, check_transition
+from turnlog.engine.errors import IllegalTransitionError
+from turnlog.engine.states import RESTING, TRANSITIONS, Cause, SessionStatus, check_transition
 
 S, C = SessionStatus, Cause
 

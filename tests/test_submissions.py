@@ -12,11 +12,11 @@ from contextlib import AbstractAsyncContextManager
 
 import pytest
 
-from consumers import TurnWorker
-from engine import AgentDirectory, AgentSessions, EventLog
-from engine import events as ev
-from engine.errors import DuplicateSubmissionError, InputError
 from tests.procs import worker_agent
+from turnlog.consumers import TurnWorker
+from turnlog.engine import AgentDirectory, AgentSessions, EventLog
+from turnlog.engine import events as ev
+from turnlog.engine.errors import DuplicateSubmissionError, InputError
 
 
 def user_message(sid: str, message_id: str, text: str = "hi") -> ev.UserMessageReceived:

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from consumers import TurnWorker
-from engine import AgentDirectory, AgentSessions, SessionStatus, SqliteEventLog, ToolStatus
-from engine import events as ev
-from engine.errors import ApprovalError, InvalidArgumentsError
 from tests.approval_worker import PARTITIONS, build_agent
 from tests.tool_harness import of, path
+from turnlog.consumers import TurnWorker
+from turnlog.engine import AgentDirectory, AgentSessions, SessionStatus, SqliteEventLog, ToolStatus
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ApprovalError, InvalidArgumentsError
 
 REPO = Path(__file__).resolve().parent.parent
 PAUSE = [
@@ -50,8 +50,8 @@ async def test_a_call_needing_approval_pauses_with_the_call_visible(
     assert state.status == SessionStatus.PAUSED_FOR_USER
     assert [(c.call_id, c.approval) for c in state.pending_approvals] == [("call_refund", "pending")]
 
-    from projections import SqliteProjectionStore
-    from projections.rebuild import catch_up
+    from turnlog.projections import SqliteProjectionStore
+    from turnlog.projections.rebuild import catch_up
 
     store = SqliteProjectionStore(tmp_path / "p.db")
     await catch_up(log, store)
@@ -109,8 +109,8 @@ async def test_edit_validates_again_and_runs_with_the_new_arguments(
     assert (decided.decision, decided.arguments_json) == ("edited", '{"order_id": "A-17", "amount": 25}')
     (finished,) = of(events, ev.ToolCallFinished)
     assert finished.output_json == '{"refunded":25,"order_id":"A-17"}'
-    from projections import SqliteProjectionStore
-    from projections.rebuild import catch_up
+    from turnlog.projections import SqliteProjectionStore
+    from turnlog.projections.rebuild import catch_up
 
     store = SqliteProjectionStore(tmp_path / "p.db")
     await catch_up(log, store)
@@ -185,7 +185,7 @@ async def test_restart_while_paused_continues_from_the_log(tmp_path: Path) -> No
 
 
 async def test_two_calls_in_one_batch_resume_after_the_last_decision(log: SqliteEventLog) -> None:
-    from engine import Agent, FunctionModel, ModelRequest, call, reply, tool
+    from turnlog.engine import Agent, FunctionModel, ModelRequest, call, reply, tool
 
     ran: list[str] = []
 
@@ -265,9 +265,9 @@ async def test_direct_invocation_of_an_approval_tool_needs_confirmation(log: Sql
 
 
 async def test_tool_layer_projections_rebuild_to_identical_rows(log: SqliteEventLog, tmp_path: Path) -> None:
-    from projections import SqliteProjectionStore, rebuild
-    from projections.rebuild import catch_up
-    from projections.schema import READ_MODELS
+    from turnlog.projections import SqliteProjectionStore, rebuild
+    from turnlog.projections.rebuild import catch_up
+    from turnlog.projections.schema import READ_MODELS
 
     api, sid, _ = await paused_session(log)
     _ = [

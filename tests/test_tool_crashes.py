@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from consumers import TurnWorker
-from engine import AgentDirectory, EventLog, SqliteEventLog
-from engine import events as ev
-from engine.tools import MARKERS, ToolStatus
 from tests.fleet import deliveries, recorder, side_effects
 from tests.keyed_crash import AGENT, POINTS, crash_agent
 from tests.services import delete_topics, fresh_topic, kafka_log, need_service, postgres_store
+from turnlog.consumers import TurnWorker
+from turnlog.engine import AgentDirectory, EventLog, SqliteEventLog
+from turnlog.engine import events as ev
+from turnlog.engine.tools import MARKERS, ToolStatus
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 2

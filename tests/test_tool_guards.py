@@ -10,12 +10,18 @@ from typing import Any
 
 import pytest
 
-from engine import Agent, FunctionModel, ModelRequest, ToolFailure, ToolStatus, call, reply, tool
-from engine import events as ev
-from engine.errors import ConfigurationError
-from engine.tools import execute
-from engine.tools.guards import CallRecord, canonical_arguments, near_equal, repeated_call, unchanged_result
 from tests.tool_harness import of, open_session, path, since_user, tool_results
+from turnlog.engine import Agent, FunctionModel, ModelRequest, ToolFailure, ToolStatus, call, reply, tool
+from turnlog.engine import events as ev
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.tools import execute
+from turnlog.engine.tools.guards import (
+    CallRecord,
+    canonical_arguments,
+    near_equal,
+    repeated_call,
+    unchanged_result,
+)
 
 # --- near-equal arguments -----------------------------------------------------------------------
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine import tool
-from engine.errors import ConfigurationError
-from engine.tools import ToolStatus
-from engine.tools.execute import execute, prepare
-from engine.tools.ledger import idempotency_key
-from engine.tools.registry import ToolRegistry
+from turnlog.engine import tool
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.tools import ToolStatus
+from turnlog.engine.tools.execute import execute, prepare
+from turnlog.engine.tools.ledger import idempotency_key
+from turnlog.engine.tools.registry import ToolRegistry
 
 seen: list[str] = []
 

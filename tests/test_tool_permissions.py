@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import FunctionModel, ModelRequest, ToolStatus, TurnRunner, call, reply, tool
-from engine import events as ev
-from engine.tools import ToolRegistry
-from engine.tools.permissions import tools_for_role
 from tests.tool_harness import of, open_session, since_user, tool_results
+from turnlog.engine import FunctionModel, ModelRequest, ToolStatus, TurnRunner, call, reply, tool
+from turnlog.engine import events as ev
+from turnlog.engine.tools import ToolRegistry
+from turnlog.engine.tools.permissions import tools_for_role
 
 ran: list[str] = []
 

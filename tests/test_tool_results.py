@@ -11,10 +11,19 @@ from typing import Any
 
 import pytest
 
-from engine import ConfigurationError, FunctionModel, ModelRequest, ToolFailure, ToolStatus, call, reply, tool
-from engine import events as ev
-from engine.tools.shaping import list_summary, truncate
 from tests.tool_harness import of, open_session, since_user, tool_results
+from turnlog.engine import (
+    ConfigurationError,
+    FunctionModel,
+    ModelRequest,
+    ToolFailure,
+    ToolStatus,
+    call,
+    reply,
+    tool,
+)
+from turnlog.engine import events as ev
+from turnlog.engine.tools.shaping import list_summary, truncate
 
 # --- parallel calls -----------------------------------------------------------------------------
 

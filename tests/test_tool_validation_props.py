@@ -10,9 +10,9 @@ from typing import Any, Literal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import Tool, ToolRegistry, tool
-from engine.tools import ArgumentProblem, parse_arguments
-from engine.tools.execute import ToolOutcome, prepare
+from turnlog.engine import Tool, ToolRegistry, tool
+from turnlog.engine.tools import ArgumentProblem, parse_arguments
+from turnlog.engine.tools.execute import ToolOutcome, prepare
 
 
 @tool
@@ -101,10 +101,17 @@ def test_formats_and_enum_messages_say_what_was_expected_and_sent() -> None:
 
 def _turn_with_raw_arguments(raw: str) -> tuple[list[str], str]:
     """One real turn on an in-memory log whose model sends ``raw`` as book's arguments."""
-    from engine import Agent, AgentDirectory, AgentSessions, FunctionModel, ModelRequest, SqliteEventLog
-    from engine import events as ev
-    from engine.events import ToolCallSpec
-    from engine.models.base import ModelResponse
+    from turnlog.engine import (
+        Agent,
+        AgentDirectory,
+        AgentSessions,
+        FunctionModel,
+        ModelRequest,
+        SqliteEventLog,
+    )
+    from turnlog.engine import events as ev
+    from turnlog.engine.events import ToolCallSpec
+    from turnlog.engine.models.base import ModelResponse
 
     def fn(request: ModelRequest) -> Any:
         if request.messages[-1].role == "user":

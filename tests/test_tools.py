@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 import pytest
 
-from engine.errors import ConfigurationError, ToolFailure
-from engine.tools import (
+from turnlog.engine.errors import ConfigurationError, ToolFailure
+from turnlog.engine.tools import (
     MARKERS,
     ArgumentProblem,
     Tool,

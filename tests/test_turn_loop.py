@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from engine import (
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     AgentSessions,
@@ -43,9 +43,9 @@ from engine import (
     reply,
     tool,
 )
-from engine import events as ev
-from engine.log.sqlite_layout import all_records
-from engine.models.base import ModelChunk
+from turnlog.engine import events as ev
+from turnlog.engine.log.sqlite_layout import all_records
+from turnlog.engine.models.base import ModelChunk
 
 AGENT = "helper"
 

@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from consumers import TurnWorker
-from consumers.turn_worker import GROUP
-from engine import AgentDirectory, AgentSessions, EventLog, SqliteEventLog
-from engine import events as ev
 from tests.procs import WORKER_PARTITIONS as PARTITIONS
 from tests.procs import worker_agent as build_agent
+from turnlog.consumers import TurnWorker
+from turnlog.consumers.turn_worker import GROUP
+from turnlog.engine import AgentDirectory, AgentSessions, EventLog, SqliteEventLog
+from turnlog.engine import events as ev
 
 REPO = Path(__file__).resolve().parent.parent
 

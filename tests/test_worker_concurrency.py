@@ -21,16 +21,25 @@ from pathlib import Path
 
 import pytest
 
-from consumers import Projector, TurnWorker
-from engine import Agent, AgentDirectory, AgentSessions, EventLog, Model, ModelRequest, ModelResponse, fold
-from engine import events as ev
-from engine.log.sqlite import SqliteEventLog
-from engine.models.base import ModelChunk
-from projections import rebuild
-from projections.schema import READ_MODELS
-from projections.store import ProjectionStore, SqliteProjectionStore
 from tests.fleet import AGENT, deliveries, fleet_agent, recorder, side_effects
 from tests.services import delete_topics, fresh_topic, kafka_log, need_service, postgres_store
+from turnlog.consumers import Projector, TurnWorker
+from turnlog.engine import (
+    Agent,
+    AgentDirectory,
+    AgentSessions,
+    EventLog,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    fold,
+)
+from turnlog.engine import events as ev
+from turnlog.engine.log.sqlite import SqliteEventLog
+from turnlog.engine.models.base import ModelChunk
+from turnlog.projections import rebuild
+from turnlog.projections.schema import READ_MODELS
+from turnlog.projections.store import ProjectionStore, SqliteProjectionStore
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 4

@@ -7,11 +7,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine import Agent, AgentDirectory, AgentSessions, ChatMessage, FunctionModel, SqliteEventLog, Tool
-from engine import events as ev
-from engine.models.base import ModelRequest
-from projections import SqliteProjectionStore
-from projections.rebuild import catch_up
+from turnlog.engine import (
+    Agent,
+    AgentDirectory,
+    AgentSessions,
+    ChatMessage,
+    FunctionModel,
+    SqliteEventLog,
+    Tool,
+)
+from turnlog.engine import events as ev
+from turnlog.engine.models.base import ModelRequest
+from turnlog.projections import SqliteProjectionStore
+from turnlog.projections.rebuild import catch_up
 
 AGENT = "helper"
 

@@ -4,8 +4,8 @@ The library lives in ``engine`` (events, state machine, turn loop, tools, models
 ``projections`` (read models) and ``consumers`` (worker, projector); this package wires them.
 """
 
-from engine import *  # noqa: F403  (the public API, re-exported)
-from engine import __all__ as _engine_all
+from turnlog.engine import *  # noqa: F403  (the public API, re-exported)
+from turnlog.engine import __all__ as _engine_all
 
 from .app import EmbeddedApp
 

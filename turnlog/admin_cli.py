@@ -8,9 +8,9 @@ from typing import cast
 from rich.console import Console
 from rich.table import Table
 
-from engine import events as ev
-from engine.admin import SessionAdmin, Unfinished
-from engine.fold import fold
+from turnlog.engine import events as ev
+from turnlog.engine.admin import SessionAdmin, Unfinished
+from turnlog.engine.fold import fold
 
 from .app import EmbeddedApp
 from .demo import Invocation

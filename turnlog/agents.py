@@ -4,7 +4,7 @@
 agents of an ``AgentDirectory`` named by, in order: the ``--agents`` option, the
 ``TURNLOG_AGENTS`` environment variable, ``agents = "..."`` in the config file (``turnlog.toml``
 in the home folder, or the file ``TURNLOG_CONFIG`` names), else the built-in logistics example
-(``examples.logistics.deploy:directory``).
+(``turnlog.examples.logistics.deploy:directory``).
 
 The target is ``package.module:attribute`` (the attribute may be dotted): an ``AgentDirectory``,
 or a function that returns one. The function is called with no arguments, or with an
@@ -28,16 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.agent import AgentDirectory
-from engine.errors import ConfigurationError, TurnlogError
-from engine.models.base import Model
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.errors import ConfigurationError, TurnlogError
+from turnlog.engine.models.base import Model
 
 from .config import ModelSettings
 
 AGENTS_ENV = "TURNLOG_AGENTS"
 CONFIG_ENV = "TURNLOG_CONFIG"
 CONFIG_NAME = "turnlog.toml"
-DEFAULT_AGENTS = "examples.logistics.deploy:directory"
+DEFAULT_AGENTS = "turnlog.examples.logistics.deploy:directory"
 CONFIG_KEYS = frozenset({"agents"})
 
 

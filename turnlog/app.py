@@ -10,12 +10,12 @@ from pathlib import Path
 
 import psycopg
 
-from consumers.projector import Projector
-from engine import AgentDirectory, AgentSessions, EventLog, SqliteEventLog
-from engine.agent import Agent
-from engine.log.kafka import KafkaEventLog
-from projections import ProjectionStore, SqliteProjectionStore
-from projections.postgres import PostgresProjectionStore
+from turnlog.consumers.projector import Projector
+from turnlog.engine import AgentDirectory, AgentSessions, EventLog, SqliteEventLog
+from turnlog.engine.agent import Agent
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.projections import ProjectionStore, SqliteProjectionStore
+from turnlog.projections.postgres import PostgresProjectionStore
 
 
 class EmbeddedApp:

@@ -16,10 +16,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from consumers.turn_worker import MAX_CONCURRENT_TURNS
-from engine.agent import AgentDirectory
-from engine.errors import ConfigurationError, TurnlogError
-from projections.rebuild import rebuild
+from turnlog.consumers.turn_worker import MAX_CONCURRENT_TURNS
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.errors import ConfigurationError, TurnlogError
+from turnlog.projections.rebuild import rebuild
 
 from . import admin_cli
 from .agents import DEFAULT_AGENTS, AgentContext, AgentsTarget, agents_target, load_agents
@@ -133,7 +133,7 @@ def _demo_agent(directory: AgentDirectory, wanted: str | None) -> str:
 
 async def _run_demo(context: AgentContext, user: str, target: AgentsTarget, ask: DemoAsk) -> tuple[str, str]:
     """Run one turn of the chosen agent; return the session id and how the turn ended."""
-    from examples.logistics import TASK
+    from turnlog.examples.logistics import TASK
 
     from .runtime import memory_consumers
 

@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import ConfigurationError
-from engine.models.base import Model
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.models.base import Model
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class ModelSettings:
 
     def build(self) -> Model:
         """The OpenAI-compatible model these settings name."""
-        from engine.models.openai_compat import OpenAICompatibleModel
+        from turnlog.engine.models.openai_compat import OpenAICompatibleModel
 
         if not self.model:
             raise ConfigurationError(

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, AsyncIterator
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from engine import events as ev
-from engine.models.base import Model
-from engine.stream import StreamItem
+from turnlog.engine import events as ev
+from turnlog.engine.models.base import Model
+from turnlog.engine.stream import StreamItem
 
 from .config import ModelSettings
 from .local_model import MODEL_BYTES, MODEL_NAME, assemble_model, local_model_installed, serve_local_model
 from .render import LiveRenderer
 
 if TYPE_CHECKING:
-    from examples.logistics import LogisticsBackend
+    from turnlog.examples.logistics import LogisticsBackend
 
 TICK_S = 1.0
 
@@ -79,7 +79,7 @@ def demo_model(
     console: Console, home: Path, settings: ModelSettings, scripted: bool, stack: contextlib.ExitStack
 ) -> DemoModel:
     """The model, in order: the configured endpoint; the local model unless --scripted; the script."""
-    from examples.logistics import demo_model as scripted_model
+    from turnlog.examples.logistics import demo_model as scripted_model
 
     if settings.configured:
         remote = settings.build()
@@ -184,7 +184,7 @@ def failure_advice(
 
 
 def demo_backend(home: Path) -> LogisticsBackend:
-    from examples.logistics import LogisticsBackend
+    from turnlog.examples.logistics import LogisticsBackend
 
     return LogisticsBackend(today=dt.date.today(), reports_dir=home / "reports")
 

@@ -13,12 +13,12 @@ from typing import Callable
 
 import structlog
 
-from consumers import Projector, TurnWorker
-from consumers.analytics import AnalyticsConsumer
-from engine import KafkaEventLog, SqliteEventLog
-from engine.errors import ConfigurationError
-from engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
-from engine.log.local_live import LocalLive
+from turnlog.consumers import Projector, TurnWorker
+from turnlog.consumers.analytics import AnalyticsConsumer
+from turnlog.engine import KafkaEventLog, SqliteEventLog
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
+from turnlog.engine.log.local_live import LocalLive
 
 from .agents import AgentContext, deployed_agents
 from .app import ReadSide, postgres_store

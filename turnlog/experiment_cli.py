@@ -13,11 +13,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from engine.agent import AgentDirectory
-from engine.errors import InputError
-from engine.experiments import ExperimentRunner, ExperimentSpec, Selection, list_experiments, load_spec
-from engine.experiments.compare import ExperimentReport
-from engine.experiments.report import report_json
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.errors import InputError
+from turnlog.engine.experiments import (
+    ExperimentRunner,
+    ExperimentSpec,
+    Selection,
+    list_experiments,
+    load_spec,
+)
+from turnlog.engine.experiments.compare import ExperimentReport
+from turnlog.engine.experiments.report import report_json
 
 from .agents import AgentContext, AgentsTarget, load_agents
 from .app import EmbeddedApp

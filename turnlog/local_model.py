@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from engine.errors import ConfigurationError
-from engine.models.base import Model
-from engine.models.openai_compat import OpenAICompatibleModel
-from engine.models.prompt_tools import PromptToolsModel
-from engine.models.tokens import ServerTokenCounter
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.models.base import Model
+from turnlog.engine.models.openai_compat import OpenAICompatibleModel
+from turnlog.engine.models.prompt_tools import PromptToolsModel
+from turnlog.engine.models.tokens import ServerTokenCounter
 
 MODEL_NAME = "qwen2.5-coder-1.5b-instruct"
 MODEL_FILE = f"{MODEL_NAME}-q4.gguf"

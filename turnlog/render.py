@@ -11,8 +11,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from engine import events as ev
-from engine.stream import ModelDelta, ModelProgress, StreamItem
+from turnlog.engine import events as ev
+from turnlog.engine.stream import ModelDelta, ModelProgress, StreamItem
 
 STATUS_STYLE = {
     "success": "green",

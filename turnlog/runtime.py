@@ -6,19 +6,19 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from engine.agent import AgentDirectory
-from engine.log.base import EventLog
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.log.base import EventLog
 
 if TYPE_CHECKING:
-    from consumers.memory import MemoryConsumer
+    from turnlog.consumers.memory import MemoryConsumer
 
 
 def memory_consumers(log: EventLog, agents: AgentDirectory, *, owned_only: bool) -> list[MemoryConsumer]:
     """One MemoryConsumer per memory store the agents use, serving those agents' sessions, with
     the extraction model of the first agent that names one. ``owned_only``: only the partitions
     the log owns (a Kafka turn worker; its offsets then ride the owner's transactions)."""
-    from consumers.memory import GROUP as MEMORY_GROUP  # the memory extra: only with memory agents
-    from consumers.memory import MemoryConsumer
+    from turnlog.consumers.memory import GROUP as MEMORY_GROUP  # the memory extra: only with memory agents
+    from turnlog.consumers.memory import MemoryConsumer
 
     stores: dict[int, tuple[Any, Any, list[str]]] = {}
     for agent in agents:

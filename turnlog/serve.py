@@ -11,10 +11,10 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.agent import AgentDirectory
-from engine.errors import ConfigurationError
-from engine.log.kafka import KafkaEventLog
-from engine.log.sqlite import SqliteEventLog
+from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.sqlite import SqliteEventLog
 
 from .agents import AgentContext, deployed_agents
 from .app import ReadSide
@@ -25,7 +25,7 @@ from .runtime import close_agents, memory_consumers
 if TYPE_CHECKING:  # the gateway extra is imported only when serving
     from opentelemetry.sdk.trace import TracerProvider
 
-    from gateway import GatewayConfig, KeyStore
+    from turnlog.gateway import GatewayConfig, KeyStore
 
 DEFAULT_KEYS_FILE = "keys.toml"
 
@@ -44,7 +44,7 @@ def _require_gateway() -> None:
 
 def add_key(keys_file: Path, user: str, role: str) -> str:
     """Make a new key for ``user``, append its hash to ``keys_file``, return the clear key once."""
-    from gateway.auth import ROLES, hash_key, new_key
+    from turnlog.gateway.auth import ROLES, hash_key, new_key
 
     if role not in ROLES:
         raise ConfigurationError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
@@ -75,9 +75,9 @@ def serve(
     runs here too (on Kafka: a member of the owners' group), with the memory consumers its agents
     call for (``run_memory``); unless ``run_projector`` is False, the projector and analytics."""
     _require_gateway()
-    from gateway import GatewayConfig, KeyStore
-    from gateway.observe import configure_json_logs
-    from gateway.observe.otlp import otlp_tracer_provider
+    from turnlog.gateway import GatewayConfig, KeyStore
+    from turnlog.gateway.observe import configure_json_logs
+    from turnlog.gateway.observe.otlp import otlp_tracer_provider
 
     if not 0 <= sample_rate <= 1:
         raise ConfigurationError(f"--sample-rate must be between 0 and 1, not {sample_rate}")
@@ -116,7 +116,7 @@ async def _serve(
     """The gateway on this loop (aiokafka's clients are bound to the loop that starts them)."""
     import uvicorn
 
-    from gateway import Gateway, server_config
+    from turnlog.gateway import Gateway, server_config
 
     log, store = await side.open(owner=config.run_worker)
     live = LiveLinks()

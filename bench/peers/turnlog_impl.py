@@ -11,7 +11,7 @@ message and then drives ``TurnRunner`` until the turn is finished. Each turn sen
 user message; the history is the session folded from the log (the runner keeps a cache of
 folded sessions and reads only the events appended since, as in production).
 
-Fake model: a ``engine.models.base.Model`` subclass whose ``stream()`` does what the peers
+Fake model: a ``turnlog.engine.models.base.Model`` subclass whose ``stream()`` does what the peers
 README asks: await ``workload.model_latency``, count tool results after the last user message
 in ``request.messages``, ``workload.decide(...)``, and yield one ``ModelResponse`` with one
 tool call or the final text, with ``usage`` set (the engine never estimates usage for a custom
@@ -37,10 +37,10 @@ from typing import AsyncIterator
 import workload as W
 from frameworks.base import FrameworkAdapter
 
-from engine import Agent, AgentDirectory, AgentSessions, MemoryEventLog, SqliteEventLog, fold, tool
-from engine.events import AssistantMessage, ToolCallSpec
-from engine.messages import turn_tool_results
-from engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, MemoryEventLog, SqliteEventLog, fold, tool
+from turnlog.engine.events import AssistantMessage, ToolCallSpec
+from turnlog.engine.messages import turn_tool_results
+from turnlog.engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage
 
 AGENT_ID = "support"
 USER_ID = "bench-user"

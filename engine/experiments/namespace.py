@@ -3,8 +3,8 @@
 Every session an experiment writes (its manifest and one replay per recorded session) has an id
 that starts with ``EXPERIMENT_PREFIX``. The log, the projector and the viewer treat them like any
 session (every replay stays inspectable); production listings, analytics, spend and long-term
-memory leave them out by this prefix (``projections.queries``, ``projections.analytics``,
-``consumers.memory``). A prefix, not a topic or a log file of its own, so one log, one projector
+memory leave them out by this prefix (``turnlog.projections.queries``, ``turnlog.projections.analytics``,
+``turnlog.consumers.memory``). A prefix, not a topic or a log file of its own, so one log, one projector
 and one viewer serve both, and a replay's events are read with the same calls as its origin's.
 """
 

@@ -126,7 +126,7 @@ class EventLog(abc.ABC):
         with ``version == 0`` when this process does not own the partition.
 
         Idempotent: an event the session already holds (the same event id, or a user message with
-        the same message id, ``engine.log.submissions``) is not appended again; the event already
+        the same message id, ``turnlog.engine.log.submissions``) is not appended again; the event already
         on the log is returned.
         """
         try:

@@ -3,7 +3,7 @@
 Topics (created by ``start`` with the settings they need, see ``kafka_topics``):
 
 * ``<topic>``: the events, partitioned by session id with Kafka's murmur2 partitioner
-  (``partition_for``), Avro single-object values (``engine.codec``), the schema fingerprint and
+  (``partition_for``), Avro single-object values (``turnlog.engine.codec``), the schema fingerprint and
   event type in record headers, infinite retention.
 * ``<topic>.inbox``: what producers outside a partition's owner submit (SessionCreated,
   UserMessageReceived) without a version; same partition count.

@@ -1,7 +1,7 @@
 """How a Kafka partition's owner takes inbox records: each becomes its session's next event
 (a force-finish request: the events that close the session; a user message to a closed session:
 the message and its UserMessageDropped, since its sender may already have been answered 202),
-is recognised as a submission the session already holds (skipped: ``engine.log.submissions``),
+is recognised as a submission the session already holds (skipped: ``turnlog.engine.log.submissions``),
 or is refused with a reason (and goes to the dead-letter topic); an undecodable record moves the
 resting session it names to ERROR (``kafka_poison.poisoned``)."""
 

@@ -11,7 +11,7 @@ items loses deltas, never events (streams read events from the log), and publish
 blocks or fails a turn (a full queue or a broker error drops live items, logged).
 
 Records: key = session id; header ``turnlog.live`` = ``event`` (Avro single-object value,
-``engine.codec``), ``notice`` (JSON ``{"version", "type"}``) or ``delta`` (JSON ``{"turn_id",
+``turnlog.engine.codec``), ``notice`` (JSON ``{"version", "type"}``) or ``delta`` (JSON ``{"turn_id",
 "step", "text"}``); header ``turnlog.origin`` = the publishing process, so a process that also
 publishes can skip its own items.
 """

@@ -11,7 +11,7 @@ never wedges a partition:
 * the owner copies each poison record to the dead-letter topic with the reason, and in the
   same transaction moves the session it names to ERROR with the reason (``poisoned``); a
   session whose turn is running gets its ERROR once the turn has ended. Inbox poison goes
-  the same way (``engine.log.kafka_inbox``).
+  the same way (``turnlog.engine.log.kafka_inbox``).
 
 The dead-letter topic is also the ledger of what was handled: its ``turnlog.source`` header
 names the poison record, and an owner that takes the partition over reads those sources

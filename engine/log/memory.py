@@ -3,7 +3,7 @@
 Nothing is encoded and nothing survives the process: an append keeps the events themselves
 (immutable dataclasses), so a step costs no Avro encoding and no SQL. Everything else is the
 interface's contract, as the embedded log keeps it: per-session versions checked on every
-append (``ConcurrencyError``), idempotent submissions (``engine.log.submissions``), partitions
+append (``ConcurrencyError``), idempotent submissions (``turnlog.engine.log.submissions``), partitions
 with increasing positions, consumer-group offsets, and snapshot lookups that do not read the
 session's history. Use ``SqliteEventLog`` for anything that must outlive the process.
 """

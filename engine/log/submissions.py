@@ -5,8 +5,8 @@ outcome it could not see (the record was written, the acknowledgement was lost),
 resends a message with the id it chose, an inbox record is read again after an owner change or
 a transaction whose outcome was unknown. Each submitted event is recognised by its keys (its
 event id, and for a user message its message id); a session takes each key once. The embedded
-log enforces it with a unique index in the append's transaction (``engine.log.sqlite``), the
-Kafka owner when it admits an inbox record (``engine.log.kafka_inbox``), checked against the
+log enforces it with a unique index in the append's transaction (``turnlog.engine.log.sqlite``), the
+Kafka owner when it admits an inbox record (``turnlog.engine.log.kafka_inbox``), checked against the
 keys its partition index holds.
 """
 

@@ -3,7 +3,7 @@
 An event record is small (100-300 bytes) and mostly the same field contents over and over
 (state names, producers, tool names, snapshot JSON keys), too little for a compressor to learn
 from within one record. A dictionary trained once on a corpus of turnlog events
-(``python -m engine.log.zdict``, which writes ``events-<id>.zdict`` next to this file) gives it
+(``python -m turnlog.engine.log.zdict``, which writes ``events-<id>.zdict`` next to this file) gives it
 that context. Each stored value is either the Avro record as the codec wrote it (it starts with
 the single-object marker ``C3 01``: rows written before compression, or values compression did
 not shrink) or a zstd frame that names its dictionary by id, so a log stays readable when a

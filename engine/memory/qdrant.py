@@ -13,7 +13,7 @@ the same text again or an older restatement changes nothing; a newer one superse
 version, which stays readable for audit).
 
 The embedded default is engine.memory.edge (Qdrant's own engine in-process, indexed); local mode
-stays selectable (``engine.memory.open_store(..., engine="local")``) for stores made with it.
+stays selectable (``turnlog.engine.memory.open_store(..., engine="local")``) for stores made with it.
 
 qdrant-client's local mode is synchronous (its AsyncQdrantClient runs local mode on the event
 loop too), so every Qdrant call runs on one worker thread per store, and embedding on the

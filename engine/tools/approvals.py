@@ -8,7 +8,7 @@ validated again first: bad ones raise InvalidArgumentsError and nothing is writt
 moves the session back to TOOL_WAIT/TOOL_LOOP, and the turn continues from exactly there, in
 this process or in any worker after a restart, because all of it is on the log.
 
-Not imported by ``engine.tools`` itself: it needs the writer and the fold, which import tools.
+Not imported by ``turnlog.engine.tools`` itself: it needs the writer and the fold, which import tools.
 """
 
 from __future__ import annotations

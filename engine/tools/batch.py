@@ -4,7 +4,7 @@ stopped by the repeated-call guard), which wait for approval; and, once results 
 earlier results they supersede and whether a loop guard stops the turn.
 
 The turn loop (engine/turn.py) runs the batch; this module only decides and writes events.
-Not imported by ``engine.tools`` itself: it needs the writer and the fold, which import tools.
+Not imported by ``turnlog.engine.tools`` itself: it needs the writer and the fold, which import tools.
 """
 
 from __future__ import annotations

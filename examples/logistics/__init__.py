@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Collection
 
-from engine import Agent, MemoryPolicy, Model
+from turnlog.engine import Agent, MemoryPolicy, Model
 
 from .backend import LogisticsBackend, last_week
 from .scripted import demo_model

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from engine import AgentDirectory, MemoryPolicy, Model
+from turnlog.engine import AgentDirectory, MemoryPolicy, Model
 
 from . import SCRIPTED_TOOLS, TASK_TOOLS, LogisticsBackend, build_agent, demo_model
 
@@ -48,7 +48,7 @@ def memory_policy(home: Path, extractor: Model | None, *, remember_tool: bool = 
     ``home``: Qdrant Edge, or local mode with TURNLOG_MEMORY_ENGINE=local or for a folder local
     mode made); None without the ``memory`` extra."""
     try:
-        from engine.memory.stores import open_store
+        from turnlog.engine.memory.stores import open_store
     except ImportError as exc:
         log.warning("examples.memory_off", reason=f"{exc.name} is missing: pip install -e '.[memory]'")
         return None

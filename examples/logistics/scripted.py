@@ -17,8 +17,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from engine import FunctionModel, ModelRequest, ModelResponse, call, reply
-from engine.messages import ChatMessage, turn_tool_results
+from turnlog.engine import FunctionModel, ModelRequest, ModelResponse, call, reply
+from turnlog.engine.messages import ChatMessage, turn_tool_results
 
 from .backend import last_week
 

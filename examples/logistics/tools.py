@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Collection
 from typing import Any
 
-from engine import Tool, ToolFailure, tool
-from engine.errors import ConfigurationError
+from turnlog.engine import Tool, ToolFailure, tool
+from turnlog.engine.errors import ConfigurationError
 
 from .backend import LogisticsBackend
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine import (
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     FunctionModel,
@@ -97,6 +97,6 @@ def _memory(extractor: Model | None) -> MemoryPolicy | None:
     url = os.environ.get("TURNLOG_QDRANT_URL")
     if not url:
         return None
-    from engine.memory.qdrant import QdrantMemoryStore
+    from turnlog.engine.memory.qdrant import QdrantMemoryStore
 
     return MemoryPolicy(QdrantMemoryStore(url=url), extractor=extractor)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from engine import events as ev
-from engine.fold import fold
-from engine.log.base import EventLog, LogRecord
+from turnlog.engine import events as ev
+from turnlog.engine.fold import fold
+from turnlog.engine.log.base import EventLog, LogRecord
 
 from .logs import EventLogger
 from .metrics import GatewayMetrics

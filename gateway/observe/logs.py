@@ -15,8 +15,8 @@ from typing import Any, TextIO
 
 import structlog
 
-from engine import events as ev
-from engine.fold import SessionState
+from turnlog.engine import events as ev
+from turnlog.engine.fold import SessionState
 
 from .redact import redact, redact_processor, summary
 

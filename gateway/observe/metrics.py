@@ -20,8 +20,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from engine import events as ev
-from engine.stream import ModelDelta, StreamItem
+from turnlog.engine import events as ev
+from turnlog.engine.stream import ModelDelta, StreamItem
 
 LagSource = Callable[[], Awaitable[dict[tuple[str, int], int]]]
 StateSource = Callable[[], dict[str, int]]

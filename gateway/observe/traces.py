@@ -13,7 +13,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
-from engine import events as ev
+from turnlog.engine import events as ev
 
 OP = "gen_ai.operation.name"
 

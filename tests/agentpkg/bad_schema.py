@@ -1,6 +1,6 @@
 """A tool whose JSON Schema does not compile: loading this module is a configuration error."""
 
-from engine import AgentDirectory, Tool
+from turnlog.engine import AgentDirectory, Tool
 
 from .good import agent
 

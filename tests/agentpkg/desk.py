@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import Agent, AgentDirectory, FunctionModel, ModelRequest, ModelResponse, call, reply, tool
+from turnlog.engine import (
+    Agent,
+    AgentDirectory,
+    FunctionModel,
+    ModelRequest,
+    ModelResponse,
+    call,
+    reply,
+    tool,
+)
 
 REFUNDS: list[dict[str, Any]] = []
 """What the refund tool ran with, in this process."""

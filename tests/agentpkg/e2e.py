@@ -20,7 +20,16 @@ from pathlib import Path
 
 import psycopg
 
-from engine import Agent, AgentDirectory, FunctionModel, ModelRequest, ModelResponse, call, reply, tool
+from turnlog.engine import (
+    Agent,
+    AgentDirectory,
+    FunctionModel,
+    ModelRequest,
+    ModelResponse,
+    call,
+    reply,
+    tool,
+)
 
 AGENT = "e2e"
 SIDE_EFFECTS = (

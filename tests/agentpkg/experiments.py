@@ -25,9 +25,9 @@ import os
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-from engine import AgentDirectory, FunctionModel, ModelRequest, ModelResponse, call, reply
-from engine.models.base import Model, ModelChunk
-from examples.logistics import LogisticsBackend, build_agent, demo_model
+from turnlog.engine import AgentDirectory, FunctionModel, ModelRequest, ModelResponse, call, reply
+from turnlog.engine.models.base import Model, ModelChunk
+from turnlog.examples.logistics import LogisticsBackend, build_agent, demo_model
 
 TODAY = dt.date(2026, 11, 30)
 BACKEND = LogisticsBackend(

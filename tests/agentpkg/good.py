@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import Agent, AgentDirectory, FunctionModel, ModelRequest, ModelResponse, Tool, call, reply
+from turnlog.engine import (
+    Agent,
+    AgentDirectory,
+    FunctionModel,
+    ModelRequest,
+    ModelResponse,
+    Tool,
+    call,
+    reply,
+)
 
 
 def stock(sku: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine import (
+from turnlog.engine import (
     Agent,
     AgentDirectory,
     FunctionModel,
@@ -34,7 +34,7 @@ def answer(request: ModelRequest) -> ModelResponse | str:
 
 
 def build(context: Any) -> AgentDirectory:
-    from engine.memory.stores import open_store
+    from turnlog.engine.memory.stores import open_store
 
     store = open_store(Path(context.home) / "memory")
     memory = MemoryPolicy(store, min_score=0.0)  # any stored fact is shown: the test asks about it

@@ -1,6 +1,6 @@
 """Two agents with one id: loading this module is a configuration error."""
 
-from engine import AgentDirectory
+from turnlog.engine import AgentDirectory
 
 from .good import agent
 
