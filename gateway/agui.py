@@ -50,6 +50,7 @@ from turnlog.engine.stream import ModelDelta
 
 from .bodies import json_body
 from .http import HttpError, principal_of
+from .lifetimes import Holdings
 from .stream import SessionStream
 
 if TYPE_CHECKING:
@@ -203,32 +204,30 @@ class AguiRoute:
             await self.gw.api.get_state(session_id)
         except SessionNotFoundError:
             await self.gw.api.create_session(agent_id, principal.user, session_id=session_id)
-        if not self.gw.streams.try_open(principal.user):
-            raise HttpError(429, "too_many_streams", "too many open streams; close one first")
-        try:
+        with Holdings() as held:
+            release = self.gw.streams.take(principal.user)
+            if release is None:
+                raise HttpError(429, "too_many_streams", "too many open streams; close one first")
+            held.hold(release)
             after = (await self.gw.log.read_session_records(session_id))[-1].offset
             stream = SessionStream(self.gw.log, self.gw.hub, session_id, after, poll_s=self.gw.config.poll_s)
+            held.hold(stream.close)
             posted = await self.gw.api.post_user_message(session_id, text)
             self.gw.hub.publish(posted)
-        except BaseException:
-            self.gw.streams.close(principal.user)
-            raise
-        encoder = EventEncoder(accept=request.headers.get("accept", ""))
-        body = self._events(stream, RunMapper(run, session_id), posted.message_id, encoder, principal.user)
-        return StreamingResponse(body, media_type=encoder.get_content_type())
+            encoder = EventEncoder(accept=request.headers.get("accept", ""))
+            body = _events(stream, RunMapper(run, session_id), posted.message_id, encoder)
+            return held.answer(StreamingResponse(body, media_type=encoder.get_content_type()))
 
-    async def _events(
-        self, stream: SessionStream, mapper: RunMapper, message_id: str, encoder: EventEncoder, user: str
-    ) -> AsyncIterator[str]:
-        try:
-            async for message in stream.items():
-                if isinstance(message, ModelDelta):
-                    out = mapper.on_delta(message)
-                else:
-                    out = mapper.on_event(message.event, message_id)
-                for event in out:
-                    yield encoder.encode(event)
-                if mapper.done:
-                    return
-        finally:
-            self.gw.streams.close(user)
+
+async def _events(
+    stream: SessionStream, mapper: RunMapper, message_id: str, encoder: EventEncoder
+) -> AsyncIterator[str]:
+    async for message in stream.items():
+        if isinstance(message, ModelDelta):
+            out = mapper.on_delta(message)
+        else:
+            out = mapper.on_event(message.event, message_id)
+        for event in out:
+            yield encoder.encode(event)
+        if mapper.done:
+            return

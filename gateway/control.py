@@ -88,7 +88,7 @@ class ControlRoutes:
         if decision != "edit" and arguments is not None:
             raise HttpError(422, "invalid_input", f"'arguments' is only for an edit, not for {decision!r}")
         note = optional_string(body, "note", max_chars=2000)
-        _check_waiting(state, call_id)
+        await _check_waiting(self.gw, state, call_id)
         events = await self.gw.api.post_tool_decision(
             state.session_id,
             call_id,
@@ -141,14 +141,24 @@ class ControlRoutes:
         return "admin", f"{reason or 'cancelled'} ({user})"
 
 
-def _check_waiting(state: SessionState, call_id: str) -> None:
-    """Tell an unknown call from one that is known but not waiting (the engine checks again when
-    it appends, so a decision racing another one still gets a 409)."""
+async def _check_waiting(gw: Gateway, state: SessionState, call_id: str) -> None:
+    """A decision on a call that does not wait for one: 409 if the call is known (decided
+    already, in this turn or an earlier one, or never needing a decision), 404 if the session
+    has no such call. The engine checks again when it appends, so a decision racing another
+    one still gets a 409."""
     if state.closed:
         raise SessionClosedError(state.session_id, state.close_reason)
     if any(c.call_id == call_id for c in state.pending_approvals):
         return
     waiting = ", ".join(f"{c.call_id} ({c.tool_name})" for c in state.pending_approvals) or "none"
+    asked, decided = await _approval_of(gw, state.session_id, call_id)
+    if asked is not None and decided is not None:
+        raise HttpError(
+            409,
+            "not_awaiting_approval",
+            f"tool call {call_id!r} ({asked.tool_name}) was already decided: {decided.decision} by "
+            f"{decided.actor} (version {decided.version}); it waits for no decision now; waiting: {waiting}",
+        )
     known: dict[str, Any] = dict(state.turn.tool_calls) if state.turn is not None else {}
     if call_id in known:
         call = known[call_id]
@@ -163,3 +173,18 @@ def _check_waiting(state: SessionState, call_id: str) -> None:
         "unknown_call",
         f"session {state.session_id} has no tool call {call_id!r} waiting for a decision; waiting: {waiting}",
     )
+
+
+async def _approval_of(
+    gw: Gateway, session_id: str, call_id: str
+) -> tuple[ev.ApprovalRequested | None, ev.ApprovalDecided | None]:
+    """The call's last approval request and the decision on it, from the log (the fold keeps only
+    the running turn's calls). Read only when a decision is refused."""
+    asked: ev.ApprovalRequested | None = None
+    decided: ev.ApprovalDecided | None = None
+    for event in await gw.log.read_session(session_id):
+        if isinstance(event, ev.ApprovalRequested) and event.call_id == call_id:
+            asked, decided = event, None
+        elif isinstance(event, ev.ApprovalDecided) and event.call_id == call_id:
+            decided = event
+    return asked, decided

@@ -193,8 +193,9 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "Approve, edit or reject a tool call waiting for a decision (PAUSED_FOR_USER)",
             "description": "`edit` runs the call with `arguments`, validated against the tool first (422 "
             "`invalid_arguments` naming the field). The last decision of a batch resumes the turn, which a "
-            "worker carries on. 404 `unknown_call` for a call that waits for nothing, 409 "
-            "`not_awaiting_approval` for one already decided.",
+            "worker carries on. 404 `unknown_call` for a call the session does not have, 409 "
+            "`not_awaiting_approval` for one already decided (the detail names its decision) or "
+            "that needs none.",
             "operationId": "decideToolCall",
             "parameters": [
                 SESSION_ID,

@@ -3,7 +3,7 @@ or read the projections, answer JSON (or an event stream)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
@@ -22,6 +22,7 @@ from .bodies import json_body
 from .control import ControlRoutes
 from .experiment_routes import ExperimentRoutes
 from .http import HttpError, int_param, principal_of, string_field, whole_number
+from .lifetimes import Holdings
 from .model_request import sent_messages
 from .stream import SessionStream
 from .timeline import session_timeline
@@ -198,30 +199,30 @@ class Routes:
         )
 
     async def stream_events(self, request: Request) -> Response:
+        """The session's events over SSE. The stream's slot and hub subscription belong to the
+        answer (gateway.lifetimes); a HEAD is answered with the headers and opens nothing."""
         state = await owned_state(self.gw, request)
         after = _last_event_id(request)
+        if request.method == "HEAD":
+            return _event_stream(_no_events())
         user = principal_of(request).user
-        if not self.gw.streams.try_open(user):
+        with Holdings() as held:
+            held.hold(self._stream_slot(user))
+            stream = SessionStream(
+                self.gw.log, self.gw.hub, state.session_id, after, poll_s=self.gw.config.poll_s
+            )
+            held.hold(stream.close)
+            return held.answer(_event_stream(_sse(stream), ping_s=self.gw.config.ping_s))
+
+    def _stream_slot(self, user: str) -> Callable[[], None]:
+        release = self.gw.streams.take(user)
+        if release is None:
             raise HttpError(
                 429,
                 "too_many_streams",
                 f"you already have {self.gw.limits.streams_per_user} event streams open; close one first",
             )
-        stream = SessionStream(
-            self.gw.log, self.gw.hub, state.session_id, after, poll_s=self.gw.config.poll_s
-        )
-        return EventSourceResponse(
-            self._sse(stream, user), ping=self.gw.config.ping_s, headers={"Cache-Control": "no-store"}
-        )
-
-    async def _sse(self, stream: SessionStream, user: str) -> AsyncIterator[ServerSentEvent]:
-        try:
-            async for message in stream:
-                yield ServerSentEvent(
-                    data=message.data, event=message.event, id=None if message.id is None else str(message.id)
-                )
-        finally:
-            self.gw.streams.close(user)
+        return release
 
     async def health(self, request: Request) -> Response:
         """Liveness (``/healthz``) and readiness (``/readyz``): no key, no session data."""
@@ -232,6 +233,22 @@ class Routes:
         from .openapi import document
 
         return JSONResponse(document([a.agent_id for a in self.gw.api.agents]))
+
+
+async def _sse(stream: SessionStream) -> AsyncIterator[ServerSentEvent]:
+    async for message in stream:
+        yield ServerSentEvent(
+            data=message.data, event=message.event, id=None if message.id is None else str(message.id)
+        )
+
+
+async def _no_events() -> AsyncIterator[ServerSentEvent]:
+    return
+    yield  # an async generator that yields nothing (never started: a HEAD has no body)
+
+
+def _event_stream(events: AsyncIterator[ServerSentEvent], ping_s: float = 15.0) -> Response:
+    return EventSourceResponse(events, ping=ping_s, headers={"Cache-Control": "no-store"})
 
 
 def _by_method(handlers: dict[str, Any]) -> Any:

@@ -3,9 +3,10 @@
 One ``Gateway`` holds the engine API (producer side), the live hub, the projector and the
 analytics consumer (unless ``turnlog projector`` and ``turnlog analytics`` run them elsewhere:
 ``run_projector=False``), the observability consumer and, unless turns run in a separate worker
-process, a TurnWorker whose stream feeds the hub, with its companions (the memory consumers). On
-Kafka the hub also hears what workers in other processes stream (``live_subscriber``), and a
-worker in this process publishes there for other gateways (``live_publisher``). ``app()`` is
+process, a TurnWorker whose stream feeds the hub, with its companions (the memory consumers). The
+hub also hears what workers in other processes stream (``live_subscriber``: Kafka's live topic,
+or the embedded log's channel between the processes sharing its file), and a worker in this
+process publishes there for other gateways (``live_publisher``). ``app()`` is
 the Starlette application; its lifespan starts and stops the background tasks.
 """
 
@@ -32,9 +33,8 @@ from turnlog.consumers.turn_worker import TurnWorker
 from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.errors import LogUnavailableError
 from turnlog.engine.log.base import EventLog
-from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
 from turnlog.engine.session import AgentSessions
-from turnlog.engine.stream import StreamItem
+from turnlog.engine.stream import LiveItem, StreamItem
 from turnlog.projections import queries
 from turnlog.projections.store import ProjectionStore
 
@@ -47,6 +47,19 @@ from .observe import EventLogger, GatewayMetrics, ObservabilityConsumer, SpanBui
 from .routes import Routes
 
 log = structlog.get_logger("turnlog.gateway")
+
+
+class LivePublisher(Protocol):
+    """Where a worker in this process sends what it streams, for gateways in other processes
+    (Kafka's live topic, engine.log.kafka_live; the embedded log's channel, engine.log.local_live)."""
+
+    def publish(self, item: StreamItem) -> None: ...
+
+
+class LiveSubscriber(Protocol):
+    """What workers in other processes stream, as it comes."""
+
+    def items(self) -> AsyncIterator[LiveItem]: ...
 
 
 class Companion(Protocol):
@@ -92,8 +105,8 @@ class Gateway:
         *,
         tracer_provider: TracerProvider | None = None,
         companions: Sequence[Companion] = (),
-        live_publisher: KafkaLivePublisher | None = None,
-        live_subscriber: KafkaLiveSubscriber | None = None,
+        live_publisher: LivePublisher | None = None,
+        live_subscriber: LiveSubscriber | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
         self.limits = self.config.limits
@@ -170,7 +183,7 @@ class Gateway:
             self._worker_task = asyncio.create_task(self.worker.run())
         log.info("gateway.start", worker=self.worker is not None, projector=self.config.run_projector)
 
-    async def _hear(self, subscriber: KafkaLiveSubscriber) -> None:
+    async def _hear(self, subscriber: LiveSubscriber) -> None:
         """Feed the hub with what workers in other processes stream (deltas, commit notices).
         A failure here loses live items only (streams read events from the log): log, go on."""
         while not self._stop.is_set():

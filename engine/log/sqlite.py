@@ -40,6 +40,7 @@ from .base import (
     holds_state,
     partition_for,
 )
+from .local_live import LocalLive
 from .sqlite_batch import delimited_events, split_batch
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_held import HeldRows
@@ -191,6 +192,8 @@ class SqliteEventLog(EventLog):
         """Sessions whose redoable append was lost after it returned (``_lose``)."""
         self.group: GroupCommit | None = None
         """The appends' group commit (None for an in-memory database)."""
+        self.live: LocalLive | None = None
+        """The processes on this machine sharing the file, told of each append (``share_live``)."""
         self.held_rows = HeldRows(compress=compress)
         """The rows of the redoable appends held in the group commit's open transaction (a
         group commit without held rows holds no append)."""
@@ -254,6 +257,9 @@ class SqliteEventLog(EventLog):
             value = pack(body) if self.compress else body
             positions = await self._write(row_job(head, keys, value, self._raise_lost))
         self._notify()
+        if self.live is not None:  # a held append is announced once committed (other processes read it)
+            behind = group is not None and group.behind()
+            self.live.appended(session_id, events[-1].version, events[-1].type, committed=not behind)
         return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
 
     async def _append_next(self, event: Event) -> Event:
@@ -294,6 +300,17 @@ class SqliteEventLog(EventLog):
             db.execute("ROLLBACK")
             raise
         return result
+
+    async def share_live(self, role: str) -> LocalLive:
+        """Tell the other processes on this machine that share this file (and call this) of each
+        append, and hear of theirs: waits for appends and event streams wake at once instead
+        of on their next poll. The channel also carries a worker's deltas (engine.log.local_live)."""
+        live = LocalLive(self.path, role=role, on_append=self._notify)
+        await live.start()
+        self.live = live
+        if self.group is not None:
+            self.group.on_settled = live.release
+        return live
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -458,6 +475,8 @@ class SqliteEventLog(EventLog):
     async def close(self) -> None:
         if self.group is not None:
             await self.group.close()
+        if self.live is not None:
+            await self.live.close()
         self._db.close()
 
     def _check_partition(self, partition: int) -> None:

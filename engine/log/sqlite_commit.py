@@ -156,6 +156,9 @@ class GroupCommit:
         """Writes committed (each an append, or an offset commit)."""
         self.commits = 0
         """Transactions committed: with ``synchronous=FULL``, one fsync each."""
+        self.on_settled: Callable[[], None] | None = None
+        """Told when a transaction's COMMIT has returned or failed: the writes that had returned
+        before it are settled (engine.log.local_live announces them then)."""
 
     async def write(self, job: Job[T], *, on_lost: Lost | None = None) -> T:
         """Run ``job`` in the next transaction; return its result once that is committed (with
@@ -429,6 +432,8 @@ class GroupCommit:
                         "disk the log file is on (space, permissions) and retry."
                     )
                 )
+        if self.on_settled is not None:
+            self.on_settled()
         self._schedule(loop)
 
 
