@@ -91,7 +91,7 @@ class Exporter:
         self.on_progress = on_progress
         self.state = ExportState(source, log.partitions, content)
         self.sink = ParquetSink(out, content)
-        self.done = self.rows = self.files = 0
+        self.done = self.events = self.rows = self.files = 0
         self.total: int | None = None
         self._lock: IO[str] | None = None
 
@@ -179,6 +179,7 @@ class Exporter:
         self.state.next_offsets[partition] = pending.end
         await asyncio.to_thread(save_state, self.out, self.state)
         self.done += pending.end - pending.first
+        self.events += pending.records
         self.rows += len(rows)
         self.files += len(written)
         self._report()

@@ -299,16 +299,18 @@ async def test_sigkilled_follow_export_resumes_without_duplicate_or_missing_row(
             "--interval",
             "0.05",
         ]
-        follower = turnlog_cli(*args)
         writing = asyncio.create_task(_keep_writing(log))
         try:
-            await _until(lambda: _state_offsets(out), lambda n: n >= 60, follower)
-            follower.send_signal(signal.SIGKILL)
-            await asyncio.to_thread(follower.communicate, None, 60)
+            for _ in range(3):  # killed three times, each once it has committed more
+                committed = await _state_offsets(out)
+                follower = turnlog_cli(*args)
+                await _until(lambda: _state_offsets(out), lambda n, c=committed: n >= c + 40, follower)
+                follower.send_signal(signal.SIGKILL)
+                await asyncio.to_thread(follower.communicate, None, 60)
+                assert follower.returncode == -signal.SIGKILL
         finally:
             writing.cancel()
             await asyncio.gather(writing, return_exceptions=True)
-        assert follower.returncode == -signal.SIGKILL
         await record_run(log)  # more after the kill
         resumed = turnlog_cli(*args[:-5])  # the same export, once, without --follow
         out_text, err = await asyncio.to_thread(resumed.communicate, None, 300)
@@ -364,3 +366,12 @@ def test_state_file_is_plain_json(tmp_path: Path) -> None:
     assert state["source"] == f"sqlite:{log_path.resolve()}"
     assert sum(state["next_offsets"].values()) > 0
     assert os.path.exists(out / "turns")
+
+
+def test_the_export_extra_is_pyarrow_and_says_how_to_install_it() -> None:
+    from turnlog.engine import extras
+
+    assert extras.requirements_of("export") == ("pyarrow",)
+    assert extras.present("export")  # the test extra includes it
+    assert "turnlog export" in extras.PURPOSES["export"]
+    assert extras.install_command("export").endswith("[export]'")

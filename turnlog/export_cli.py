@@ -72,7 +72,7 @@ async def run(console: Console, side: ReadSide, options: ExportOptions) -> int:
     finally:
         await log.close()
     console.print(
-        f"exported {exporter.done:,} offsets ({exporter.rows:,} rows, {exporter.files:,} files) to {out}",
+        f"exported {exporter.events:,} events ({exporter.rows:,} rows, {exporter.files:,} files) to {out}",
         highlight=False,
     )
     return 0
