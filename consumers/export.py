@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
@@ -61,7 +61,7 @@ class _Pending:
     end: int = 0
     since: float = 0.0
     records: int = 0
-    rows: list[tuple[str, Row]] | None = None
+    rows: list[tuple[str, Row]] = field(default_factory=list)
 
 
 class Exporter:
@@ -154,7 +154,7 @@ class Exporter:
         return exported
 
     async def _read(self, partition: int, start: int, end: int | None, limit: int) -> _Pending:
-        pending = _Pending(first=start, end=start, since=time.monotonic(), rows=[])
+        pending = _Pending(first=start, end=start, since=time.monotonic())
         while pending.records < limit and (end is None or pending.end < end):
             want = min(READ_LIMIT, limit - pending.records)
             records = await self.log.read_partition(partition, pending.end, want)
@@ -167,14 +167,13 @@ class Exporter:
 
     def _add(self, pending: _Pending, records: list[LogRecord]) -> None:
         rows, content = pending.rows, self.content
-        assert rows is not None
         for r in records:
             rows.extend(rows_of(r.event, r.partition, r.offset, content))
         pending.records += len(records)
         pending.end = records[-1].offset + 1
 
     async def _flush(self, partition: int, pending: _Pending) -> None:
-        rows = pending.rows or []
+        rows = pending.rows
         written = await asyncio.to_thread(self.sink.write, partition, pending.first, pending.end, rows)
         self.state.next_offsets[partition] = pending.end
         await asyncio.to_thread(save_state, self.out, self.state)
@@ -211,7 +210,6 @@ class Exporter:
             if waiting is None:
                 waiting = pending[partition] = fresh
             else:
-                assert waiting.rows is not None and fresh.rows is not None
                 waiting.rows += fresh.rows
                 waiting.records += fresh.records
                 waiting.end = fresh.end

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.export_support import (
+    agents,
     every_record,
     exported_keys,
     read_dataset,
@@ -34,8 +35,6 @@ from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.log.sqlite import SqliteEventLog
 from turnlog.projections.export_rows import DATASETS, rows_of
 from turnlog.projections.store import ProjectionStore
-
-from .export_support import agents
 
 # -- rows: a pure function of each event, no I/O ------------------------------------------------
 
