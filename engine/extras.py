@@ -21,6 +21,7 @@ PURPOSES = {
     "gateway": "the HTTP gateway (turnlog serve), its metrics and traces",
     "memory": "long-term memory (Qdrant and the offline embedder)",
     "local": "the local demo model (llama.cpp and Qwen2.5-Coder-1.5B, about 1.1 GB)",
+    "export": "analytics exports as Parquet (turnlog export)",
 }
 """The extras a user turns on for a feature, and what each is for (``test`` and ``docker`` are
 for developers; see pyproject.toml)."""

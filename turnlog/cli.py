@@ -563,6 +563,34 @@ def analytics(
     _run(run_analytics(kafka, topic, partitions, postgres, schema))
 
 
+@app.command(name="export")
+def export_cmd(
+    out: Annotated[Path, typer.Argument(help="The output directory (it must exist).")],
+    home: HomeOption = None,
+    kafka: KafkaOption = None,
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    content: Annotated[
+        bool, typer.Option("--content", help="Also export message text and tool results (personal data).")
+    ] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Keep exporting what is appended, until SIGTERM or Ctrl-C.")
+    ] = False,
+    batch: Annotated[int, typer.Option(min=1, help="Records of a partition per flush (per file).")] = 50_000,
+    interval: Annotated[
+        float, typer.Option(min=0, help="With --follow: flush a partition's records after this many seconds.")
+    ] = 5.0,
+) -> None:
+    """Export the log (embedded, or Kafka with --kafka) as Parquet datasets for analytics tools:
+    sessions, turns, messages, model_calls, tool_calls, state_changes, by day. Incremental and
+    exactly once: a later run (or a killed one, run again) goes on from the position it committed
+    in OUT. See docs/analytics.md for DuckDB queries over the files."""
+    from . import export_cli as x
+
+    side = ReadSide(home_dir(home), kafka, topic, partitions)
+    _run(x.run(console, side, x.ExportOptions(out, content, follow, batch, interval)))
+
+
 @app.command(name="add-key")
 def add_key_cmd(
     user: str,
