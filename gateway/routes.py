@@ -3,7 +3,7 @@ or read the projections, answer JSON (or an event stream)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
@@ -24,19 +24,17 @@ from .experiment_routes import ExperimentRoutes
 from .http import HttpError, int_param, principal_of, string_field, whole_number
 from .lifetimes import Holdings
 from .model_request import sent_messages
+from .parts import GatewayParts
 from .stream import SessionStream
 from .timeline import session_timeline
 from .viewer import viewer_page
-
-if TYPE_CHECKING:
-    from .service import Gateway
 
 MAX_STEP = 10**6
 """Largest model call step a path may name (a turn makes at most a few dozen)."""
 
 
 class Routes:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayParts) -> None:
         self.gw = gw
 
     def table(self) -> list[Route]:
