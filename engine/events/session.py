@@ -103,7 +103,7 @@ class SnapshotTaken(Event):
     After a tool step it may be a restore point instead, holding only what had happened by then."""
 
     state_format: int
-    """Serialisation format of ``state_json`` (engine.snapshots.FORMAT); unknown formats are refused."""
+    """Serialisation format of ``state_json`` (engine.snapshot_format.FORMAT); unknown formats are refused."""
     status: str
     last_tool: str
     """Name of the last tool that returned in the current turn, "" if none."""
@@ -137,7 +137,7 @@ class SessionForked(Event):
     model: str
     state_format: int
     state_json: str
-    """The origin's state at the snapshot (engine.snapshots), re-keyed to this session on fold."""
+    """The origin's state at the snapshot (engine.snapshot_format), re-keyed to this session on fold."""
     unfinished: str = ""
     """What the admin chose for the origin's unfinished work at the snapshot (a running turn,
     waiting messages): ``continue`` (a worker carries it on at once; a tool call that had
