@@ -18,7 +18,7 @@ exists. The last user message of the input is posted to the log; the run is that
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator
 
 from ag_ui.core import (
     BaseEvent,
@@ -51,10 +51,8 @@ from turnlog.engine.stream import ModelDelta
 from .bodies import json_body
 from .http import HttpError, principal_of
 from .lifetimes import Holdings
+from .parts import GatewayParts
 from .stream import SessionStream
-
-if TYPE_CHECKING:
-    from .service import Gateway
 
 
 def thread_session_id(user: str, thread_id: str) -> str:
@@ -186,7 +184,7 @@ class RunMapper:
 
 
 class AguiRoute:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayParts) -> None:
         self.gw = gw
 
     async def run(self, request: Request) -> Response:

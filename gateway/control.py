@@ -5,7 +5,7 @@ whoever runs the session (a TurnWorker) carries the turn on from there."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -20,9 +20,7 @@ from turnlog.engine.tools.approvals import Decision
 from .access import appended, owned_state
 from .bodies import json_body
 from .http import HttpError, int_field, optional_string, principal_of
-
-if TYPE_CHECKING:
-    from .service import Gateway
+from .parts import GatewayParts
 
 DECISIONS: tuple[str, ...] = get_args(Decision)
 BUDGET_DECISIONS: tuple[str, ...] = get_args(BudgetDecision)
@@ -31,7 +29,7 @@ MAX_EXTRA_MICROS = 10**15
 
 
 class ControlRoutes:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayParts) -> None:
         self.gw = gw
 
     async def cancel(self, request: Request) -> Response:
@@ -141,7 +139,7 @@ class ControlRoutes:
         return "admin", f"{reason or 'cancelled'} ({user})"
 
 
-async def _check_waiting(gw: Gateway, state: SessionState, call_id: str) -> None:
+async def _check_waiting(gw: GatewayParts, state: SessionState, call_id: str) -> None:
     """A decision on a call that does not wait for one: 409 if the call is known (decided
     already, in this turn or an earlier one, or never needing a decision), 404 if the session
     has no such call. The engine checks again when it appends, so a decision racing another
@@ -176,7 +174,7 @@ async def _check_waiting(gw: Gateway, state: SessionState, call_id: str) -> None
 
 
 async def _approval_of(
-    gw: Gateway, session_id: str, call_id: str
+    gw: GatewayParts, session_id: str, call_id: str
 ) -> tuple[ev.ApprovalRequested | None, ev.ApprovalDecided | None]:
     """The call's last approval request and the decision on it, from the log (the fold keeps only
     the running turn's calls). Read only when a decision is refused."""

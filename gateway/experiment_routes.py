@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from starlette.requests import Request
@@ -30,9 +30,7 @@ from turnlog.engine.experiments.report import report_json
 
 from .bodies import json_body
 from .http import HttpError, int_field, principal_of, string_field
-
-if TYPE_CHECKING:
-    from .service import Gateway
+from .parts import GatewayParts
 
 log = structlog.get_logger("turnlog.gateway")
 MAX_CONCURRENCY = 64
@@ -62,7 +60,7 @@ before a restart): its report, read from the log, shows how far it got."""
 
 
 class ExperimentRoutes:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayParts) -> None:
         self.gw = gw
         self.runs: dict[str, Run] = {}
 

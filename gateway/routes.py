@@ -3,7 +3,7 @@ or read the projections, answer JSON (or an event stream)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
@@ -24,29 +24,28 @@ from .experiment_routes import ExperimentRoutes
 from .http import HttpError, int_param, principal_of, string_field, whole_number
 from .lifetimes import Holdings
 from .model_request import sent_messages
+from .parts import GatewayParts
 from .stream import SessionStream
 from .timeline import session_timeline
 from .viewer import viewer_page
-
-if TYPE_CHECKING:
-    from .service import Gateway
 
 MAX_STEP = 10**6
 """Largest model call step a path may name (a turn makes at most a few dozen)."""
 
 
 class Routes:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayParts) -> None:
         self.gw = gw
 
     def table(self) -> list[Route]:
+        """Every route of the gateway: the session routes, the admin routes (metrics too), and the
+        service's own (OpenAPI, viewer, health)."""
+        return [*self._session_routes(), *self._admin_routes(), *self._service_routes()]
+
+    def _session_routes(self) -> list[Route]:
         wrap = self.gw.guard.wrap
         control = ControlRoutes(self.gw)
-        admin = AdminRoutes(self.gw)
-        experiments = ExperimentRoutes(self.gw)
-        experiment = "/v1/admin/experiments/{experiment_id}"
         session = "/v1/sessions/{session_id}"
-        admin_session = "/v1/admin/sessions/{session_id}"
         return [
             Route(
                 "/v1/sessions",
@@ -67,16 +66,26 @@ class Routes:
             Route(f"{session}/interrupt", wrap(control.interrupt), methods=["POST"]),
             Route(f"{session}/approvals/{{call_id}}", wrap(control.decide), methods=["POST"]),
             Route(f"{session}/budget", wrap(control.decide_budget), methods=["POST"]),
+            Route("/v1/agui/{agent}", wrap(AguiRoute(self.gw).run), methods=["POST"]),
+        ]
+
+    def _admin_routes(self) -> list[Route]:
+        wrap = self.gw.guard.wrap
+        admin = AdminRoutes(self.gw)
+        experiments = ExperimentRoutes(self.gw)
+        experiment = "/v1/admin/experiments/{experiment_id}"
+        session = "/v1/admin/sessions/{session_id}"
+        return [
             Route(
                 "/v1/admin/sessions",
                 wrap(admin.sessions, admin=True, query=("limit", "user", "state", "agent")),
                 methods=["GET"],
             ),
-            Route(f"{admin_session}/finish", wrap(admin.force_finish, admin=True), methods=["POST"]),
-            Route(f"{admin_session}/snapshots", wrap(admin.snapshots, admin=True), methods=["GET"]),
-            Route(f"{admin_session}/fork", wrap(admin.fork, admin=True), methods=["POST"]),
+            Route(f"{session}/finish", wrap(admin.force_finish, admin=True), methods=["POST"]),
+            Route(f"{session}/snapshots", wrap(admin.snapshots, admin=True), methods=["GET"]),
+            Route(f"{session}/fork", wrap(admin.fork, admin=True), methods=["POST"]),
             Route(
-                f"{admin_session}/replay",
+                f"{session}/replay",
                 wrap(admin.replay, admin=True, query=("after_version", "limit")),
                 methods=["GET"],
             ),
@@ -94,8 +103,12 @@ class Routes:
             ),
             Route(experiment, wrap(experiments.report, admin=True, query=("all_turns",)), methods=["GET"]),
             Route(f"{experiment}/resume", wrap(experiments.resume, admin=True), methods=["POST"]),
-            Route("/v1/agui/{agent}", wrap(AguiRoute(self.gw).run), methods=["POST"]),
             Route("/metrics", wrap(admin.metrics, admin=True), methods=["GET"]),
+        ]
+
+    def _service_routes(self) -> list[Route]:
+        wrap = self.gw.guard.wrap
+        return [
             Route("/openapi.json", wrap(self.openapi), methods=["GET"]),
             Route("/viewer", viewer_page, methods=["GET"]),
             Route("/healthz", self.health, methods=["GET"]),

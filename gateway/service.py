@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Protocol, Sequence
 
 import structlog
@@ -26,7 +25,7 @@ from starlette.middleware import Middleware
 from turnlog.consumers import health
 from turnlog.consumers.analytics import GROUP as ANALYTICS_GROUP
 from turnlog.consumers.analytics import AnalyticsConsumer
-from turnlog.consumers.health import MAX_PROJECTION_LAG_S, Readiness
+from turnlog.consumers.health import Readiness
 from turnlog.consumers.projector import Projector
 from turnlog.consumers.turn_worker import GROUP as WORKER_GROUP
 from turnlog.consumers.turn_worker import TurnWorker
@@ -39,9 +38,10 @@ from turnlog.projections import queries
 from turnlog.projections.store import ProjectionStore
 
 from .auth import KeyStore
+from .config import GatewayConfig
 from .http import Guard, SecurityHeaders, internal_error, router_error
 from .hub import LiveHub
-from .limits import Limits, StreamCounter
+from .limits import StreamCounter
 from .observe import GROUP as OBSERVE_GROUP
 from .observe import EventLogger, GatewayMetrics, ObservabilityConsumer, SpanBuilder
 from .routes import Routes
@@ -68,30 +68,6 @@ class Companion(Protocol):
     async def run(self) -> None: ...
 
     def stop(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    limits: Limits = field(default_factory=Limits)
-    run_worker: bool = True
-    """Run turns in this process (the TurnWorker); False when workers run elsewhere."""
-    poll_s: float = 1.0
-    """How often an event stream re-reads the log for writers in other processes."""
-    ping_s: float = 15.0
-    """Keep-alive comment interval on event streams."""
-    log_sample_rate: float = 0.0
-    """Share of turns whose full context is logged, redacted (0..1; opt-in)."""
-    linger_s: float = 0.05
-    """How long the read-side consumers let appends gather before a pass."""
-    idle_wait_s: float = 1.0
-    """Longest wait between read-side passes (writers in other processes do not wake them)."""
-    run_projector: bool = True
-    """Fold the projections and the analytics tables in this process. False when `turnlog
-    projector` and `turnlog analytics` do (two projectors of one store would collide): reads then
-    wait up to ``projection_wait_s`` for the projections to reach what the log shows."""
-    projection_wait_s: float = 10.0
-    max_projection_lag_s: float = MAX_PROJECTION_LAG_S
-    """``/readyz`` answers 503 while the projections are further behind the log than this."""
 
 
 class Gateway:

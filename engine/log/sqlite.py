@@ -25,7 +25,6 @@ from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar, cast
 from .. import codec
 from ..errors import (
     ConfigurationError,
-    EventError,
     LogError,
     LogUnavailableError,
 )
@@ -41,11 +40,19 @@ from .base import (
     partition_for,
 )
 from .local_live import LocalLive
-from .sqlite_batch import delimited_events, split_batch
+from .sqlite_batch import decode_at, delimited_events, records_at
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_held import HeldRows
 from .sqlite_jobs import SESSION_KEY, Head, held_job, next_job, row_job
-from .sqlite_layout import migrate
+from .sqlite_layout import (
+    BATCHES,
+    FROM_POSITION,
+    FROM_VERSION,
+    SCHEMA,
+    SESSIONS_OF,
+    SNAPSHOTS_FROM,
+    migrate,
+)
 from .submissions import SUBMITTED_TYPES, submission_keys
 from .zdict import pack
 
@@ -53,87 +60,6 @@ Durability = Literal["process", "power"]
 T = TypeVar("T")
 R = TypeVar("R", bound=Callable[..., Awaitable[Any]])
 
-_BATCHES = (
-    "CREATE TABLE IF NOT EXISTS sessions (key INTEGER PRIMARY KEY, session_id TEXT NOT NULL UNIQUE)",
-    """CREATE TABLE IF NOT EXISTS batches (
-    position   INTEGER PRIMARY KEY,
-    partition  INTEGER NOT NULL,
-    session    INTEGER NOT NULL,
-    version    INTEGER NOT NULL,
-    count      INTEGER NOT NULL,
-    snapshot   INTEGER,
-    value      BLOB    NOT NULL,
-    UNIQUE (session, version)
-)""",
-    "CREATE INDEX IF NOT EXISTS batches_by_partition ON batches (partition, position)",
-)
-"""The events (layout 3): one row per append (engine.log.sqlite_batch), or per run of a session's
-held appends (engine.log.sqlite_held). ``position`` and
-``version`` are its first event's, ``count`` how many it holds (the others follow at position +
-1, version + 1, ...), ``snapshot`` the version of its first ``SnapshotTaken`` (NULL if none).
-A row names its session by ``sessions.key``, a small integer, not by the session id. A session's
-snapshots are found through ``UNIQUE (session, version)``: almost every append of a turn holds
-one, so an index of their own (``batches_with_snapshots``, dropped on open) cost a B-tree page
-in every COMMIT to save a walk over a batch or two. Files of
-layout 2 (an ``events`` row per event) and layout 1 (``session_id`` in every row) are migrated
-once, on open (engine.log.sqlite_layout)."""
-_SCHEMA = (
-    ";\n".join(_BATCHES)
-    + """;
-DROP INDEX IF EXISTS batches_with_snapshots;
-CREATE TABLE IF NOT EXISTS group_offsets (
-    group_id    TEXT    NOT NULL,
-    partition   INTEGER NOT NULL,
-    next_offset INTEGER NOT NULL,
-    PRIMARY KEY (group_id, partition)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS submissions (
-    session_id TEXT    NOT NULL,
-    key        TEXT    NOT NULL,
-    version    INTEGER NOT NULL,
-    PRIMARY KEY (session_id, key)
-) WITHOUT ROWID;
-"""
-)
-"""``submissions``: the keys of every submitted event (engine.log.submissions), written in the
-append's transaction, so a session takes each submission once, whichever process appends.
-``group_offsets`` and ``log_meta`` are WITHOUT ROWID in files made since layout 3 (one B-tree
-each instead of two; older files keep theirs, which read and write the same)."""
-
-_FROM_VERSION = (
-    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
-    "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 ORDER BY version DESC "
-    "LIMIT 1), 0) AND version + count > ?2 ORDER BY version"
-)
-"""A session's batches from the one that holds version ?2 on: none when the session ends before
-?2 (a reader that is caught up reads no value, so decompresses none)."""
-_SNAPSHOTS_FROM = (
-    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
-    "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 AND snapshot <= ?2 "
-    "ORDER BY version DESC LIMIT 1), 0) AND version <= ?3 AND snapshot <= ?3 ORDER BY version"
-)
-"""The batches that may hold a session's snapshots between ?2 and ?3: from the last batch whose
-first snapshot is at or before ?2 (it may hold more after it) to ?3. Both are range reads of
-``UNIQUE (session, version)`` (a batch's first snapshot is at or after its version, so ordering
-by version orders by snapshot); the walk back from ?2 passes the batches after the newest
-snapshot, which a load from it reads anyway."""
-_FROM_POSITION = (
-    "SELECT position, value FROM batches WHERE partition = ?1 AND position >= "
-    "COALESCE((SELECT position FROM batches WHERE partition = ?1 AND position <= ?2 ORDER BY position "
-    "DESC LIMIT 1), 0) ORDER BY position"
-)
-"""A partition's batches from the one that holds position ?2 on."""
-_SESSIONS_OF = (
-    "SELECT s.session_id, (SELECT version + count - 1 FROM batches WHERE session = s.key ORDER BY version "
-    "DESC LIMIT 1) FROM sessions s CROSS JOIN batches b ON b.session = s.key AND b.version = 1 "
-    "WHERE b.partition = ?1 AND s.session_id > ?2 ORDER BY s.session_id LIMIT ?3"
-)
-"""A page of a partition's sessions with their last versions: ``sessions`` walked in id order
-(its unique index; CROSS JOIN keeps it the outer loop, so a page reads about ``partitions``
-times ``limit`` sessions, never a partition's history), each session's first batch (``UNIQUE
-(session, version)``: every session's first append is at version 1) telling its partition, its
-last batch its version."""
 SNAPSHOT = "SnapshotTaken"
 MAX_HOLD_S = 1.0
 """The longest ``hold_s`` taken: other processes' writers wait up to that long for the write lock
@@ -183,8 +109,8 @@ class SqliteEventLog(EventLog):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         commit_every_hold()  # another log's on this thread: opening writes, and must not wait for it
         self._db = _connect(self.path, durability)
-        migrate(self._db, _BATCHES, compress=compress)
-        self._db.executescript(_SCHEMA)
+        migrate(self._db, BATCHES, compress=compress)
+        self._db.executescript(SCHEMA)
         self.partitions = self._fix_partitions(partitions)
         self._index_old_submissions()
         self._waiters: list[asyncio.Future[None]] = []
@@ -225,9 +151,9 @@ class SqliteEventLog(EventLog):
         wanted = set(SUBMITTED_TYPES)
         rows = self._db.execute("SELECT partition, position, version, value FROM batches").fetchall()
         events = [
-            _decode(p, o + i, record)
+            decode_at(p, o + i, record)
             for p, o, _v, value in rows
-            for i, record in enumerate(_records(p, o, value))
+            for i, record in enumerate(records_at(p, o, value))
             if codec.type_of(record) in wanted
         ]
         keys = [(e.session_id, key, e.version) for e in events for key in submission_keys(e)]
@@ -327,18 +253,18 @@ class SqliteEventLog(EventLog):
             pass
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
-        return [record.event for record in await self.read_session_records(session_id, after_version)]
+        return [record.event for record in await self.read_sessionrecords_at(session_id, after_version)]
 
     @_after_own_writes
-    async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
+    async def read_sessionrecords_at(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
         key = self._session(session_id)
         if key is None:
             return []
         out: list[LogRecord] = []
-        for p, o, v, value in self._db.execute(_FROM_VERSION, (key, after_version + 1)).fetchall():
-            records = _records(p, o, value)
+        for p, o, v, value in self._db.execute(FROM_VERSION, (key, after_version + 1)).fetchall():
+            records = records_at(p, o, value)
             for i in range(max(after_version + 1 - v, 0), len(records)):
-                out.append(LogRecord(p, o + i, _decode(p, o + i, records[i])))
+                out.append(LogRecord(p, o + i, decode_at(p, o + i, records[i])))
         return out
 
     @_after_own_writes
@@ -350,12 +276,12 @@ class SqliteEventLog(EventLog):
         key = self._session(session_id)
         if key is None:
             return None
-        rows = self._db.execute(_SNAPSHOTS_FROM, (key, last, last)).fetchall()
+        rows = self._db.execute(SNAPSHOTS_FROM, (key, last, last)).fetchall()
         for p, o, v, value in reversed(rows):  # a row may hold several (a turn's held steps): decode one
-            records = _records(p, o, value)
+            records = records_at(p, o, value)
             for i in range(min(len(records), last - v + 1) - 1, -1, -1):
                 if codec.type_of(records[i]) == SNAPSHOT:
-                    event = _decode(p, o + i, records[i])
+                    event = decode_at(p, o + i, records[i])
                     if holds_state(event):
                         return event
         return None
@@ -366,11 +292,11 @@ class SqliteEventLog(EventLog):
         key = self._session(session_id)
         if key is None:
             return []
-        rows = self._db.execute(_SNAPSHOTS_FROM, (key, first, last)).fetchall()
+        rows = self._db.execute(SNAPSHOTS_FROM, (key, first, last)).fetchall()
         found = [
-            _decode(p, o + i, record)
+            decode_at(p, o + i, record)
             for p, o, v, value in rows
-            for i, record in enumerate(_records(p, o, value))
+            for i, record in enumerate(records_at(p, o, value))
             if first <= v + i <= last and codec.type_of(record) == SNAPSHOT
         ]
         return [event for event in found if holds_state(event)]
@@ -390,7 +316,7 @@ class SqliteEventLog(EventLog):
         ).fetchall()
         found: list[tuple[int, str]] = []
         for p, o, v, value in rows:
-            for i, record in enumerate(_records(p, o, value)):
+            for i, record in enumerate(records_at(p, o, value)):
                 kind = codec.type_of(record)
                 if v + i < before and kind in wanted:
                     found.append((v + i, kind))
@@ -412,7 +338,7 @@ class SqliteEventLog(EventLog):
     ) -> list[SessionSummary]:
         """From the sessions table and the batches' index: no event is read."""
         self._check_partition(partition)
-        rows = self._db.execute(_SESSIONS_OF, (partition, after, max(limit, 0))).fetchall()
+        rows = self._db.execute(SESSIONS_OF, (partition, after, max(limit, 0))).fetchall()
         return [SessionSummary(sid, partition, int(version)) for sid, version in rows]
 
     @_after_own_writes
@@ -421,13 +347,13 @@ class SqliteEventLog(EventLog):
         out: list[LogRecord] = []
         if limit <= 0:
             return out
-        cursor = self._db.execute(_FROM_POSITION, (partition, offset))
+        cursor = self._db.execute(FROM_POSITION, (partition, offset))
         try:  # row by row: a batch is decompressed only if its events are wanted
             for position, value in cursor:
-                records = _records(partition, position, value)
+                records = records_at(partition, position, value)
                 start = max(offset - position, 0)
                 for i in range(start, min(len(records), start + limit - len(out))):
-                    event = _decode(partition, position + i, records[i])
+                    event = decode_at(partition, position + i, records[i])
                     out.append(LogRecord(partition, position + i, event))
                 if len(out) >= limit:
                     break
@@ -496,18 +422,3 @@ def _in_memory(path: str | Path) -> bool:
     """A private in-memory database: a second connection would open another one."""
     name = str(path)
     return name in ("", ":memory:") or name.startswith("file::memory:") or "mode=memory" in name
-
-
-def _records(partition: int, position: int, value: bytes) -> list[bytes]:
-    """A stored batch's records; an error names where the batch starts."""
-    try:
-        return split_batch(value)
-    except EventError as exc:
-        raise type(exc)(f"partition {partition} offsets from {position}: {exc}") from exc
-
-
-def _decode(partition: int, position: int, record: bytes) -> Event:
-    try:
-        return codec.decode(record)
-    except EventError as exc:
-        raise type(exc)(f"partition {partition} offset {position}: {exc}") from exc

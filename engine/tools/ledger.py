@@ -1,4 +1,4 @@
-"""The tool-call ledger (DESIGN.md "crash recovery"; issue 3 item 4).
+"""The tool-call ledger (DESIGN.md "crash recovery").
 
 Before a tool runs, its intent is on the log: ``ToolCallRequested`` holds the call id and the
 arguments, and ``ToolCallStarted`` (committed right before the call, one per start) holds the
@@ -31,13 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .registry import Tool
-
-KEY_PARAMETER = "idempotency_key"
-"""The parameter a tool function declares to receive its call's key."""
+from .registry import KEY_PARAMETER, Tool
 
 
 class _NotApplied:

@@ -16,8 +16,9 @@ import jsonschema
 import pydantic
 
 from ..errors import ConfigurationError
-from .ledger import KEY_PARAMETER
 
+KEY_PARAMETER = "idempotency_key"
+"""The parameter a tool function declares to receive its call's key (engine.tools.ledger)."""
 Handler = Callable[..., Any | Awaitable[Any]]
 Formatter = Callable[[Any], str]
 Lookup = Callable[[str], Any | Awaitable[Any]]

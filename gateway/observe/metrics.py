@@ -31,16 +31,21 @@ COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class GatewayMetrics:
+    """The gateway's Prometheus metrics, in a registry of their own, and what feeds them."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.ttft = Histogram(
-            "turnlog_time_to_first_token_seconds",
-            "Model call start to its first text token.",
-            ["model"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
+        self._tool_and_turn_metrics(self.registry)
+        self._model_metrics(self.registry)
+        self._context_and_state_metrics(self.registry)
+        self._first_token_wait: dict[tuple[str, str, int], tuple[float, str]] = {}
+        self._session_models: dict[str, str] = {}
+        self._session_tool_calls: dict[str, int] = {}
+        self._turn_tool_calls: dict[str, int] = {}
+        self.lag_source: LagSource | None = None
+        self.state_source: StateSource | None = None
+
+    def _tool_and_turn_metrics(self, r: CollectorRegistry) -> None:
         self.tool_calls = Counter(
             "turnlog_tool_calls",
             "Finished tool calls by tool and status (success rate = success/all).",
@@ -56,6 +61,16 @@ class GatewayMetrics:
         self.tool_calls_per_turn = Histogram(
             "turnlog_tool_calls_per_turn", "Tool calls per finished turn.", buckets=COUNT_BUCKETS, registry=r
         )
+        self.turns = Counter("turnlog_turns", "Finished turns by outcome.", ["reason"], registry=r)
+
+    def _model_metrics(self, r: CollectorRegistry) -> None:
+        self.ttft = Histogram(
+            "turnlog_time_to_first_token_seconds",
+            "Model call start to its first text token.",
+            ["model"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
         self.model_calls = Counter(
             "turnlog_model_calls", "Model calls by model and status.", ["model", "status"], registry=r
         )
@@ -68,7 +83,8 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
-        self.turns = Counter("turnlog_turns", "Finished turns by outcome.", ["reason"], registry=r)
+
+    def _context_and_state_metrics(self, r: CollectorRegistry) -> None:
         self.context_compactions = Counter(
             "turnlog_context_compactions",
             "Context trims and summaries by kind and reason (seed §3.2).",
@@ -91,12 +107,6 @@ class GatewayMetrics:
             ["group", "partition"],
             registry=r,
         )
-        self._first_token_wait: dict[tuple[str, str, int], tuple[float, str]] = {}
-        self._session_models: dict[str, str] = {}
-        self._session_tool_calls: dict[str, int] = {}
-        self._turn_tool_calls: dict[str, int] = {}
-        self.lag_source: LagSource | None = None
-        self.state_source: StateSource | None = None
 
     # -- from the live hub ------------------------------------------------------------------------
 
