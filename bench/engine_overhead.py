@@ -321,8 +321,8 @@ AREAS = (  # first match wins; matched against "file:function"
         ("fastavro", "engine/codec.py", "engine/avro.py"),
     ),
     (
-        "event construction (events.py, uuid, time)",
-        ("engine/events.py", "uuid.py", "method 'hex'", "time_ns", "urandom", "<string>:"),
+        "event construction (events/, uuid, time)",
+        ("engine/events/", "uuid.py", "method 'hex'", "time_ns", "urandom", "<string>:"),
     ),
     ("fold (fold.py, states.py)", ("engine/fold.py", "engine/states.py", "enum.py")),
     (

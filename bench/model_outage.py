@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Model outages and provider limits across a fleet of sessions (issue 44), bench/README.md §15.
+"""Model outages and provider limits across a fleet of sessions (issue 44), bench/README.md §16.
 
     PYTHONPATH=. .venv/bin/python bench/model_outage.py [--parts outage,rate] [--sessions 200] \\
         [--latency 0.1] [--run-s 120] [--hang-from 30] [--hang-s 60] [--out bench/results/model_outage.json]

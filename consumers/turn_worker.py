@@ -23,7 +23,7 @@ from turnlog.engine.experiments.namespace import is_experiment_session
 from turnlog.engine.log.base import EventLog, LogRecord
 from turnlog.engine.models.endpoints import Endpoints
 from turnlog.engine.stream import StreamItem
-from turnlog.engine.turn import TurnRunner
+from turnlog.engine.turn import Clock, TurnRunner
 
 from .parallel import KeyedConsumer
 
@@ -56,9 +56,12 @@ class TurnWorker:
         on_item: Callable[[StreamItem], None] | None = None,
         max_concurrent_turns: int = MAX_CONCURRENT_TURNS,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
+        clock: Clock = ev.now_ms,
         endpoints: Endpoints | None = None,
     ) -> None:
-        self.runner = TurnRunner(event_log, agents.get, producer=worker_id, endpoints=endpoints)
+        """``clock``: what a crashed tool call's starts are timed by (TurnRunner.clock);
+        ``endpoints``: the process's model endpoints (TurnRunner.endpoints)."""
+        self.runner = TurnRunner(event_log, agents.get, producer=worker_id, clock=clock, endpoints=endpoints)
         self.on_item = on_item
         self.consumer = KeyedConsumer(
             event_log,

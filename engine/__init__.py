@@ -33,7 +33,15 @@ from .errors import (
     UnknownSchemaError,
 )
 from .fold import SessionState, fold
-from .log import EventLog, KafkaEventLog, LogRecord, MemoryEventLog, SqliteEventLog, partition_for
+from .log import (
+    EventLog,
+    KafkaEventLog,
+    LogRecord,
+    MemoryEventLog,
+    SessionSummary,
+    SqliteEventLog,
+    partition_for,
+)
 from .messages import ChatMessage
 from .models.base import Model, ModelRequest, ModelResponse, TextDelta, Usage
 from .models.breaker import BreakerPolicy
@@ -43,10 +51,11 @@ from .models.scripted import FunctionModel, ScriptedModel, call, reply
 from .session import AgentSessions, SessionInfo
 from .states import TRANSITIONS, Cause, SessionStatus, check_transition
 from .stream import ModelDelta, ModelProgress, ModelWaiting, StreamItem
-from .tools import Tool, ToolOutcome, ToolRegistry, ToolStatus, tool
+from .tools import NOT_APPLIED, Tool, ToolOutcome, ToolRegistry, ToolStatus, tool
 from .turn import TurnRunner
 
 __all__ = [
+    "NOT_APPLIED",
     "TRANSITIONS",
     "Agent",
     "AgentDirectory",
@@ -92,6 +101,7 @@ __all__ = [
     "SessionInfo",
     "SessionNotFoundError",
     "SessionState",
+    "SessionSummary",
     "SessionStatus",
     "SnapshotFormatError",
     "SnapshotNotFoundError",

@@ -28,6 +28,7 @@
     │   ├── ModelTimeoutError
     │   └── ContextLengthError    the provider refused the request as too long
     ├── MemoryStoreError          the long-term memory store or its embedder failed
+    ├── ExportError               an analytics export cannot write its output directory
     └── ToolFailure               raised *by a tool* to report a business error to the model
 
 Messages say what to do next, not only what went wrong.
@@ -234,6 +235,11 @@ class ContextLengthError(ModelError):
 
 class MemoryStoreError(TurnlogError):
     """The long-term memory store (Qdrant) or its embedder refused or failed an operation."""
+
+
+class ExportError(TurnlogError):
+    """An analytics export (``turnlog export``) cannot use its output directory: missing, not
+    writable, locked by another export, or holding the export of another log or settings."""
 
 
 class ToolFailure(TurnlogError):

@@ -21,6 +21,7 @@ PURPOSES = {
     "gateway": "the HTTP gateway (turnlog serve), its metrics and traces",
     "memory": "long-term memory (Qdrant and the offline embedder)",
     "local": "the local demo model (llama.cpp and Qwen2.5-Coder-1.5B, about 1.1 GB)",
+    "export": "analytics exports as Parquet (turnlog export)",
 }
 """The extras a user turns on for a feature, and what each is for (``test`` and ``docker`` are
 for developers; see pyproject.toml)."""
@@ -91,9 +92,25 @@ def missing_note(extra: str) -> str:
 
 def install_command(extra: str) -> str:
     """``pip install 'turnlog[x]'``, or ``pip install -e '.[x]'`` in an editable checkout."""
-    if _editable():
+    if editable_checkout() is not None:
         return f"pip install -e '.[{extra}]'"
     return f"pip install 'turnlog[{extra}]'"
+
+
+@cache
+def editable_checkout() -> str | None:
+    """The checkout turnlog is installed from in editable mode (PEP 610's direct_url.json), or
+    None. Every turnlog metadata on the path is looked at: a checkout's own ``turnlog.egg-info``
+    (setuptools leaves one) is found first from its folder and has no direct_url.json."""
+    for dist in metadata.distributions(name=DISTRIBUTION):
+        raw = dist.read_text("direct_url.json")
+        try:
+            found = json.loads(raw) if raw else {}
+        except ValueError:
+            continue
+        if found.get("dir_info", {}).get("editable"):
+            return str(found.get("url", "")).removeprefix("file://")
+    return None
 
 
 def _normal(name: str) -> str:
@@ -107,15 +124,3 @@ def _installed(distribution: str) -> bool:
         return False
     return True
 
-
-@cache
-def _editable() -> bool:
-    """Whether turnlog is installed from a checkout in editable mode (PEP 610's direct_url.json)."""
-    try:
-        raw = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        return False
-    try:
-        return bool(raw and json.loads(raw).get("dir_info", {}).get("editable"))
-    except ValueError:
-        return False

@@ -16,76 +16,10 @@ from typing import Any, Callable, Iterable
 from . import events as ev
 from .errors import OutOfOrderError
 from .messages import ChatMessage, summary_message
+from .progress import InboundMessage, ToolCallProgress, TurnProgress
+from .snapshot_format import Decoded, decode
 from .states import SessionStatus, check_transition
-from .tools.execute import ToolStatus
 from .tools.guards import CallRecord
-
-FINAL_TOOL_STATUSES = frozenset(str(status) for status in ToolStatus)
-
-
-@dataclass(slots=True)
-class ToolCallProgress:
-    call_id: str
-    tool_name: str
-    arguments_json: str
-    status: str = "requested"
-    """requested | started | one of FINAL_TOOL_STATUSES."""
-    attempts: int = 0
-    iteration: int = 0
-    approval: str = ""
-    """"" (none needed) | pending | approved | edited | rejected."""
-    approval_note: str = ""
-
-
-@dataclass(slots=True)
-class TurnProgress:
-    turn_id: str
-    message_id: str
-    started_version: int
-    iterations: int = 0
-    """Tool batches requested so far in this turn."""
-    model_calls: int = 0
-    """Model calls finished so far (ok or failed)."""
-    model_calls_started: int = 0
-    """Model calls begun, including one a crashed worker never finished; numbers the next step."""
-    model_call_open: bool = False
-    tool_calls: dict[str, ToolCallProgress] = field(default_factory=dict)
-    """The current tool batch, in the order the model asked."""
-    last_answer: str | None = None
-    """Text of the last assistant message without tool calls."""
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_micros: int = 0
-    history: list[CallRecord] = field(default_factory=list)
-    """Every finished call of the turn, in the order asked: what the loop guards look at."""
-    guard: str = ""
-    """The loop guard that stopped this turn's tool loop, if one did."""
-    guard_reason: str = ""
-    stop_reason: str | None = None
-    """Set by CancelRequested: the turn stops at its next step boundary (engine.interrupts)."""
-    stop_actor: str = ""
-    memories: str = ""
-    """The user's long-term memories shown to the model this turn (MemoriesRetrieved)."""
-    recalled: str = ""
-    """Archived messages brought back for this turn because the user referred to them."""
-    context_retries: int = 0
-    """Model calls redone after the provider refused the context as too long (at most one)."""
-    budget_pause: str = ""
-    """The budget level the turn waits on in PAUSED_FOR_USER ("" when not paused for one)."""
-    budget_allowance_micros: int = 0
-    """Extra spend the user allowed this turn after budget pauses."""
-
-    def unfinished_calls(self) -> list[ToolCallProgress]:
-        return [c for c in self.tool_calls.values() if c.status not in FINAL_TOOL_STATUSES]
-
-
-@dataclass(slots=True)
-class InboundMessage:
-    message_id: str
-    text: str
-    event_id: str
-    version: int = 0
-    """Where it arrived; later than the running turn's start means it arrived mid-turn."""
 
 
 @dataclass(slots=True)
@@ -245,6 +179,9 @@ def _tool_started(s: SessionState, e: ev.ToolCallStarted) -> None:
     call = _call(s, e)
     call.status = "started"
     call.attempts = e.attempt
+    if e.attempt == 1 or not call.first_started_ms:
+        call.first_started_ms = e.time_ms
+    call.last_started_ms = e.time_ms
 
 
 def _tool_finished(s: SessionState, e: ev.ToolCallFinished) -> None:
@@ -298,8 +235,6 @@ def _cancel_requested(s: SessionState, e: ev.CancelRequested) -> None:
 
 
 def _forked(s: SessionState, e: ev.SessionForked) -> None:
-    from .snapshots import restore_fork  # snapshots builds on this module
-
     restore_fork(s, e)
 
 
@@ -398,3 +333,52 @@ _HANDLERS: dict[type[ev.Event], Callable[[SessionState, Any], None]] = {
     ev.BudgetExceeded: _budget_exceeded,
     ev.BudgetDecided: _budget_decided,
 }
+
+
+def state_from(decoded: Decoded) -> SessionState:
+    """The session state a snapshot holds, from its parts (engine.snapshot_format.decode)."""
+    state = SessionState(**decoded.fields)
+    state.inbox, state.messages, state.turn = decoded.inbox, decoded.messages, decoded.turn
+    return state
+
+
+def restore_fork(state: SessionState, forked: ev.SessionForked) -> None:
+    """Fold a SessionForked into an empty state: the origin's state, re-keyed to this session.
+
+    Versions inside it (turn start, inbox arrivals) belong to the origin's numbering, so they
+    are reset: everything inherited happened before the fork's first event. With
+    ``refs_renumbered`` (every fork written now) the inherited messages, then the waiting ones,
+    take the refs -n..-1 in order (``inherited_refs``), so the fork's context events never name
+    an inherited message and one of its own alike; older forks keep the origin's refs and their
+    waiting messages version 0. A fork is open even if its origin was closed.
+    """
+    where = f"session {forked.session_id} v{forked.version} (fork of {forked.origin_session_id})"
+    origin = state_from(decode(forked.state_json, forked.state_format, where=where))
+    for f in dataclasses.fields(SessionState):
+        if f.name not in ("session_id", "version"):
+            setattr(state, f.name, getattr(origin, f.name))
+    state.agent_id, state.model, state.created_ms = forked.agent_id, forked.model, forked.time_ms
+    state.closed, state.close_reason = False, ""  # a fork is a new, open session
+    renumbered = renumbers(forked)
+    refs = inherited_refs(len(state.messages), len(state.inbox)) if renumbered else None
+    if refs is not None:
+        state.messages = [dataclasses.replace(m, ref=r) for m, r in zip(state.messages, refs, strict=False)]
+    for i, message in enumerate(state.inbox):
+        message.version = refs[len(state.messages) + i] if refs is not None else 0
+    if state.turn is not None:
+        state.turn.started_version = 0
+    for row in json.loads(forked.origin_calls_json):
+        fields = (row["call_id"], row["tool_name"], row["arguments_json"], 0, row["status"], row["content"])
+        state.origin_calls.setdefault(row["message_id"], []).append(CallRecord(*fields))
+
+
+def renumbers(forked: ev.SessionForked) -> bool:
+    """Whether the fork's inherited messages take refs below 0 (every fork written now; a fork
+    of format 1 too: its messages had no refs, and nothing in it could have named one)."""
+    return forked.refs_renumbered or forked.state_format == 1
+
+
+def inherited_refs(messages: int, waiting: int) -> list[int]:
+    """The refs a renumbering fork gives its inherited messages, then its waiting messages."""
+    total = messages + waiting
+    return list(range(-total, 0))

@@ -4,27 +4,32 @@ A user message or a cancel request that arrives while a turn runs is an event on
 any other; the running worker meets it when its next commit loses the version race. What
 happens then is decided here:
 
-* ``Rebaser``: the events that slipped in are only user messages, cancel requests or another
-  model call's usage (``REBASABLE``), so the
-  worker's batch (tool results it holds, a model answer) is put on top of them and appended:
-  nothing it learned is lost, and the events keep the ``basis_version`` they were decided
-  from. Anything else that slipped in (an admin's force-finish, an approval, another worker)
-  conflicts: the batch is never appended and the worker folds again and decides anew.
+* ``add_cancel``: a cancel stops the running turn and drops every message waiting for a turn
+  (``UserMessageDropped``, reason ``cancelled``), in one commit; with neither it is refused
+  (``check_cancel``). In-process ``request_cancel`` applies it; on Kafka the partition's owner
+  applies one sent through its inbox (engine.log.kafka_inbox) with the same function.
+* ``Rebaser``: the events that slipped in are only user messages, cancel requests (with their
+  drops) or another model call's usage (``REBASABLE``), so the worker's batch (tool results it
+  holds, a model answer) is put on top of them and appended: nothing it learned is lost, and
+  the events keep the ``basis_version`` they were decided from. Anything else that slipped in
+  (an admin's force-finish, an approval, another worker) conflicts: the batch is never
+  appended and the worker folds again and decides anew.
 * When the fresh state calls for a stop (a cancel request, or a message under the agent's
   ``interrupt`` policy) the batch is cut at its side-effect boundary: tool results are kept,
   but no model call or tool call starts. A model answer decided before the stop arrived is a
   decision the stop supersedes, so it is not appended at all; the call is recorded cancelled,
   with the provider's usage (it was made and paid for).
 * ``next_step`` then returns ``Stop``: ``stop_turn`` finishes what the turn left open, moves
-  the session to CANCELLED with the reason, and the next waiting message starts a new turn
-  that sees the interrupted work in its history.
+  the session to CANCELLED with the reason, and the next waiting message (one that arrived
+  after the cancel, or the interrupting one) starts a new turn that sees the interrupted work
+  in its history.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 from . import events as ev
 from . import snapshots, usage
@@ -36,19 +41,20 @@ from .errors import (
     OutOfOrderError,
     SessionClosedError,
 )
-from .fold import SessionState, ToolCallProgress
+from .fold import SessionState, ToolCallProgress, fold
 from .log.base import EventLog
 from .models.pricing import PriceTable
 from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
-from .turn_records import add_tool_finished, add_turn_finished
+from .turn_records import add_tool_finished, add_turn_finished, drop_waiting
 from .writer import SessionWriter
 
 REBASABLE: frozenset[type[ev.Event]] = frozenset(
-    {ev.UserMessageReceived, ev.CancelRequested, ev.AuxiliaryModelCall}
+    {ev.UserMessageReceived, ev.CancelRequested, ev.UserMessageDropped, ev.AuxiliaryModelCall}
 )
 """Events a running step may be rebased over (a memory extraction's cost recorded while the
-next turn runs changes no decision); anything else that slipped in conflicts."""
+next turn runs, or a cancel's drop of a message waiting behind the turn, changes no decision);
+anything else that slipped in conflicts."""
 REBASE_ATTEMPTS = 8
 
 
@@ -82,11 +88,14 @@ def stop_turn(
     *,
     open_call: ev.ModelCallStarted | None = None,
     prices: PriceTable | None = None,
+    known: Mapping[str, tool_exec.ToolOutcome] | None = None,
 ) -> None:
     """Close the running turn as CANCELLED; every call the model asked for gets a result, so
     the history stays a valid conversation for the next turn. A model call left open (its
     worker stopped during it) is recorded cancelled with what was sent (``open_call``, priced
-    by ``prices``), or under ``model`` with nothing known."""
+    by ``prices``), or under ``model`` with nothing known. ``known``: the outcomes of calls a
+    stopped worker had started, by call id, where more is known than "interrupted, not safe to
+    repeat" (engine.tools.recovery.stopped_outcomes)."""
     turn = w.state.turn
     assert turn is not None
     tid = turn.turn_id
@@ -103,13 +112,17 @@ def stop_turn(
             correlation_id=tid,
         )
     for call in turn.unfinished_calls():
-        _finish_unrun(w, tid, call, stop.reason)
+        _finish_unrun(w, tid, call, stop.reason, (known or {}).get(call.call_id))
     w.transition(SessionStatus.CANCELLED, stop.cause, detail=stop.reason, correlation_id=tid)
     add_turn_finished(w, "cancelled", encoder)
 
 
-def _finish_unrun(w: SessionWriter, turn_id: str, call: ToolCallProgress, reason: str) -> None:
-    if call.status == "started":  # a crashed worker's call: it may have taken effect
+def _finish_unrun(
+    w: SessionWriter, turn_id: str, call: ToolCallProgress, reason: str, known: tool_exec.ToolOutcome | None
+) -> None:
+    if known is not None:
+        outcome = known
+    elif call.status == "started":  # a crashed worker's call: it may have taken effect
         outcome = tool_exec.interrupted(call.tool_name)
     else:
         outcome = tool_exec.ToolOutcome(
@@ -190,6 +203,62 @@ class Rebaser:
         return w.take_pending()
 
 
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """What a cancel did, as the log holds it: the request, the turn it stops at that turn's
+    next step boundary (None if no turn ran) and the waiting messages it dropped."""
+
+    request: ev.CancelRequested
+    stopped_turn: str | None
+    dropped: tuple[ev.UserMessageDropped, ...] = ()
+
+    @property
+    def events(self) -> list[ev.Event]:
+        return [self.request, *self.dropped]
+
+
+def check_cancel(state: SessionState) -> None:
+    """Raise what a cancel of the session is refused with: it is closed, or there is nothing to
+    cancel (no turn runs and no message waits for one)."""
+    if state.closed:
+        raise SessionClosedError(state.session_id, state.close_reason)
+    if state.turn is None and not state.inbox:
+        raise NoTurnRunningError(state.session_id, str(state.status))
+
+
+def add_cancel(w: SessionWriter, reason: str, actor: str, *, event_id: str | None = None) -> Cancelled:
+    """The cancel rule, one for whoever applies a cancel (``request_cancel`` in the process that
+    may append, a Kafka owner admitting one from its inbox): a CancelRequested, which stops the
+    running turn (if any) at its next step boundary, then in the same commit a UserMessageDropped
+    (reason ``cancelled``) for every message waiting for a turn. A user who presses stop right
+    after sending means the message too; one posted after the cancel is not touched. The caller
+    checks first (``check_cancel``); an owner admitting a request that finds nothing to do
+    writes it anyway (it folds to nothing), and its submitter reads that from the log
+    (``cancelled_on_log``).
+    ``event_id``: the submitted request's id, kept."""
+    turn = w.state.turn
+    ids = {"event_id": event_id} if event_id is not None else {}
+    request = w.add(ev.CancelRequested, reason=reason, actor=actor, **ids)
+    detail = f"cancelled by {actor} before a turn took this message" + (f": {reason}" if reason else "")
+    dropped = drop_waiting(w, "cancelled", detail, causation_id=request.event_id)
+    return Cancelled(request, turn.turn_id if turn is not None else None, tuple(dropped))
+
+
+def cancelled_on_log(state: SessionState, newer: list[ev.Event], request_id: str) -> Cancelled:
+    """What a cancel applied by another process (a Kafka owner) did: ``newer`` are the events
+    after ``state``, up to the request (``request_id``) and the drops written with it. Raises
+    what ``check_cancel`` raises for the session as the cancel found it (nothing to cancel)."""
+    at = next(i for i, e in enumerate(newer) if e.event_id == request_id)
+    request = newer[at]
+    assert isinstance(request, ev.CancelRequested)
+    before = fold(state.session_id, newer[:at], state)
+    check_cancel(before)
+    dropped = tuple(
+        e for e in newer[at + 1 :] if isinstance(e, ev.UserMessageDropped) and e.causation_id == request_id
+    )
+    return Cancelled(request, before.turn.turn_id if before.turn is not None else None, dropped)
+
+
 async def request_cancel(
     log: EventLog,
     load: Callable[[str], Awaitable[SessionState]],
@@ -199,29 +268,23 @@ async def request_cancel(
     *,
     actor: str,
     producer: str,
-) -> ev.CancelRequested:
-    """Append a CancelRequested for the session's running turn; whoever runs the session
-    (an in-process turn, a TurnWorker) stops the turn at its next step boundary."""
+) -> Cancelled:
+    """Apply a cancel (``add_cancel``) on the session's current fold; whoever runs the session
+    (an in-process turn, a TurnWorker) stops its turn at the next step boundary."""
     for _ in range(REBASE_ATTEMPTS):
         state = await load(session_id)
-        if state.closed:
-            raise SessionClosedError(session_id, state.close_reason)
-        if state.turn is None:
-            raise NoTurnRunningError(session_id, str(state.status))
-        event = ev.CancelRequested(
-            session_id=session_id,
-            version=state.version + 1,
-            basis_version=state.version,
-            reason=reason,
-            actor=actor,
-            producer=producer,
-        )
+        check_cancel(state)
+        w = SessionWriter(log, state, producer)
+        cancelled = add_cancel(w, reason, actor)
         try:
-            await log.append([event], expected_version=state.version)
+            await w.commit()
         except ConcurrencyError:
-            forget(session_id)
+            forget(session_id)  # the writer folded ahead of the log
             continue
-        return event
+        except BaseException:
+            forget(session_id)
+            raise
+        return cancelled
     raise ConcurrencyError(session_id, state.version, await log.session_version(session_id))
 
 
@@ -230,4 +293,15 @@ def _clip(text: str, limit: int = 80) -> str:
     return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
 
 
-__all__ = ["REBASABLE", "Rebaser", "Stop", "request_cancel", "stop_for", "stop_turn"]
+__all__ = [
+    "REBASABLE",
+    "Cancelled",
+    "Rebaser",
+    "Stop",
+    "add_cancel",
+    "cancelled_on_log",
+    "check_cancel",
+    "request_cancel",
+    "stop_for",
+    "stop_turn",
+]

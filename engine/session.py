@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Sequence, cast
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from . import events as ev
 from . import interrupts, usage
@@ -23,7 +23,6 @@ from .errors import (
     InputError,
     LogUnavailableError,
     MessageTooLargeError,
-    NoTurnRunningError,
     SessionClosedError,
 )
 from .fold import SessionState
@@ -35,7 +34,7 @@ from .stream import StreamItem
 from .text import text_problem
 from .tools import ToolOutcome, approvals, invoke
 from .tools.permissions import tools_for_role
-from .turn import TurnRunner
+from .turn import Clock, TurnRunner
 from .turn_records import add_force_finish, add_turn_finished
 from .writer import SessionWriter
 
@@ -66,13 +65,14 @@ class AgentSessions:
         *,
         producer: str = "api",
         spend_ledger: SpendLedger | None = None,
+        clock: Clock = ev.now_ms,
         endpoints: Endpoints | None = None,
     ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
         self.runner = TurnRunner(
-            log, agents.get, producer=producer, spend_ledger=spend_ledger, endpoints=endpoints
+            log, agents.get, producer=producer, spend_ledger=spend_ledger, clock=clock, endpoints=endpoints
         )
 
     async def create_session(
@@ -323,24 +323,17 @@ class AgentSessions:
                     raise
         raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
 
-    async def cancel(self, session_id: str, reason: str = "", *, actor: str = "user") -> ev.CancelRequested:
-        """Ask the running turn to stop at its next step boundary (seed §8), without a new
-        message. Whoever runs the session (an in-process ``send_user_message``, a TurnWorker,
-        ``run_pending``) stops it: CANCELLED, with what ran so far kept. Where another process
-        owns the session's partition (Kafka), the owner sequences the request from the inbox,
-        and the event comes back with version 0."""
+    async def cancel(self, session_id: str, reason: str = "", *, actor: str = "user") -> interrupts.Cancelled:
+        """Stop the running turn at its next step boundary (seed §8) and drop every message
+        waiting for a turn (``interrupts.add_cancel``), without a new message; NoTurnRunningError
+        when there is neither. Whoever runs the session (an in-process ``send_user_message``, a
+        TurnWorker, ``run_pending``) stops the turn: CANCELLED, with what ran so far kept. Where
+        another process owns the session's partition (Kafka), the owner applies the request from
+        the inbox; this returns what it did once it is on the log."""
         reason = reason or "the user cancelled"
         if not self._owns(session_id):
-            state = await self.runner.reload(session_id)
-            if state.closed:
-                raise SessionClosedError(session_id, state.close_reason)
-            if state.turn is None:
-                raise NoTurnRunningError(session_id, str(state.status))
-            request = ev.CancelRequested(
-                session_id=session_id, version=0, reason=reason, actor=actor, producer=self.producer
-            )
-            return cast(ev.CancelRequested, await self.log.submit(request))
-        request = await interrupts.request_cancel(
+            return await self._request_cancel(session_id, reason, actor)
+        cancelled = await interrupts.request_cancel(
             self.log,
             self.runner.load,
             self.runner.forget,
@@ -349,8 +342,52 @@ class AgentSessions:
             actor=actor,
             producer=self.producer,
         )
-        self.runner.interrupt(session_id, request.version)  # a model call in flight here stops now
-        return request
+        self.runner.interrupt(session_id, cancelled.request.version)  # a model call in flight here stops now
+        return cancelled
+
+    async def _request_cancel(self, session_id: str, reason: str, actor: str) -> interrupts.Cancelled:
+        """A cancel submitted through the inbox: the owner applies the rule to the session as it
+        finds it, after every request submitted before (a message posted a moment ago may not be
+        on this process's read of the log yet, so nothing but a close is refused here). A cancel
+        the owner finds nothing to do for is on the log, stopping nothing, and raises
+        NoTurnRunningError here as it would in the owner."""
+        state = await self.runner.reload(session_id)
+        if state.closed:
+            raise SessionClosedError(session_id, state.close_reason)
+        request = ev.CancelRequested(
+            session_id=session_id,
+            version=0,
+            basis_version=state.version,
+            reason=reason,
+            actor=actor,
+            producer=self.producer,
+        )
+        await self.log.submit(request)
+        newer = await self._applied(request, state.version)
+        return interrupts.cancelled_on_log(state, newer, request.event_id)
+
+    async def _applied(self, request: ev.Event, basis: int) -> list[ev.Event]:
+        """The session's events after ``basis`` once the owner has sequenced ``request`` (a
+        submission from a process that does not own the partition). SessionClosedError if the
+        session was closed first: the owner refuses the request then."""
+        sid = request.session_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REQUEST_WAIT_S
+        while True:
+            newer = await self.log.read_session(sid, basis)
+            if any(e.event_id == request.event_id for e in newer):
+                return newer
+            closed = next((e for e in newer if isinstance(e, ev.SessionClosed)), None)
+            if closed is not None:
+                raise SessionClosedError(sid, closed.reason)
+            left = deadline - loop.time()
+            if left <= 0:
+                raise LogUnavailableError(
+                    f"session {sid}: the {request.type} is on the log's inbox, but the owner of partition "
+                    f"{self.log.partition_of(sid)} has not applied it within {REQUEST_WAIT_S:g} s; it will "
+                    "once a worker owns the partition: check that workers run."
+                )
+            await self.log.wait_for_append(min(left, 0.2))
 
     def _owns(self, session_id: str) -> bool:
         """Whether this process may append to the session (always, except on Kafka where the

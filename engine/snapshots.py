@@ -1,76 +1,47 @@
 """Session snapshots (seed §8): the folded state written to the log, so loading starts there.
 
-After every tool step and at every turn end the turn loop adds a ``SnapshotTaken`` event to the
-step's commit; its ``state_json`` is the session state as of the version before it. Loading a
-session restores the latest snapshot (``EventLog.latest_snapshot``) and folds only the events
-after it, so the cost of loading does not grow with the session's length.
+After every tool step and at every turn end the turn loop adds a ``SnapshotTaken`` to the
+step's commit; its ``state_json`` holds the session state as of the version before it, in the
+snapshot format (engine.snapshot_format). Loading restores the newest snapshot and folds only
+the events after it, so a load costs the same however long the session is.
 
-The serialisation is positional JSON (short, fast to parse) and carries a format number.
-A keyframe snapshot holds every message; most snapshots are deltas that hold the messages
-added since the session's last keyframe and name it (``keyframe_version``), so a snapshot's
-size stays bounded on a long session and loading reads at most two snapshots. Format history:
-
-* 1: ``{"s": session fields, "i": inbox, "t": turn with its tool calls, "b": keyframe
-  version or 0, "k": messages taken from the keyframe, "m": the other messages}``; field
-  order as in the ``*_FIELDS`` tuples below.
-* 2: as 1, plus the session's task state and archived count, the turn's memories, recalled
-  text, context retries and budget pause, and each message's ``ref`` (context management).
-* 3: as 2, plus the session's ``origin_calls`` (a fork's calls its origin had started), each
-  message id's list of rows in RECORD_FIELDS order.
-* 4: as 3, but a delta holds only the messages added since the previous snapshot of its chain
-  (keyframe, delta, delta, ...), named by ``"p"`` (its version; ``"k"`` is the number of
-  messages before this delta's own), so a snapshot costs what changed since the last one
-  instead of everything since the keyframe. Loading reads the chain: the keyframe and the
-  deltas after it (one range read, ``EventLog.snapshots_between``), at most ``CHAIN_LIMIT``
-  of them, so it stays flat in session length. A link that is not where the delta says
-  (``"p"``, ``"k"``) is refused and the loader folds from the start.
-* 5: as 4, but a delta's turn also holds only the loop guards' records (``history``) added
-  since the previous snapshot of its chain, when that snapshot was of the same turn (``"h"``:
-  how many it takes from there; 0 in a keyframe). Before, every snapshot of a turn repeated the
-  turn's whole history with every tool result in full, so a turn of K tool steps wrote K²/2
-  results into its snapshots.
-
-Restore points (format 0, ``RESTORE_POINT``): a snapshot after a tool step holds no state
-when the session's newest snapshot that does is fewer than ``FULL_EVERY`` events back and the
-messages added since are small (under ``FULL_CHARS`` characters: a large tool result is written
-in the commit that carries its event, where the log's compression folds the two). It is
-what seed §8 asks for (a point an admin can restore from, with what had happened by then) at the
-cost of one small event: its ``state_json`` is empty, and its state is the newest full snapshot
-before it with the events between folded on top (``state_before``). Loading skips them
-(``EventLog.latest_snapshot`` returns only snapshots that hold a state), so a load still folds at
-most about ``FULL_EVERY`` events plus one step's. Every turn end, and every snapshot whose fold
-the encoder has not written a full one for (a reloaded state), holds the state.
-
-Every format is read (``READS``): fields a format lacks take their defaults. Format 1 messages
-carry no ``ref``; ``load_latest`` gives them the versions of the events they came from (one
-index read of the session's message events, ``EventLog.versions_of``), or folds from the
-start when that cannot be done exactly. A reader refuses formats it does not know
-(``SnapshotFormatError``); the loader then folds from the start, which is always correct.
-Changing a field of ``SessionState``, ``TurnProgress``,
-``ToolCallProgress`` or ``InboundMessage`` means a new format number (tests/test_snapshots.py
-holds the current layout and fails when a dataclass drifts from it).
+Most snapshots are deltas: they hold the messages added since the previous snapshot of their
+chain, which starts at a keyframe that holds every message, so a snapshot stays small on a long
+session and a load reads one chain (``CHAIN_LIMIT`` links at most). A tool step's snapshot is
+a restore point (format 0, no state) while a full one is near (``FULL_EVERY``, ``FULL_CHARS``):
+an admin can still restore there (``state_before``), and a load skips it. A snapshot that cannot
+be read is refused (``SnapshotFormatError``) and the loader folds from the start, which is
+always correct. docs/architecture.md ("Snapshot formats") has the formats and the reasons.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Sequence
 
 from . import events as ev
 from .errors import SnapshotFormatError
-from .events import ToolCallSpec
-from .fold import InboundMessage, SessionState, ToolCallProgress, TurnProgress, fold
+from .fold import SessionState, TurnProgress, fold, state_from
 from .log.base import EventLog
 from .messages import ChatMessage, grew_at_end
-from .states import SessionStatus
+from .snapshot_format import (
+    CALL_FIELDS,
+    FORMAT,
+    INBOX_FIELDS,
+    READS,
+    RECORD_FIELDS,
+    SESSION_FIELDS,
+    TURN_FIELDS,
+    compact_json,
+    decode,
+    message_row,
+)
 from .tools.guards import CallRecord
 from .writer import SessionWriter
 
-FORMAT = 5
 RESTORE_POINT = ev.RESTORE_POINT
 """The ``state_format`` of a snapshot that holds no state (``state_json`` is empty)."""
 FULL_EVERY = 64
@@ -82,98 +53,9 @@ DELTA_LIMIT = 128
 """Messages a chain may add beyond its keyframe before the next snapshot is a keyframe."""
 CHAIN_LIMIT = 64
 """Deltas a chain may hold before the next snapshot is a keyframe (bounds a load's reads)."""
-SESSION_FIELDS = (
-    "session_id",
-    "version",
-    "agent_id",
-    "user_id",
-    "role",
-    "model",
-    "status",
-    "turns_finished",
-    "closed",
-    "close_reason",
-    "input_tokens",
-    "output_tokens",
-    "cost_micros",
-    "superseded",
-    "created_ms",
-    "updated_ms",
-    "task_state",
-    "archived",
-    "origin_calls",
-)
-"""SessionState's plain fields; ``messages``, ``inbox`` and ``turn`` are written separately."""
-INBOX_FIELDS = ("message_id", "text", "event_id", "version")
-TURN_FIELDS = (
-    "turn_id",
-    "message_id",
-    "started_version",
-    "iterations",
-    "model_calls",
-    "model_calls_started",
-    "model_call_open",
-    "last_answer",
-    "input_tokens",
-    "output_tokens",
-    "cost_micros",
-    "history",
-    "guard",
-    "guard_reason",
-    "stop_reason",
-    "stop_actor",
-    "memories",
-    "recalled",
-    "context_retries",
-    "budget_pause",
-    "budget_allowance_micros",
-)
-"""TurnProgress's fields but ``tool_calls``, which follows them as a list in request order;
-``history`` (the loop guards' CallRecords) is a list of rows in RECORD_FIELDS order."""
-CALL_FIELDS = (
-    "call_id",
-    "tool_name",
-    "arguments_json",
-    "status",
-    "attempts",
-    "iteration",
-    "approval",
-    "approval_note",
-)
-RECORD_FIELDS = ("call_id", "tool_name", "arguments_json", "iteration", "status", "result")
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """What one snapshot format holds: its session and turn fields, in order, and whether each
-    message row ends with its ref."""
-
-    session: tuple[str, ...]
-    turn: tuple[str, ...]
-    refs: bool
-    chained: bool = False
-    """A delta builds on the previous snapshot of its chain (``"p"``), not on its keyframe."""
-    history_chained: bool = False
-    """A delta's turn history starts with the first ``"h"`` records of the previous snapshot's."""
-
-
-READS = {
-    1: Layout(SESSION_FIELDS[:16], TURN_FIELDS[:16], refs=False),
-    2: Layout(SESSION_FIELDS[:18], TURN_FIELDS, refs=True),
-    3: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True),
-    4: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True),
-    FORMAT: Layout(SESSION_FIELDS, TURN_FIELDS, refs=True, chained=True, history_chained=True),
-}
-"""Every format this turnlog reads."""
 MESSAGE_TYPES = ("SessionForked", "UserMessageReceived", "AssistantMessage", "ToolCallFinished")
 """The events a format-1 snapshot's messages came from (their ref is its version), and a fork's
 first event (whose messages came from none of this session's events)."""
-_DUMP = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
-
-
-def _message(m: ChatMessage) -> str:
-    calls = [[c.call_id, c.name, c.arguments_json] for c in m.tool_calls]
-    return _DUMP([m.role, m.content, calls, m.tool_call_id, m.name, m.ref])
 
 
 @dataclass(slots=True)
@@ -264,7 +146,7 @@ class SnapshotEncoder:
         if cached is None or not _same_fold(cached, messages):
             cached = _Encoded(messages, None, [])
         n = len(cached.parts)
-        cached.parts.extend(_message(m) for m in messages[n:])
+        cached.parts.extend(message_row(m) for m in messages[n:])
         cached.last = messages[-1] if messages else None
         self._cache[state.session_id] = cached
         if len(self._cache) > self._cache_size:
@@ -300,7 +182,7 @@ def encode_state(
     snapshot whose first ``skip`` messages and first ``kept`` turn history records it builds
     on (``previous``)."""
     if parts is None:
-        parts = [_message(m) for m in state.messages[skip:]]
+        parts = [message_row(m) for m in state.messages[skip:]]
     session = list(_SESSION_ROW(state))  # the status is a StrEnum: JSON writes its name
     if state.origin_calls:
         session[_ORIGIN_CALLS] = {
@@ -312,7 +194,7 @@ def encode_state(
         doc_turn = list(_TURN_ROW(turn))
         doc_turn[_HISTORY] = [_RECORD_ROW(r) for r in turn.history[kept:]]
         doc_turn.append([_CALL_ROW(c) for c in turn.tool_calls.values()])
-    head = _DUMP(
+    head = compact_json(
         {
             "s": session,
             "i": [_INBOX_ROW(m) for m in state.inbox],
@@ -345,77 +227,10 @@ def decode_state(
     base_version: int | None = None,
     base_turn: TurnProgress | None = None,
 ) -> SessionState:
-    """The state a snapshot holds; a delta needs ``base``, the messages of the snapshot it
-    builds on (its keyframe; from format 4 the previous snapshot of its chain), which is at
-    ``base_version`` when given (checked), and from format 5 that snapshot's turn
-    (``base_turn``) when it keeps some of its history. ``where`` names the record in errors.
-    Format 1 messages get ref 0 (see ``load_latest``)."""
-    layout = READS.get(state_format)
-    if layout is None:
-        raise SnapshotFormatError(
-            f"{where}: snapshot format {state_format} is not one this turnlog reads (it reads "
-            f"{', '.join(map(str, READS))}); upgrade turnlog. Loading folds the session from its first "
-            "event instead."
-        )
-    try:
-        doc = json.loads(text)
-        scalars = dict(zip(layout.session, doc["s"], strict=True))
-        scalars["status"] = SessionStatus(scalars["status"])
-        if "origin_calls" in scalars:
-            scalars["origin_calls"] = {
-                mid: [CallRecord(*r) for r in rows] for mid, rows in scalars["origin_calls"].items()
-            }
-        state = SessionState(**scalars)
-        state.inbox = deque(InboundMessage(*row) for row in doc["i"])
-        own = [_decode_message(row, layout.refs) for row in doc["m"]]
-        state.messages = _inherited(doc, base, base_version, layout, where) + own
-        state.turn = None if doc["t"] is None else _turn(doc["t"], layout.turn)
-        if layout.history_chained and doc["h"]:
-            _inherit_history(state.turn, doc["h"], base_turn, where)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SnapshotFormatError(f"{where}: corrupt snapshot: {type(exc).__name__}: {exc}") from exc
-    return state
-
-
-def _inherited(
-    doc: dict[str, Any], base: list[ChatMessage] | None, base_version: int | None, layout: Layout, where: str
-) -> list[ChatMessage]:
-    if not doc["b"]:
-        return []
-    on = doc["p"] if layout.chained else doc["b"]
-    what = "the previous snapshot of its chain" if layout.chained else "its keyframe"
-    if base is None or len(base) < doc["k"] or (base_version is not None and base_version != on):
-        raise SnapshotFormatError(f"{where}: a delta snapshot needs the {doc['k']} messages of {what} v{on}")
-    return base[: doc["k"]]
-
-
-def _inherit_history(turn: TurnProgress | None, kept: int, base: TurnProgress | None, where: str) -> None:
-    """Put the first ``kept`` history records of the previous snapshot's turn (``base``) before
-    the ones this delta holds; refused unless that snapshot was of the same turn and had them."""
-    if turn is None or base is None or base.turn_id != turn.turn_id or len(base.history) < kept:
-        raise SnapshotFormatError(
-            f"{where}: a delta snapshot needs the {kept} tool calls of its turn in the previous "
-            "snapshot of its chain"
-        )
-    turn.history = base.history[:kept] + turn.history
-
-
-def _decode_message(row: list[Any], with_ref: bool) -> ChatMessage:
-    role, content, calls, call_id, name, *ref = row
-    if len(ref) != int(with_ref):
-        raise ValueError(f"a message row of {len(row)} fields")
-    return ChatMessage(role, content, tuple(ToolCallSpec(*c) for c in calls), call_id, name, *ref)
-
-
-def _turn(row: list[Any], names: tuple[str, ...]) -> TurnProgress:
-    *scalars, calls = row
-    fields = dict(zip(names, scalars, strict=True))
-    fields["history"] = [CallRecord(*r) for r in fields["history"]]
-    turn = TurnProgress(**fields)
-    for call in calls:
-        progress = ToolCallProgress(**dict(zip(CALL_FIELDS, call, strict=True)))
-        turn.tool_calls[progress.call_id] = progress
-    return turn
+    """The state a snapshot holds (engine.snapshot_format.decode says what the rest needs)."""
+    return state_from(
+        decode(text, state_format, where=where, base=base, base_version=base_version, base_turn=base_turn)
+    )
 
 
 def restore(snapshot: ev.SnapshotTaken, *chain: ev.SnapshotTaken | None) -> SessionState:
@@ -541,48 +356,6 @@ def _with_refs(state: SessionState, versions: Sequence[tuple[int, str]]) -> Sess
 _ROLE_OF = {"UserMessageReceived": "user", "AssistantMessage": "assistant", "ToolCallFinished": "tool"}
 
 
-def restore_fork(state: SessionState, forked: ev.SessionForked) -> None:
-    """Fold a SessionForked into an empty state: the origin's state, re-keyed to this session.
-
-    Versions inside it (turn start, inbox arrivals) belong to the origin's numbering, so they
-    are reset: everything inherited happened before the fork's first event. With
-    ``refs_renumbered`` (every fork written now) the inherited messages, then the waiting ones,
-    take the refs -n..-1 in order (``inherited_refs``), so the fork's context events never name
-    an inherited message and one of its own alike; older forks keep the origin's refs and their
-    waiting messages version 0. A fork is open even if its origin was closed.
-    """
-    where = f"session {forked.session_id} v{forked.version} (fork of {forked.origin_session_id})"
-    origin = decode_state(forked.state_json, forked.state_format, where=where)
-    for f in dataclasses.fields(SessionState):
-        if f.name not in ("session_id", "version"):
-            setattr(state, f.name, getattr(origin, f.name))
-    state.agent_id, state.model, state.created_ms = forked.agent_id, forked.model, forked.time_ms
-    state.closed, state.close_reason = False, ""  # a fork is a new, open session
-    renumbered = renumbers(forked)
-    refs = inherited_refs(len(state.messages), len(state.inbox)) if renumbered else None
-    if refs is not None:
-        state.messages = [dataclasses.replace(m, ref=r) for m, r in zip(state.messages, refs, strict=False)]
-    for i, message in enumerate(state.inbox):
-        message.version = refs[len(state.messages) + i] if refs is not None else 0
-    if state.turn is not None:
-        state.turn.started_version = 0
-    for row in json.loads(forked.origin_calls_json):
-        fields = (row["call_id"], row["tool_name"], row["arguments_json"], 0, row["status"], row["content"])
-        state.origin_calls.setdefault(row["message_id"], []).append(CallRecord(*fields))
-
-
-def renumbers(forked: ev.SessionForked) -> bool:
-    """Whether the fork's inherited messages take refs below 0 (every fork written now; a fork
-    of format 1 too: its messages had no refs, and nothing in it could have named one)."""
-    return forked.refs_renumbered or forked.state_format == 1
-
-
-def inherited_refs(messages: int, waiting: int) -> list[int]:
-    """The refs a renumbering fork gives its inherited messages, then its waiting messages."""
-    total = messages + waiting
-    return list(range(-total, 0))
-
-
 def last_tool(state: SessionState) -> str:
     """Name of the last tool result of the current (or just finished) turn, "" if none."""
     for message in reversed(state.messages):
@@ -630,9 +403,6 @@ __all__ = [
     "last_tool",
     "load_latest",
     "restore",
-    "inherited_refs",
-    "renumbers",
-    "restore_fork",
     "state_before",
     "take",
 ]

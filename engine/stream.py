@@ -52,3 +52,17 @@ class ModelWaiting:
 
 
 StreamItem = Event | ModelDelta | ModelProgress | ModelWaiting
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """An event committed at ``version`` of a session, known by its number only: a notice that
+    tells a listener in another process to read the log (engine.log.kafka_live, local_live)."""
+
+    session_id: str
+    version: int
+    type: str
+
+
+LiveItem = StreamItem | Committed
+"""What a process hears of the turns other processes run: their stream items, or notices."""

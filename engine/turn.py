@@ -4,8 +4,9 @@
 folded state calls for: start a turn for the oldest waiting message, call the model, run the
 requested tools, or nothing. Because the next step is derived from the log alone, the same code
 continues a turn after a crash: recorded model answers and tool results are reused, a started
-idempotent or keyed tool is run again (with its key), a started one without either is reported
-as interrupted, and one started too often is abandoned (engine.tools.ledger).
+idempotent or keyed tool is run again (with its key; paced, and given up if it keeps killing
+its workers: engine.tools.recovery), and a started one without either is reported as
+interrupted (engine.tools.ledger).
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ from .models.base import ModelRequest, ModelResponse
 from .models.endpoints import Endpoints
 from .states import Cause, SessionStatus
 from .stream import StreamItem
-from .tools import Tool, batch, guards, ledger
+from .tools import Tool, batch, guards, ledger, recovery
 from .tools import execute as tool_exec
 from .turn_records import add_tool_finished, add_turn_finished, drop_waiting
 from .writer import SessionWriter
 
 S = SessionStatus
+Clock = Callable[[], int]
+"""Now, in ms since the epoch: what the crash rule's times are read against (engine.tools.recovery)."""
 MessageCheck = Callable[[SessionState, str], None]
 """Accepts a new user message for a session or raises (too large, session closed...)."""
 log = structlog.get_logger("turnlog.turn")
@@ -138,6 +141,7 @@ class TurnRunner:
         cache_size: int = 1024,
         snapshots: bool = True,
         spend_ledger: SpendLedger | None = None,
+        clock: Clock = ev.now_ms,
         endpoints: Endpoints | None = None,
     ) -> None:
         self.log = log
@@ -150,6 +154,9 @@ class TurnRunner:
         """Writes a snapshot after every tool step and turn end; None turns them off (benchmarks)."""
         self.spend_ledger = spend_ledger
         """Answers what a user spent today, for per-user daily budgets."""
+        self.clock = clock
+        """Stamps tool starts and decides when a crashed call starts again or is given up
+        (engine.tools.recovery); tests inject one that runs ahead of the wall clock."""
         self.context = ContextManager(log, cache_size, self.endpoints)
         """Keeps every model step within the agent's context budgets (seed §3)."""
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
@@ -268,9 +275,14 @@ class TurnRunner:
             return
         if isinstance(step, Stop):
             open_call = await usage.open_model_call(self.log, w.state)
-            interrupts.stop_turn(
-                w, step, agent.model.name, self.snapshots, open_call=open_call, prices=agent.prices
+            calls = w.state.turn.tool_calls.values() if w.state.turn else ()
+            known = await recovery.stopped_outcomes(
+                calls, builtins.session_tools(agent, w.state), self._key_of(w)
             )
+            interrupts.stop_turn(
+                w, step, agent.model.name, self.snapshots,
+                open_call=open_call, prices=agent.prices, known=known,
+            )  # fmt: skip
             return
         steps = (
             self._run_tools(step, w, agent)
@@ -497,10 +509,16 @@ class TurnRunner:
         assert turn is not None
         tid = turn.turn_id
         origin = w.state.origin_calls.get(turn.message_id, ())  # a fork's: what its origin started
-        plan = batch.plan_batch(step.calls, builtins.session_tools(agent, w.state), turn.history, origin)
+        now = self.clock()
+        registry = builtins.session_tools(agent, w.state)
+        plan = batch.plan_batch(step.calls, registry, turn.history, origin, now_ms=now)
+        if plan.paced_until is not None:  # a crashed call's next start is not due: wait, decide again
+            await recovery.pause(plan.paced_until - now, w.state.session_id)
+            return
         if plan.approvals and plan.trip is None:
             batch.request_approvals(w, tid, plan.approvals)
             return
+        await recovery.settle(plan.prepared, self._key_of(w))
         runnable: Runnable = []  # the fold updates each `call` as events are added
         results: dict[str, tuple[int, tool_exec.ToolOutcome]] = {}  # call_id -> (prior attempts, outcome)
         w.mark_boundary()
@@ -509,6 +527,7 @@ class TurnRunner:
             if isinstance(prepared, tool_exec.ToolOutcome):  # rejected, declined, interrupted: nothing to run
                 results[call.call_id] = (call.attempts, prepared)
             else:
+                assert isinstance(prepared, tuple), prepared  # settled: nothing paced or to consult
                 key = ledger.idempotency_key(w.state.session_id, tid, call.call_id)
                 runnable.append((call, call.attempts, prepared[0], ledger.with_key(*prepared, key)))
                 w.add(
@@ -519,6 +538,7 @@ class TurnRunner:
                     attempt=call.attempts + 1,
                     idempotency_key=key,
                     correlation_id=tid,
+                    time_ms=self.clock(),
                 )
         commit_first = needs_commit_before(runnable, w.recovered)
         if commit_first:
@@ -545,6 +565,11 @@ class TurnRunner:
         # nothing since the last commit that cannot run again if lost: the next model call need
         # not wait for the COMMIT of what it follows (it is made again, and so is the batch)
         w.redoable_pending = not commit_first and bool(runnable)
+
+    def _key_of(self, w: SessionWriter) -> Callable[[str], str]:
+        """A call's idempotency key in the writer's running turn, by call id."""
+        sid, tid = w.state.session_id, w.state.turn.turn_id if w.state.turn else ""
+        return lambda call_id: ledger.idempotency_key(sid, tid, call_id)
 
     async def _execute(
         self,
@@ -615,8 +640,8 @@ def needs_commit_before(runnable: Runnable, recovered: bool) -> bool:
     A keyed tool needs its start on the log: a re-asked model may name new calls, so new keys,
     and the key's exactly-once promise would break. A re-run (attempt > 1) and every batch of
     a run that found a stopped worker's call (``recovered``) are committed first, so a tool
-    that kills its worker meets the ledger's ``max_starts`` instead of a crash loop. A batch
-    with nothing to run has no side effect to commit before."""
+    that kills its worker meets the crash rule (engine.tools.recovery) instead of a crash
+    loop. A batch with nothing to run has no side effect to commit before."""
     if recovered:
         return bool(runnable)
     return any(not t.idempotent or t.takes_idempotency_key or prior for _, prior, t, _ in runnable)

@@ -93,8 +93,18 @@ def add_force_finish(
         snapshots.take(w, encoder)  # a forced turn end is a turn end too
 
 
-def drop_waiting(w: SessionWriter, reason: str, detail: str) -> None:
+def drop_waiting(
+    w: SessionWriter, reason: str, detail: str, *, causation_id: str | None = None
+) -> list[ev.UserMessageDropped]:
     """A UserMessageDropped for every message waiting in the inbox: none of them will be
-    answered (the session is closed, or a fork rests), and the log says so."""
-    for message in list(w.state.inbox):
-        w.add(ev.UserMessageDropped, message_id=message.message_id, reason=reason, detail=detail)
+    answered (the session is closed, a fork rests, a cancel), and the log says so."""
+    return [
+        w.add(
+            ev.UserMessageDropped,
+            message_id=message.message_id,
+            reason=reason,
+            detail=detail,
+            causation_id=causation_id,
+        )
+        for message in list(w.state.inbox)
+    ]

@@ -17,7 +17,7 @@ from turnlog.engine.fold import SessionState
 from .http import not_found, principal_of
 
 if TYPE_CHECKING:
-    from .service import Gateway
+    from .parts import GatewayParts as Gateway
 
 HEAVY: frozenset[type[ev.Event]] = frozenset({ev.SnapshotTaken, ev.SessionForked})
 """Events whose ``state_json`` (a whole session state) is too large to send back: sent as a size."""

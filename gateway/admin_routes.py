@@ -4,7 +4,7 @@ a fork from one of them, a read-only replay, the analytics and the metrics."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -16,16 +16,14 @@ from turnlog.projections import queries
 from .access import appended, event_json, owned_state, pending_approvals, projected, session_json
 from .bodies import json_body
 from .http import HttpError, int_field, int_param, optional_string, principal_of, string_field
-
-if TYPE_CHECKING:
-    from .service import Gateway
+from .parts import GatewayParts
 
 REPLAY_PAGE = 200
 """Default number of replay steps per page."""
 
 
 class AdminRoutes:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayParts) -> None:
         self.gw = gw
         self.admin = SessionAdmin(gw.log, producer="gateway-admin")
 

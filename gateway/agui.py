@@ -18,7 +18,7 @@ exists. The last user message of the input is posted to the log; the run is that
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator
 
 from ag_ui.core import (
     BaseEvent,
@@ -50,10 +50,9 @@ from turnlog.engine.stream import ModelDelta, ModelWaiting
 
 from .bodies import json_body
 from .http import HttpError, principal_of
+from .lifetimes import Holdings
+from .parts import GatewayParts
 from .stream import SessionStream
-
-if TYPE_CHECKING:
-    from .service import Gateway
 
 
 def thread_session_id(user: str, thread_id: str) -> str:
@@ -185,7 +184,7 @@ class RunMapper:
 
 
 class AguiRoute:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayParts) -> None:
         self.gw = gw
 
     async def run(self, request: Request) -> Response:
@@ -203,34 +202,32 @@ class AguiRoute:
             await self.gw.api.get_state(session_id)
         except SessionNotFoundError:
             await self.gw.api.create_session(agent_id, principal.user, session_id=session_id)
-        if not self.gw.streams.try_open(principal.user):
-            raise HttpError(429, "too_many_streams", "too many open streams; close one first")
-        try:
+        with Holdings() as held:
+            release = self.gw.streams.take(principal.user)
+            if release is None:
+                raise HttpError(429, "too_many_streams", "too many open streams; close one first")
+            held.hold(release)
             after = (await self.gw.log.read_session_records(session_id))[-1].offset
             stream = SessionStream(self.gw.log, self.gw.hub, session_id, after, poll_s=self.gw.config.poll_s)
+            held.hold(stream.close)
             posted = await self.gw.api.post_user_message(session_id, text)
             self.gw.hub.publish(posted)
-        except BaseException:
-            self.gw.streams.close(principal.user)
-            raise
-        encoder = EventEncoder(accept=request.headers.get("accept", ""))
-        body = self._events(stream, RunMapper(run, session_id), posted.message_id, encoder, principal.user)
-        return StreamingResponse(body, media_type=encoder.get_content_type())
+            encoder = EventEncoder(accept=request.headers.get("accept", ""))
+            body = _events(stream, RunMapper(run, session_id), posted.message_id, encoder)
+            return held.answer(StreamingResponse(body, media_type=encoder.get_content_type()))
 
-    async def _events(
-        self, stream: SessionStream, mapper: RunMapper, message_id: str, encoder: EventEncoder, user: str
-    ) -> AsyncIterator[str]:
-        try:
-            async for message in stream.items():
-                if isinstance(message, ModelWaiting):
-                    continue  # AG-UI has no wait event; the run's events and deltas follow it
-                if isinstance(message, ModelDelta):
-                    out = mapper.on_delta(message)
-                else:
-                    out = mapper.on_event(message.event, message_id)
-                for event in out:
-                    yield encoder.encode(event)
-                if mapper.done:
-                    return
-        finally:
-            self.gw.streams.close(user)
+
+async def _events(
+    stream: SessionStream, mapper: RunMapper, message_id: str, encoder: EventEncoder
+) -> AsyncIterator[str]:
+    async for message in stream.items():
+        if isinstance(message, ModelWaiting):
+            continue  # AG-UI has no wait event; the run's events and deltas follow it
+        if isinstance(message, ModelDelta):
+            out = mapper.on_delta(message)
+        else:
+            out = mapper.on_event(message.event, message_id)
+        for event in out:
+            yield encoder.encode(event)
+        if mapper.done:
+            return

@@ -123,5 +123,9 @@ def _bad_json(detail: str) -> NoReturn:
     raise HttpError(400, "bad_json", detail)
 
 
+def too_large_detail(size: str, limit: int) -> str:
+    return f"the request body is {size} bytes; the limit is {limit}"
+
+
 def _too_large(size: str, limit: int) -> HttpError:
-    return HttpError(413, "body_too_large", f"the request body is {size} bytes; the limit is {limit}")
+    return HttpError(413, "body_too_large", too_large_detail(size, limit))

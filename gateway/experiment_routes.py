@@ -11,7 +11,8 @@ it with POST .../resume, or `turnlog experiment resume`).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from starlette.requests import Request
@@ -29,25 +30,47 @@ from turnlog.engine.experiments.report import report_json
 
 from .bodies import json_body
 from .http import HttpError, int_field, principal_of, string_field
-
-if TYPE_CHECKING:
-    from .service import Gateway
+from .parts import GatewayParts
 
 log = structlog.get_logger("turnlog.gateway")
 MAX_CONCURRENCY = 64
+ANY = 10**40
+"""Bounds wide enough for any number the body may hold (``from_turn`` is checked by the runner,
+which knows the range the selected sessions have)."""
 SELECT_FIELDS = {"agent", "user", "since_ms", "until_ms", "session_ids", "sample", "seed"}
 
 
+@dataclass
+class Run:
+    """An experiment run in this process: running, or how it ended."""
+
+    runner: ExperimentRunner
+    done: bool = False
+    error: str = ""
+    """Why it failed: the error that ended it, or the sessions whose replay failed ("" if none)."""
+
+    def status(self) -> dict[str, Any]:
+        state = "running" if not self.done else "failed" if self.error else "finished"
+        return {"running": not self.done, "status": state, "error": self.error}
+
+
+NOT_RUN_HERE = {"running": False, "status": "not_running", "error": ""}
+"""An experiment this gateway has not run since it started (another process ran it, or it ran
+before a restart): its report, read from the log, shows how far it got."""
+
+
 class ExperimentRoutes:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayParts) -> None:
         self.gw = gw
-        self.running: dict[str, asyncio.Task[None]] = {}
+        self.runs: dict[str, Run] = {}
 
     async def list(self, request: Request) -> Response:
         specs = await list_experiments(self.gw.log)
-        return JSONResponse(
-            {"experiments": [{**_spec_json(s), "running": s.experiment_id in self.running} for s in specs]}
-        )
+        return JSONResponse({"experiments": [{**_spec_json(s), **self._status(s)} for s in specs]})
+
+    def _status(self, spec: ExperimentSpec) -> dict[str, Any]:
+        run = self.runs.get(spec.experiment_id)
+        return run.status() if run is not None else NOT_RUN_HERE
 
     async def start(self, request: Request) -> Response:
         """Body: ``agent`` (the candidate, an agent of this gateway), ``select`` (agent, user,
@@ -60,7 +83,7 @@ class ExperimentRoutes:
             _selection(body.get("select") or {}),
             candidate=f"gateway agent {agent_id}",
             agent_id=agent_id,
-            from_turn=int_field(body, "from_turn") if "from_turn" in body else 0,
+            from_turn=int_field(body, "from_turn", low=-ANY, high=ANY) if "from_turn" in body else 0,
             live=_live(body.get("live", [])),
             concurrency=int_field(body, "concurrency", low=1, high=MAX_CONCURRENCY)
             if "concurrency" in body
@@ -70,13 +93,17 @@ class ExperimentRoutes:
         )
         self._launch(runner, spec)
         return JSONResponse(
-            {**_spec_json(spec), "running": True, "report": f"/v1/admin/experiments/{spec.experiment_id}"},
+            {
+                **_spec_json(spec),
+                **self._status(spec),
+                "report": f"/v1/admin/experiments/{spec.experiment_id}",
+            },
             202,
         )
 
     async def resume(self, request: Request) -> Response:
         spec = await load_spec(self.gw.log, request.path_params["experiment_id"])
-        if spec.experiment_id not in self.running:
+        if not self._status(spec)["running"]:
             agent_id = spec.agent_id or ""
             if agent_id not in self.gw.api.agents:
                 raise HttpError(
@@ -87,15 +114,14 @@ class ExperimentRoutes:
             self._launch(
                 ExperimentRunner(self.gw.log, AgentDirectory([self.gw.api.agents.get(agent_id)])), spec
             )
-        return JSONResponse({**_spec_json(spec), "running": True}, 202)
+        return JSONResponse({**_spec_json(spec), **self._status(spec)}, 202)
 
     async def report(self, request: Request) -> Response:
         spec = await load_spec(self.gw.log, request.path_params["experiment_id"])
         all_turns = request.query_params.get("all_turns") in ("1", "true")
-        report = await ExperimentRunner(self.gw.log).report(spec)
-        return JSONResponse(
-            {**report_json(report, all_turns=all_turns), "running": spec.experiment_id in self.running}
-        )
+        run = self.runs.get(spec.experiment_id)  # its runner knows why a session's replay failed
+        report = await (run.runner if run is not None else ExperimentRunner(self.gw.log)).report(spec)
+        return JSONResponse({**report_json(report, all_turns=all_turns), **self._status(spec)})
 
     def _candidate(self, body: dict[str, Any]) -> str:
         agent_id = string_field(body, "agent")
@@ -105,17 +131,31 @@ class ExperimentRoutes:
         return agent_id
 
     def _launch(self, runner: ExperimentRunner, spec: ExperimentSpec) -> None:
-        async def run() -> None:
-            try:
-                await runner.run(spec)
-            except Exception as exc:  # the report shows what was replayed; resume carries on
-                log.error(
-                    "experiment.failed", experiment=spec.experiment_id, error=f"{type(exc).__name__}: {exc}"
-                )
-            finally:
-                self.running.pop(spec.experiment_id, None)
+        run = self.runs[spec.experiment_id] = Run(runner)
 
-        self.running[spec.experiment_id] = self.gw.background(run())
+        async def replay() -> None:
+            try:
+                await runner.replay(spec)
+                run.error = _failed_sessions(runner.errors, len(spec.sessions))
+            except asyncio.CancelledError:
+                run.error = "stopped with the gateway before it ended; resume it"
+                raise
+            except Exception as exc:  # the report shows what was replayed; resume carries on
+                run.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                run.done = True
+                if run.error:
+                    log.error("experiment.failed", experiment=spec.experiment_id, error=run.error)
+
+        self.gw.background(replay())
+
+
+def _failed_sessions(errors: dict[str, str], sessions: int) -> str:
+    """Why some sessions' replays failed, in a line ("" if none did)."""
+    if not errors:
+        return ""
+    origin, error = next(iter(errors.items()))
+    return f"{len(errors)} of {sessions} sessions could not be replayed; session {origin}: {error}"
 
 
 def _selection(raw: Any) -> Selection:

@@ -1,7 +1,8 @@
 """The live hub: what a turn worker streams (committed events and ephemeral token deltas), fanned
 out to the event streams and observers that listen. The worker runs in this process, or in
 another one that publishes its items on Kafka's live topic (``turnlog.engine.log.kafka_live``; a notice
-``Committed`` then stands in for an event too heavy to send).
+``Committed`` then stands in for an event too heavy to send) or on the channel of the processes
+sharing an embedded log file (``turnlog.engine.log.local_live``: every event as a ``Committed`` notice).
 
 Events are also on the log, so a listener that misses one loses nothing: the event stream
 re-reads the log whenever the hub wakes it, and a poll catches up with writers in other
@@ -16,8 +17,7 @@ from typing import Callable
 
 import structlog
 
-from turnlog.engine.log.kafka_live import Committed, LiveItem
-from turnlog.engine.stream import StreamItem
+from turnlog.engine.stream import Committed, LiveItem, StreamItem
 
 log = structlog.get_logger("turnlog.hub")
 Observer = Callable[[StreamItem], None]
@@ -57,6 +57,10 @@ class LiveHub:
                 queue.put_nowait(item)
             except asyncio.QueueFull:
                 pass  # a slow listener loses deltas; events come back from the log
+
+    def subscriptions(self) -> int:
+        """Subscriptions open over all sessions (each an event stream or a run being answered)."""
+        return sum(len(queues) for queues in list(self._subscribers.values()))
 
     def listeners(self, session_id: str) -> int:
         return len(self._subscribers.get(session_id, ()))

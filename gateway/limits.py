@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,9 @@ class RateLimiter:
 
 
 class StreamCounter:
-    """Open streams per user."""
+    """Open streams per user. A slot is taken with ``take`` and given back by the release it
+    returns (once, however often it is called), so an answer that owns it can release it on
+    every path (gateway.lifetimes)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -65,6 +68,20 @@ class StreamCounter:
             return False
         self._open[user] = count + 1
         return True
+
+    def take(self, user: str) -> Callable[[], None] | None:
+        """A slot for ``user`` and the function that gives it back, or None if they have none left."""
+        if not self.try_open(user):
+            return None
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.close(user)
+
+        return release
 
     def close(self, user: str) -> None:
         count = self._open.get(user, 0) - 1

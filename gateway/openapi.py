@@ -158,14 +158,18 @@ PATHS: dict[str, dict[str, Any]] = {
     },
     "/v1/sessions/{session_id}/cancel": {
         "post": {
-            "summary": "Cancel the running turn: it stops at its next step boundary (CANCELLED)",
-            "description": "Appends a CancelRequested and answers with it; never waits for the turn. "
-            "409 `no_turn_running` when nothing runs, `session_closed` when the session is closed.",
+            "summary": "Cancel the running turn (it stops at its next step boundary: CANCELLED) and drop "
+            "the messages waiting for a turn",
+            "description": "Appends a CancelRequested and, in the same commit, a UserMessageDropped (reason "
+            "`cancelled`) for every message received and not yet taken by a turn, so a cancel sent right "
+            "after a post drops that message and nothing answers it. Answers what it did: `stopped_turn` "
+            "and `dropped`; never waits for the turn. 409 `no_turn_running` when no turn runs and no "
+            "message waits, `session_closed` when the session is closed.",
             "operationId": "cancelTurn",
             "parameters": [SESSION_ID],
             "requestBody": _body(ref("Cancel")),
             "responses": {
-                "202": _json(ref("Appended"), "the CancelRequested, durable on the log"),
+                "202": _json(ref("Cancelled"), "the CancelRequested and the drops, durable on the log"),
                 **_errors(400, 404, 409, 413, 422, 503),
             },
         }
@@ -173,9 +177,10 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/sessions/{session_id}/interrupt": {
         "post": {
             "summary": "Post a message that stops the running turn; it starts the next turn",
-            "description": "A CancelRequested for the running turn (if one runs), then the message, both "
-            "appended before the answer; the stopped turn ends CANCELLED and the message's turn sees what it "
-            "did. With no turn running it is a plain message (`interrupted: false`).",
+            "description": "A cancel (if a turn runs or messages wait: it stops the turn and drops the "
+            "waiting messages, as `/cancel` does), then the message, both appended before the answer; the "
+            "stopped turn ends CANCELLED and the message's turn sees what it did. With no turn running and "
+            "no message waiting it is a plain message (`interrupted: false`).",
             "operationId": "interruptTurn",
             "parameters": [SESSION_ID],
             "requestBody": _body(ref("PostMessage")),
@@ -190,8 +195,9 @@ PATHS: dict[str, dict[str, Any]] = {
             "summary": "Approve, edit or reject a tool call waiting for a decision (PAUSED_FOR_USER)",
             "description": "`edit` runs the call with `arguments`, validated against the tool first (422 "
             "`invalid_arguments` naming the field). The last decision of a batch resumes the turn, which a "
-            "worker carries on. 404 `unknown_call` for a call that waits for nothing, 409 "
-            "`not_awaiting_approval` for one already decided.",
+            "worker carries on. 404 `unknown_call` for a call the session does not have, 409 "
+            "`not_awaiting_approval` for one already decided (the detail names its decision) or "
+            "that needs none.",
             "operationId": "decideToolCall",
             "parameters": [
                 SESSION_ID,

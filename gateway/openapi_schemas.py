@@ -12,6 +12,17 @@ def ref(name: str) -> dict[str, str]:
 NO_NUL = "^[^\\u0000]*$"
 """Text fields are stored as text, which cannot hold a NUL character."""
 
+STOPPED_TURN = {
+    "type": ["string", "null"],
+    "description": "the running turn the cancel stops at its next step boundary (null: none ran)",
+}
+DROPPED = {
+    "type": "array",
+    "items": {"type": "string"},
+    "description": "the ids of the messages the cancel dropped (UserMessageDropped, reason cancelled): they "
+    "were waiting for a turn, and no turn will answer them",
+}
+
 NOTE = {
     "type": "string",
     "minLength": 1,
@@ -174,11 +185,22 @@ SCHEMAS: dict[str, Any] = {
         "required": ["events"],
         "properties": {"events": {"type": "array", "items": ref("AppendedEvent")}},
     },
+    "Cancelled": {
+        "type": "object",
+        "required": ["stopped_turn", "dropped", "events"],
+        "properties": {
+            "stopped_turn": STOPPED_TURN,
+            "dropped": DROPPED,
+            "events": {"type": "array", "items": ref("AppendedEvent")},
+        },
+    },
     "Interrupted": {
         "type": "object",
-        "required": ["interrupted", "events"],
+        "required": ["interrupted", "stopped_turn", "dropped", "events"],
         "properties": {
             "interrupted": {"type": "boolean", "description": "a running turn was asked to stop"},
+            "stopped_turn": STOPPED_TURN,
+            "dropped": DROPPED,
             "events": {"type": "array", "items": ref("AppendedEvent")},
         },
     },
@@ -200,7 +222,12 @@ SCHEMAS: dict[str, Any] = {
                     "seed": {"type": "integer"},
                 },
             },
-            "from_turn": {"type": "integer", "minimum": 0},
+            "from_turn": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "0: replay from the start; N: fork each session where its turn N ended. "
+                "Past the turns a selected session has ended: 422 naming the valid range.",
+            },
             "live": {"oneOf": [{"type": "boolean"}, {"type": "array", "items": {"type": "string"}}]},
             "concurrency": {"type": "integer", "minimum": 1, "maximum": 64},
             "name": {"type": "string", "maxLength": 200},
@@ -208,7 +235,7 @@ SCHEMAS: dict[str, Any] = {
     },
     "ExperimentStarted": {
         "type": "object",
-        "required": ["experiment_id", "sessions", "running"],
+        "required": ["experiment_id", "sessions", "running", "status", "error"],
         "properties": {
             "experiment_id": {"type": "string"},
             "name": {"type": "string"},
@@ -219,6 +246,13 @@ SCHEMAS: dict[str, Any] = {
             "created_ms": {"type": "integer"},
             "actor": {"type": "string"},
             "running": {"type": "boolean"},
+            "status": {
+                "type": "string",
+                "enum": ["running", "finished", "failed", "not_running"],
+                "description": "this gateway's run of it: failed when the run ended in an error or some "
+                "sessions could not be replayed (`error` says why); not_running: not run here since start",
+            },
+            "error": {"type": "string"},
             "report": {"type": "string"},
         },
     },
@@ -229,10 +263,13 @@ SCHEMAS: dict[str, Any] = {
     },
     "ExperimentReport": {
         "type": "object",
-        "required": ["experiment_id", "spec", "summary", "sessions", "running"],
+        "required": ["experiment_id", "spec", "summary", "sessions", "running", "status", "error"],
         "properties": {
             "experiment_id": {"type": "string"},
             "spec": {"type": "object"},
+            "running": {"type": "boolean"},
+            "status": {"type": "string", "enum": ["running", "finished", "failed", "not_running"]},
+            "error": {"type": "string"},
             "summary": {
                 "type": "object",
                 "description": "counts over every session and turn, token/cost/latency deltas",
@@ -252,7 +289,6 @@ SCHEMAS: dict[str, Any] = {
                     },
                 },
             },
-            "running": {"type": "boolean"},
         },
     },
     "Fork": {

@@ -3,7 +3,7 @@ or read the projections, answer JSON (or an event stream)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
@@ -22,30 +22,30 @@ from .bodies import json_body
 from .control import ControlRoutes
 from .experiment_routes import ExperimentRoutes
 from .http import HttpError, int_param, principal_of, string_field, whole_number
+from .lifetimes import Holdings
 from .model_request import sent_messages
+from .parts import GatewayParts
 from .stream import SessionStream
 from .timeline import session_timeline
 from .viewer import viewer_page
-
-if TYPE_CHECKING:
-    from .service import Gateway
 
 MAX_STEP = 10**6
 """Largest model call step a path may name (a turn makes at most a few dozen)."""
 
 
 class Routes:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayParts) -> None:
         self.gw = gw
 
     def table(self) -> list[Route]:
+        """Every route of the gateway: the session routes, the admin routes (metrics too), and the
+        service's own (OpenAPI, viewer, health)."""
+        return [*self._session_routes(), *self._admin_routes(), *self._service_routes()]
+
+    def _session_routes(self) -> list[Route]:
         wrap = self.gw.guard.wrap
         control = ControlRoutes(self.gw)
-        admin = AdminRoutes(self.gw)
-        experiments = ExperimentRoutes(self.gw)
-        experiment = "/v1/admin/experiments/{experiment_id}"
         session = "/v1/sessions/{session_id}"
-        admin_session = "/v1/admin/sessions/{session_id}"
         return [
             Route(
                 "/v1/sessions",
@@ -66,16 +66,26 @@ class Routes:
             Route(f"{session}/interrupt", wrap(control.interrupt), methods=["POST"]),
             Route(f"{session}/approvals/{{call_id}}", wrap(control.decide), methods=["POST"]),
             Route(f"{session}/budget", wrap(control.decide_budget), methods=["POST"]),
+            Route("/v1/agui/{agent}", wrap(AguiRoute(self.gw).run), methods=["POST"]),
+        ]
+
+    def _admin_routes(self) -> list[Route]:
+        wrap = self.gw.guard.wrap
+        admin = AdminRoutes(self.gw)
+        experiments = ExperimentRoutes(self.gw)
+        experiment = "/v1/admin/experiments/{experiment_id}"
+        session = "/v1/admin/sessions/{session_id}"
+        return [
             Route(
                 "/v1/admin/sessions",
                 wrap(admin.sessions, admin=True, query=("limit", "user", "state", "agent")),
                 methods=["GET"],
             ),
-            Route(f"{admin_session}/finish", wrap(admin.force_finish, admin=True), methods=["POST"]),
-            Route(f"{admin_session}/snapshots", wrap(admin.snapshots, admin=True), methods=["GET"]),
-            Route(f"{admin_session}/fork", wrap(admin.fork, admin=True), methods=["POST"]),
+            Route(f"{session}/finish", wrap(admin.force_finish, admin=True), methods=["POST"]),
+            Route(f"{session}/snapshots", wrap(admin.snapshots, admin=True), methods=["GET"]),
+            Route(f"{session}/fork", wrap(admin.fork, admin=True), methods=["POST"]),
             Route(
-                f"{admin_session}/replay",
+                f"{session}/replay",
                 wrap(admin.replay, admin=True, query=("after_version", "limit")),
                 methods=["GET"],
             ),
@@ -93,8 +103,12 @@ class Routes:
             ),
             Route(experiment, wrap(experiments.report, admin=True, query=("all_turns",)), methods=["GET"]),
             Route(f"{experiment}/resume", wrap(experiments.resume, admin=True), methods=["POST"]),
-            Route("/v1/agui/{agent}", wrap(AguiRoute(self.gw).run), methods=["POST"]),
             Route("/metrics", wrap(admin.metrics, admin=True), methods=["GET"]),
+        ]
+
+    def _service_routes(self) -> list[Route]:
+        wrap = self.gw.guard.wrap
+        return [
             Route("/openapi.json", wrap(self.openapi), methods=["GET"]),
             Route("/viewer", viewer_page, methods=["GET"]),
             Route("/healthz", self.health, methods=["GET"]),
@@ -198,30 +212,30 @@ class Routes:
         )
 
     async def stream_events(self, request: Request) -> Response:
+        """The session's events over SSE. The stream's slot and hub subscription belong to the
+        answer (gateway.lifetimes); a HEAD is answered with the headers and opens nothing."""
         state = await owned_state(self.gw, request)
         after = _last_event_id(request)
+        if request.method == "HEAD":
+            return _event_stream(_no_events())
         user = principal_of(request).user
-        if not self.gw.streams.try_open(user):
+        with Holdings() as held:
+            held.hold(self._stream_slot(user))
+            stream = SessionStream(
+                self.gw.log, self.gw.hub, state.session_id, after, poll_s=self.gw.config.poll_s
+            )
+            held.hold(stream.close)
+            return held.answer(_event_stream(_sse(stream), ping_s=self.gw.config.ping_s))
+
+    def _stream_slot(self, user: str) -> Callable[[], None]:
+        release = self.gw.streams.take(user)
+        if release is None:
             raise HttpError(
                 429,
                 "too_many_streams",
                 f"you already have {self.gw.limits.streams_per_user} event streams open; close one first",
             )
-        stream = SessionStream(
-            self.gw.log, self.gw.hub, state.session_id, after, poll_s=self.gw.config.poll_s
-        )
-        return EventSourceResponse(
-            self._sse(stream, user), ping=self.gw.config.ping_s, headers={"Cache-Control": "no-store"}
-        )
-
-    async def _sse(self, stream: SessionStream, user: str) -> AsyncIterator[ServerSentEvent]:
-        try:
-            async for message in stream:
-                yield ServerSentEvent(
-                    data=message.data, event=message.event, id=None if message.id is None else str(message.id)
-                )
-        finally:
-            self.gw.streams.close(user)
+        return release
 
     async def health(self, request: Request) -> Response:
         """Liveness (``/healthz``) and readiness (``/readyz``): no key, no session data."""
@@ -232,6 +246,22 @@ class Routes:
         from .openapi import document
 
         return JSONResponse(document([a.agent_id for a in self.gw.api.agents]))
+
+
+async def _sse(stream: SessionStream) -> AsyncIterator[ServerSentEvent]:
+    async for message in stream:
+        yield ServerSentEvent(
+            data=message.data, event=message.event, id=None if message.id is None else str(message.id)
+        )
+
+
+async def _no_events() -> AsyncIterator[ServerSentEvent]:
+    return
+    yield  # an async generator that yields nothing (never started: a HEAD has no body)
+
+
+def _event_stream(events: AsyncIterator[ServerSentEvent], ping_s: float = 15.0) -> Response:
+    return EventSourceResponse(events, ping=ping_s, headers={"Cache-Control": "no-store"})
 
 
 def _by_method(handlers: dict[str, Any]) -> Any:

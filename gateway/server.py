@@ -12,6 +12,10 @@ ever. ``GuardedH11Protocol`` adds two deadlines per request, set from ``Limits``
 * the body must be in within ``body_timeout_s`` of the headers; past it, a 408 (unless the answer
   has started) and the connection is closed, and the application sees a disconnect.
 
+A chunked body whose chunk-size lines announce more than ``max_message_bytes`` in all is answered
+413 as soon as such a line is read, not when the body deadline ends (h11 would wait for those
+bytes); the rest of that body is read and dropped, not buffered.
+
 A request h11 cannot parse gets uvicorn's 400 in the gateway's ``{"error", "detail"}`` shape
 (431 for a head over ``max_header_bytes``), like every other refusal.
 """
@@ -34,29 +38,44 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from turnlog.consumers.health import Readiness
 
+from .bodies import too_large_detail
 from .limits import Limits
 
 
 class _RecordingConnection(h11.Connection):
     """h11's connection, refusing a request head over ``max_head_bytes`` (h11 checks its limit only
-    while a head is incomplete, so a large head sent at once passes it) and remembering the last
-    protocol error for the answer that reports it."""
+    while a head is incomplete, so a large head sent at once passes it), remembering the last
+    protocol error for the answer that reports it, and counting the request body received."""
 
     last_error: h11.RemoteProtocolError | None = None
 
     def __init__(self, max_head_bytes: int) -> None:
         super().__init__(h11.SERVER, max_head_bytes)
         self.max_head_bytes = max_head_bytes
+        self.body_bytes = 0
+        """Bytes of the current request's body parsed so far."""
 
     def next_event(self) -> Any:
         try:
             event = super().next_event()
-            if isinstance(event, h11.Request) and _head_size(event) > self.max_head_bytes:
-                raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+            if isinstance(event, h11.Request):
+                if _head_size(event) > self.max_head_bytes:
+                    raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+                self.body_bytes = 0
+            elif isinstance(event, h11.Data):
+                self.body_bytes += len(event.data)
             return event
         except h11.RemoteProtocolError as exc:
             self.last_error = exc
             raise
+
+    def announced_body(self) -> int:
+        """The body bytes received plus those the chunk being read has announced and not yet sent
+        (h11 keeps that count on its chunked reader; 0 if a later h11 keeps it elsewhere)."""
+        if self.their_state is not h11.SEND_BODY:
+            return 0
+        pending = getattr(getattr(self, "_reader", None), "_bytes_in_chunk", 0)
+        return self.body_bytes + (pending if isinstance(pending, int) else 0)
 
 
 def _head_size(request: h11.Request) -> int:
@@ -89,6 +108,8 @@ class GuardedH11Protocol(H11Protocol):
         self.conn = self._recording
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting_for: str = ""
+        self._refused = False
+        """A body announced past the limit was refused (``_refuse_body``); nothing more is sent."""
 
     # -- deadlines -------------------------------------------------------------------------------
 
@@ -131,7 +152,7 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         cycle = self.cycle
-        if cycle is not None and not cycle.response_started:
+        if cycle is not None and not cycle.response_started and not self._refused:
             detail = f"the request body did not arrive within {self.limits.body_timeout_s:g} s of its headers"
             self.transport.write(json_error_bytes(408, "request_timeout", detail))
         if cycle is not None:  # the application reads a disconnect; what it sends goes nowhere
@@ -147,9 +168,53 @@ class GuardedH11Protocol(H11Protocol):
         self._follow_state()
 
     def handle_events(self) -> None:
+        if self._refused:
+            self._discard_body()
+            return
         super().handle_events()
-        if not self.transport.is_closing():
+        if self.transport.is_closing() or self._refused:
+            return
+        if self._recording.announced_body() > self.limits.max_message_bytes:
+            self._refuse_body()
+        else:
             self._follow_state()
+
+    def _refuse_body(self) -> None:
+        """413 at once for a body announced past the limit by a chunk-size line (a Content-Length
+        past it is refused by the application before it reads a byte), instead of waiting for
+        a body that may never come. The answer is followed by the end of our side of the
+        connection; what the client still sends is discarded until it closes or the body
+        deadline ends (a close with its bytes unread could reset the connection before it read
+        the answer). The application reads a disconnect."""
+        self._refused = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            size = f"at least {self._recording.announced_body()}"
+            detail = too_large_detail(size, self.limits.max_message_bytes)
+            self.transport.write(json_error_bytes(413, "body_too_large", detail))
+        if cycle is not None:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.flow.resume_reading()  # uvicorn pauses a body it buffers; this one is dropped instead
+
+    def _discard_body(self) -> None:
+        """After ``_refuse_body``: read what the client still sends and drop it; close once its
+        body has ended (or cannot be parsed, or the client closed its side)."""
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError:
+                self.transport.close()
+                return
+            if event is h11.NEED_DATA:
+                return
+            if not isinstance(event, h11.Data):  # the end of the body (or of what h11 can read)
+                self.transport.close()
+                return
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -3,9 +3,10 @@
 One ``Gateway`` holds the engine API (producer side), the live hub, the projector and the
 analytics consumer (unless ``turnlog projector`` and ``turnlog analytics`` run them elsewhere:
 ``run_projector=False``), the observability consumer and, unless turns run in a separate worker
-process, a TurnWorker whose stream feeds the hub, with its companions (the memory consumers). On
-Kafka the hub also hears what workers in other processes stream (``live_subscriber``), and a
-worker in this process publishes there for other gateways (``live_publisher``). ``app()`` is
+process, a TurnWorker whose stream feeds the hub, with its companions (the memory consumers). The
+hub also hears what workers in other processes stream (``live_subscriber``: Kafka's live topic,
+or the embedded log's channel between the processes sharing its file), and a worker in this
+process publishes there for other gateways (``live_publisher``). ``app()`` is
 the Starlette application; its lifespan starts and stops the background tasks.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Protocol, Sequence
 
 import structlog
@@ -25,29 +25,42 @@ from starlette.middleware import Middleware
 from turnlog.consumers import health
 from turnlog.consumers.analytics import GROUP as ANALYTICS_GROUP
 from turnlog.consumers.analytics import AnalyticsConsumer
-from turnlog.consumers.health import MAX_PROJECTION_LAG_S, Readiness
+from turnlog.consumers.health import Readiness
 from turnlog.consumers.projector import Projector
 from turnlog.consumers.turn_worker import GROUP as WORKER_GROUP
 from turnlog.consumers.turn_worker import TurnWorker
 from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.errors import LogUnavailableError
 from turnlog.engine.log.base import EventLog
-from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
 from turnlog.engine.models.endpoints import Endpoints
 from turnlog.engine.session import AgentSessions
-from turnlog.engine.stream import StreamItem
+from turnlog.engine.stream import LiveItem, StreamItem
 from turnlog.projections import queries
 from turnlog.projections.store import ProjectionStore
 
 from .auth import KeyStore
+from .config import GatewayConfig
 from .http import Guard, SecurityHeaders, internal_error, router_error
 from .hub import LiveHub
-from .limits import Limits, StreamCounter
+from .limits import StreamCounter
 from .observe import GROUP as OBSERVE_GROUP
 from .observe import EventLogger, GatewayMetrics, ObservabilityConsumer, SpanBuilder
 from .routes import Routes
 
 log = structlog.get_logger("turnlog.gateway")
+
+
+class LivePublisher(Protocol):
+    """Where a worker in this process sends what it streams, for gateways in other processes
+    (Kafka's live topic, engine.log.kafka_live; the embedded log's channel, engine.log.local_live)."""
+
+    def publish(self, item: StreamItem) -> None: ...
+
+
+class LiveSubscriber(Protocol):
+    """What workers in other processes stream, as it comes."""
+
+    def items(self) -> AsyncIterator[LiveItem]: ...
 
 
 class Companion(Protocol):
@@ -56,30 +69,6 @@ class Companion(Protocol):
     async def run(self) -> None: ...
 
     def stop(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    limits: Limits = field(default_factory=Limits)
-    run_worker: bool = True
-    """Run turns in this process (the TurnWorker); False when workers run elsewhere."""
-    poll_s: float = 1.0
-    """How often an event stream re-reads the log for writers in other processes."""
-    ping_s: float = 15.0
-    """Keep-alive comment interval on event streams."""
-    log_sample_rate: float = 0.0
-    """Share of turns whose full context is logged, redacted (0..1; opt-in)."""
-    linger_s: float = 0.05
-    """How long the read-side consumers let appends gather before a pass."""
-    idle_wait_s: float = 1.0
-    """Longest wait between read-side passes (writers in other processes do not wake them)."""
-    run_projector: bool = True
-    """Fold the projections and the analytics tables in this process. False when `turnlog
-    projector` and `turnlog analytics` do (two projectors of one store would collide): reads then
-    wait up to ``projection_wait_s`` for the projections to reach what the log shows."""
-    projection_wait_s: float = 10.0
-    max_projection_lag_s: float = MAX_PROJECTION_LAG_S
-    """``/readyz`` answers 503 while the projections are further behind the log than this."""
 
 
 class Gateway:
@@ -93,8 +82,8 @@ class Gateway:
         *,
         tracer_provider: TracerProvider | None = None,
         companions: Sequence[Companion] = (),
-        live_publisher: KafkaLivePublisher | None = None,
-        live_subscriber: KafkaLiveSubscriber | None = None,
+        live_publisher: LivePublisher | None = None,
+        live_subscriber: LiveSubscriber | None = None,
         endpoints: Endpoints | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
@@ -177,7 +166,7 @@ class Gateway:
             self._worker_task = asyncio.create_task(self.worker.run())
         log.info("gateway.start", worker=self.worker is not None, projector=self.config.run_projector)
 
-    async def _hear(self, subscriber: KafkaLiveSubscriber) -> None:
+    async def _hear(self, subscriber: LiveSubscriber) -> None:
         """Feed the hub with what workers in other processes stream (deltas, commit notices).
         A failure here loses live items only (streams read events from the log): log, go on."""
         while not self._stop.is_set():

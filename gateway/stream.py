@@ -11,9 +11,9 @@ deltas land between the ModelCallStarted and ModelCallFinished they belong to. A
 call is already finished on the stream (the stream read ahead) is dropped: the complete text is in
 the AssistantMessage. A model call that waits for its endpoint's client-side limits goes out the
 same way, as ``event: waiting`` (``waiting: false`` when the wait is over). Items of a worker in
-another process reach the hub through Kafka's live topic (a ``Committed`` notice stands in for a
-heavy event); a poll every ``poll_s`` catches up with writers whose items do not reach the hub
-at all.
+another process reach the hub through Kafka's live topic or the embedded log's channel (a
+``Committed`` notice stands in for an event: read it from the log); a poll every ``poll_s``
+catches up with writers whose items do not reach the hub at all.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from typing import Any, AsyncIterator
 
 from turnlog.engine import events as ev
 from turnlog.engine.log.base import EventLog, LogRecord
-from turnlog.engine.log.kafka_live import LiveItem
-from turnlog.engine.stream import ModelDelta, ModelProgress, ModelWaiting
+from turnlog.engine.stream import LiveItem, ModelDelta, ModelProgress, ModelWaiting
 
 from .access import event_json
 from .hub import LiveHub
@@ -100,6 +99,8 @@ class SessionStream:
         self.poll_s = poll_s
         self._version = 0
         self._open_steps: set[tuple[str, int]] = set()
+        self._queue: asyncio.Queue[LiveItem] | None = None
+        self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[StreamMessage]:
         async for item in self.items():
@@ -107,7 +108,9 @@ class SessionStream:
 
     async def items(self) -> AsyncIterator[LogRecord | Ephemeral]:
         """The session's log records after ``after_position`` and live deltas, in order, forever."""
-        queue = self.hub.subscribe(self.session_id)
+        if self._closed:
+            return
+        queue = self._queue = self.hub.subscribe(self.session_id)
         try:
             for out in await self._catch_up():
                 yield out
@@ -122,7 +125,15 @@ class SessionStream:
                     for out in await self._on(queue.get_nowait()):
                         yield out
         finally:
-            self.hub.unsubscribe(self.session_id, queue)
+            self.close()
+
+    def close(self) -> None:
+        """End the stream's subscription to the hub (once; a stream that never started has
+        none). The answer that carries the stream calls it when it ends, however it ends."""
+        self._closed = True
+        if self._queue is not None:
+            self.hub.unsubscribe(self.session_id, self._queue)
+            self._queue = None
 
     async def _on(self, item: LiveItem | None) -> list[LogRecord | Ephemeral]:
         if isinstance(item, Ephemeral):

@@ -68,6 +68,8 @@ def decide(request: ModelRequest) -> ModelResponse | str:
 
 Execute = Callable[[str, tuple[str, ...]], Awaitable[None]]
 """Runs one statement written with ``?`` placeholders."""
+Query = Callable[[str, tuple[str, ...]], Awaitable[list[tuple[str, ...]]]]
+"""Runs one query written with ``?`` placeholders and returns its rows."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,11 @@ class Backend:
 
     execute: Execute
     worker_id: str
+    query: Query
+
+    async def delivered(self, key: str) -> bool:
+        """Whether the notification service has applied ``key`` (what a tool's lookup asks)."""
+        return bool(await self.query("SELECT 1 FROM deliveries WHERE idempotency_key = ?", (key,)))
 
     async def record(self, session: str, call_id: str, name: str, key: str) -> None:
         """One tool run: (session, call id, tool name, the idempotency key it got)."""
@@ -108,7 +115,11 @@ async def recorder(target: str, schema: str, worker_id: str) -> AsyncIterator[Ba
             async def on_postgres(statement: str, params: tuple[str, ...]) -> None:
                 await conn.execute(statement.replace("?", "%s"), params)
 
-            yield Backend(on_postgres, worker_id)
+            async def ask_postgres(statement: str, params: tuple[str, ...]) -> list[tuple[str, ...]]:
+                cursor = await conn.execute(statement.replace("?", "%s"), params)
+                return [tuple(row) for row in await cursor.fetchall()]
+
+            yield Backend(on_postgres, worker_id, ask_postgres)
         return
     db = sqlite3.connect(target, isolation_level=None, timeout=30)
     try:
@@ -118,7 +129,10 @@ async def recorder(target: str, schema: str, worker_id: str) -> AsyncIterator[Ba
         async def on_sqlite(statement: str, params: tuple[str, ...]) -> None:
             db.execute(statement, params)
 
-        yield Backend(on_sqlite, worker_id)
+        async def ask_sqlite(statement: str, params: tuple[str, ...]) -> list[tuple[str, ...]]:
+            return [tuple(row) for row in db.execute(statement, params).fetchall()]
+
+        yield Backend(on_sqlite, worker_id, ask_sqlite)
     finally:
         db.close()
 
@@ -135,9 +149,29 @@ def _rows(target: str, schema: str, query: str) -> list[tuple[str, ...]]:
         return [tuple(row) for row in db.execute(query).fetchall()]
 
 
+def deliver_late(target: str, schema: str, session: str, call_id: str, key: str) -> None:
+    """The notification service applies ``key`` on its own (a request it took before the worker
+    that sent it died, processed late)."""
+    statement = (
+        "INSERT INTO deliveries (idempotency_key, session_id, call_id, worker) VALUES (?, ?, ?, 'late')"
+    )
+    if target.startswith("postgresql://"):
+        with psycopg.connect(target, options=f"-c search_path={schema}", autocommit=True) as conn:
+            conn.execute(statement.replace("?", "%s"), (key, session, call_id))
+        return
+    with sqlite3.connect(target) as db:
+        db.execute(statement, (key, session, call_id))
+
+
 def side_effects(target: str, schema: str) -> list[tuple[str, ...]]:
     """Every tool run recorded so far: (session, call id, tool name, idempotency key)."""
     return _rows(target, schema, "SELECT session_id, call_id, tool, idempotency_key FROM side_effects")
+
+
+def runs_by(target: str, schema: str, worker: str) -> list[tuple[str, ...]]:
+    """The tool runs one worker made: (session, call id, tool name, idempotency key)."""
+    query = "SELECT session_id, call_id, tool, idempotency_key, worker FROM side_effects"
+    return [row[:4] for row in _rows(target, schema, query) if row[4] == worker]
 
 
 def deliveries(target: str, schema: str) -> list[tuple[str, ...]]:

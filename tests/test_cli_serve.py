@@ -172,13 +172,8 @@ def test_serve_without_worker_and_a_separate_turnlog_worker(tmp_path: Path) -> N
                 assert time.monotonic() < deadline, "turnlog serve did not answer in 60 s"
                 time.sleep(0.1)
             sid = client.post("/v1/sessions", json={"agent": AGENT_ID}, headers=headers).json()["session_id"]
-            url = f"/v1/sessions/{sid}/messages"
-            assert client.post(url, json={"text": TASK}, headers=headers).status_code == 202
-            for _ in range(600):
-                session = client.get(f"/v1/sessions/{sid}", headers=headers).json()
-                if session["turns"] == 1:
-                    break
-                time.sleep(0.1)
+            streamed = stream_one_turn(client, sid, headers)
+            session = client.get(f"/v1/sessions/{sid}", headers=headers).json()
             assert session["turns"] == 1 and session["current_state"] == "FINISHED"
     finally:
         for p in procs:
@@ -194,3 +189,37 @@ def test_serve_without_worker_and_a_separate_turnlog_worker(tmp_path: Path) -> N
             await log.close()
 
     assert asyncio.run(producers()) == {"cli-worker"}
+    # the worker's token deltas reached the gateway's stream, each inside its model call
+    kinds = [name for name, _ in streamed]
+    assert "delta" in kinds and kinds[-1] == "TurnFinished"
+    open_call: tuple[str, int] | None = None
+    deltas: dict[tuple[str, int], str] = {}
+    for name, data in streamed:
+        if name == "ModelCallStarted":
+            open_call = (data["turn_id"], data["step"])
+        elif name == "ModelCallFinished":
+            open_call = None
+        elif name == "delta":
+            assert open_call == (data["turn_id"], data["step"]), streamed
+            deltas[open_call] = deltas.get(open_call, "") + data["text"]
+    answers = "".join(data["text"] for name, data in streamed if name == "AssistantMessage")
+    assert all(text and text in answers for text in deltas.values()), (deltas, answers)
+
+
+def stream_one_turn(client: httpx.Client, sid: str, headers: dict[str, str]) -> list[tuple[str, dict]]:
+    """Post the task once the session's stream is open; (event, data) of what the stream carries
+    until the turn ends."""
+    streamed: list[tuple[str, dict]] = []
+    with client.stream("GET", f"/v1/sessions/{sid}/events", headers=headers) as response:
+        name = ""
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                streamed.append((name, json.loads(line[6:])))
+                if name == "SessionCreated":  # listening: now post
+                    url = f"/v1/sessions/{sid}/messages"
+                    assert client.post(url, json={"text": TASK}, headers=headers).status_code == 202
+                if name == "TurnFinished":
+                    return streamed
+    raise AssertionError(f"the stream ended before the turn did: {[n for n, _ in streamed]}")

@@ -28,7 +28,7 @@ SPECS = (
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, vars(ev))
+    return typing.get_type_hints(cls)  # each class's own module resolves its annotations
 
 
 def _is(hint: Any, expected: Any) -> bool:

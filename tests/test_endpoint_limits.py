@@ -291,6 +291,17 @@ async def test_a_call_that_gives_up_while_queued_is_skipped_not_admitted() -> No
     assert limiter.in_flight == 0
 
 
+def test_a_wait_crosses_to_gateways_in_other_processes_on_kafkas_live_topic() -> None:
+    from turnlog.engine.log.kafka_live import decode, encode
+
+    for wait in (
+        ModelWaiting("s", "t", 2, "primary", "held", 4),
+        ModelWaiting("s", "t", 2, "primary", "", 0, False),
+    ):
+        kind, value = encode(wait)
+        assert (kind, decode("s", kind, value)) == (b"waiting", wait)
+
+
 @pytest.mark.parametrize(
     "headers, seconds",
     [

@@ -1,4 +1,4 @@
-"""Making events: every event class's ``__init__`` (engine.events._quick_init, which sets the
+"""Making events: every event class's ``__init__`` (engine.events.envelope.quick_init, which sets the
 slots through their descriptors) takes exactly the fields its dataclass declares, keyword only,
 with the same defaults and factories, and the event stays frozen, comparable and hashable."""
 

@@ -415,3 +415,21 @@ async def test_a_replay_from_the_snapshot_at_the_end_of_the_first_turn(sqlite_lo
         first_end = next(e.version for e in origin if isinstance(e, ev.TurnFinished))
         assert forked.origin_version == first_end + 1  # the turn-end snapshot, in the same commit
         assert [e.text for e in events if isinstance(e, ev.UserMessageReceived)] == texts[1:]
+
+
+async def test_a_from_turn_past_what_the_sessions_have_is_refused_with_the_range(
+    sqlite_log: SqliteEventLog,
+) -> None:
+    from turnlog.engine.errors import InputError
+    from turnlog.engine.experiments import list_experiments
+
+    await record(sqlite_log, 4)  # the shortest sessions have one turn
+    runner = ExperimentRunner(sqlite_log, candidates.same())
+    for wrong in (2, 2**62, -1):
+        with pytest.raises(
+            InputError, match=rf"from_turn must be in 0\.\.1 .*not {wrong}: session \w+ has ended 1 turns"
+        ):
+            await runner.define(Selection(), candidate="tests.agentpkg.experiments:same", from_turn=wrong)
+    assert await list_experiments(sqlite_log) == []  # nothing was written
+    spec = await runner.define(Selection(), candidate="tests.agentpkg.experiments:same", from_turn=1)
+    assert spec.from_turn == 1 and len(spec.sessions) == 4

@@ -209,8 +209,19 @@ async def test_approve_edit_and_reject_a_paused_call(running: RunningGateway) ->
         assert decided["position"] < resumed["position"]
         await session_when(client, sid, settled("FINISHED"))
         assert running.refunds == [{"order_id": "A-17", "amount": 25}]
-        late = await client.post(f"{url}/{call_id}", json={"decision": "approve"}, headers=auth("alice"))
-        assert late.status_code == 404  # its turn is over: nothing waits under that id
+
+        async def decided_again(call_id: str, decision: str) -> None:
+            """A second decision on a decided call is a conflict naming the first, whatever it was
+            and whether or not its turn is still running."""
+            for again in ("approve", "reject"):
+                late = await client.post(f"{url}/{call_id}", json={"decision": again}, headers=auth("alice"))
+                assert (late.status_code, late.json()["error"]) == (409, "not_awaiting_approval"), late.text
+                assert (
+                    f"tool call '{call_id}' (refund) was already decided: {decision} by alice"
+                    in (late.json()["detail"])
+                )
+
+        await decided_again(call_id, "edited")
 
         # reject: the tool never runs; the model is told it was declined
         call_id = await pause("Another refund")
@@ -220,6 +231,7 @@ async def test_approve_edit_and_reject_a_paused_call(running: RunningGateway) ->
         assert rejected.status_code == 202
         assert rejected.json()["events"][0]["decision"] == "rejected"
         await session_when(client, sid, settled("FINISHED"))
+        await decided_again(call_id, "rejected")
         assert running.refunds == [{"order_id": "A-17", "amount": 25}]
 
         # approve: the tool runs as the model asked
@@ -228,7 +240,9 @@ async def test_approve_edit_and_reject_a_paused_call(running: RunningGateway) ->
         assert approved.status_code == 404  # not bob's session
         approved = await client.post(f"{url}/{call_id}", json={"decision": "approve"}, headers=auth("alice"))
         assert approved.status_code == 202
+        await decided_again(call_id, "approved")  # while its turn may still run
         await session_when(client, sid, settled("FINISHED"))
+        await decided_again(call_id, "approved")
         assert running.refunds == [{"order_id": "A-17", "amount": 25}, {"order_id": "A-17", "amount": 40}]
 
         timeline = (await client.get(f"/v1/sessions/{sid}/timeline", headers=auth("alice"))).json()
@@ -247,6 +261,26 @@ async def test_approve_edit_and_reject_a_paused_call(running: RunningGateway) ->
     assert "DECLINED" in answers[1] and "too much" in answers[1]
     started = [e for e in events if isinstance(e, ev.ToolCallStarted)]
     assert len(started) == 2  # the rejected call never started
+
+
+async def test_two_decisions_at_once_one_is_taken_the_other_is_a_conflict(running: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+        sid = (await create(client, agent="refunds"))["session_id"]
+        await client.post(f"/v1/sessions/{sid}/messages", json={"text": "Refund A-17"}, headers=auth("alice"))
+        session = await session_when(client, sid, lambda s: s["current_state"] == "PAUSED_FOR_USER")
+        call_id = session["pending_approvals"][0]["call_id"]
+        url = f"/v1/sessions/{sid}/approvals/{call_id}"
+        answers = await asyncio.gather(
+            *(client.post(url, json={"decision": d}, headers=auth("alice")) for d in ("approve", "reject"))
+        )
+        assert sorted(a.status_code for a in answers) == [202, 409], [a.text for a in answers]
+        taken = next(a for a in answers if a.status_code == 202).json()["events"][0]["decision"]
+        refused = next(a for a in answers if a.status_code == 409).json()
+        assert refused["error"] == "not_awaiting_approval"
+        assert f"'{call_id}' (refund) was already decided: {taken}" in refused["detail"]
+        await session_when(client, sid, settled("FINISHED"))
+    decisions = [e.decision for e in await log_events(running, sid) if isinstance(e, ev.ApprovalDecided)]
+    assert decisions == [taken]
 
 
 async def test_fork_a_snapshot_continue_the_fork_and_replay(running: RunningGateway) -> None:

@@ -46,6 +46,8 @@ ROUTES = [
     RouteCase("GET", "/v1/sessions", "user"),
     RouteCase("GET", "/openapi.json", "user"),
     RouteCase("GET", "/viewer", "public"),
+    RouteCase("GET", "/healthz", "public"),
+    RouteCase("GET", "/readyz", "public"),
     RouteCase("GET", "/v1/sessions/{session_id}", "owner"),
     RouteCase("GET", "/v1/sessions/{session_id}/history", "owner"),
     RouteCase("GET", "/v1/sessions/{session_id}/timeline", "owner"),
@@ -165,7 +167,7 @@ async def prepare(client: httpx.AsyncClient, needs: str) -> Setup:
 
 
 def expected_status(case: RouteCase, caller: str) -> int | str:
-    if case.scope == "public":  # static page code, no data
+    if case.scope == "public":  # static page code, health: no data
         return "2xx"
     if caller in ("anonymous", "wrong key"):
         return 401

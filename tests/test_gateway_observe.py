@@ -52,14 +52,16 @@ def answer(request: ModelRequest) -> ModelResponse | str:
     return "Sent one notice; the other failed."
 
 
-async def run_one_turn(tmp_path: Path) -> tuple[SqliteEventLog, AgentSessions, GatewayMetrics, str]:
+async def run_one_turn(
+    tmp_path: Path, text: str = f"Notify {EMAIL}; my key is {SECRET}"
+) -> tuple[SqliteEventLog, AgentSessions, GatewayMetrics, str]:
     log = SqliteEventLog(tmp_path / "log.db", partitions=2)
     agents = AgentDirectory(
         [Agent.build("notify", FunctionModel(answer, name="fn-model", chunk_chars=5), [send, flaky])]
     )
     api = AgentSessions(log, agents, producer="test")
     sid = (await api.create_session("notify", "alice")).session_id
-    await api.post_user_message(sid, f"Notify {EMAIL}; my key is {SECRET}")
+    await api.post_user_message(sid, text)
     metrics = GatewayMetrics()
     hub = LiveHub()
     hub.observe(metrics.on_live)
@@ -108,6 +110,47 @@ async def test_one_in_n_turns_logs_its_full_context_marked_sampled(tmp_path: Pat
     turn_ids = [ev.new_id() for _ in range(2000)]
     share = sum(sampled(t, 0.1) for t in turn_ids) / len(turn_ids)
     assert 0.05 < share < 0.15 and all(sampled(t, 0.1) == sampled(t, 0.1) for t in turn_ids[:50])
+
+
+async def test_secrets_typed_into_a_message_are_redacted_in_the_sampled_context(tmp_path: Path) -> None:
+    typed = (
+        "Log in with password=hunter2, passwd: Tr0ub4dor& and api_key=k-9f8e7d; token=t0k3n "
+        "secret=sesame, Authorization: Basic dXNlcjpwYXNz or Bearer abc123def456; "
+        '{"db_password": "pa ss", "max_tokens": 100}'
+    )
+    log, _, _, sid = await run_one_turn(tmp_path, typed)
+    with structlog.testing.capture_logs() as lines:
+        await ObservabilityConsumer(log, logger=EventLogger(sample_rate=1.0)).poll_once()
+    (context,) = [line for line in lines if line["event"] == "turn.context"]
+    assert context["messages"][0]["content"] == (  # type: ignore[index]
+        "Log in with password=[REDACTED], passwd: [REDACTED] and api_key=[REDACTED]; token=[REDACTED] "
+        "secret=[REDACTED], Authorization: [REDACTED] or [REDACTED]; "
+        '{"db_password": "[REDACTED]", "max_tokens": 100}'
+    )
+    everything = repr(lines)
+    for value in (
+        "hunter2",
+        "Tr0ub4dor",
+        "k-9f8e7d",
+        "t0k3n",
+        "sesame",
+        "dXNlcjpwYXNz",
+        "abc123def456",
+        "pa ss",
+    ):
+        assert value not in everything, value
+
+
+def test_secrets_written_as_key_and_value_keep_their_key() -> None:
+    cases = {
+        "https://shop.example/orders?token=abc&page=2 ok": "https://shop.example/orders?token=[REDACTED] ok",
+        "(pwd=a;b&c) and": "(pwd=[REDACTED]) and",
+        "X-Api-Key: 123abc, then": "X-Api-Key: [REDACTED], then",
+        "{'client_secret': 'cs-1'}": "{'client_secret': '[REDACTED]'}",
+        "input_tokens=12 max_tokens: 100 tokens=5": "input_tokens=12 max_tokens: 100 tokens=5",
+        "the password is hunter2": "the password is hunter2",  # no key and value written out
+    }
+    assert {text: redact(text) for text in cases} == cases
 
 
 def test_redaction_by_key_name_and_by_pattern() -> None:

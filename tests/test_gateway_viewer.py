@@ -515,3 +515,84 @@ async def test_an_experiment_started_over_http_and_read_in_the_viewer(tmp_path: 
             await page.wait_for_selector("#session-meta")
             assert (await page.inner_text("#timeline h2")).startswith("Session exp-")
             assert errors == []
+
+
+async def test_an_experiment_that_fails_in_the_background_shows_as_failed(tmp_path: Path) -> None:
+    """A from_turn past what the sessions have is refused with the valid range; an experiment
+    whose replay fails (a recorded turn waited for an approval, which a replay cannot give) ends
+    as failed, with its reason, in the list, in its report and in the viewer."""
+    with serve_gateway(tmp_path) as running:
+        async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
+            sid = (
+                await client.post("/v1/sessions", json={"agent": "refunds"}, headers=auth("alice"))
+            ).json()["session_id"]
+            for text in ("Refund A-17", "And once more"):  # each turn waits for alice's approval
+                await client.post(f"/v1/sessions/{sid}/messages", json={"text": text}, headers=auth("alice"))
+                session = await state_of(client, sid, lambda s: s["current_state"] == "PAUSED_FOR_USER")
+                call_id = session["pending_approvals"][0]["call_id"]
+                url = f"/v1/sessions/{sid}/approvals/{call_id}"
+                assert (
+                    await client.post(url, json={"decision": "approve"}, headers=auth("alice"))
+                ).status_code == 202
+                await state_of(
+                    client, sid, lambda s: s["current_state"] == "FINISHED" and not s["turn_running"]
+                )
+
+            body = {"agent": "refunds", "select": {"session_ids": [sid]}, "name": "refunds again"}
+            for wrong in (2**62, 3, -1):
+                refused = await client.post(
+                    "/v1/admin/experiments", json={**body, "from_turn": wrong}, headers=auth("root")
+                )
+                assert (refused.status_code, refused.json()["error"]) == (422, "invalid_input"), refused.text
+                assert "from_turn must be in 0..2 " in refused.json()["detail"]
+            assert (await client.get("/v1/admin/experiments", headers=auth("root"))).json()[
+                "experiments"
+            ] == []
+
+            started = await client.post("/v1/admin/experiments", json=body, headers=auth("root"))
+            assert started.status_code == 202, started.text
+            eid = started.json()["experiment_id"]
+            for _ in range(2400):  # until the background run is over
+                report = (await client.get(f"/v1/admin/experiments/{eid}", headers=auth("root"))).json()
+                if not report["running"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert report["status"] == "failed"
+            assert report["error"].startswith(
+                f"1 of 1 sessions could not be replayed; session {sid}: InputError"
+            )
+            assert "approvals are not replayed" in report["error"]
+            assert "approvals are not replayed" in report["sessions"][0]["error"]
+            (listed,) = (await client.get("/v1/admin/experiments", headers=auth("root"))).json()[
+                "experiments"
+            ]
+            assert (listed["experiment_id"], listed["status"], listed["error"]) == (
+                eid,
+                "failed",
+                report["error"],
+            )
+
+        async with viewer(running) as (page, errors):
+            await page.fill("#key", KEYS["root"])
+            await page.click("#load")
+            row = page.locator(f'#experiments tr[data-experiment="{eid}"]')
+            assert await row.locator("td.experiment-failed").inner_text() == "failed"
+            assert "approvals are not replayed" in str(
+                await row.locator("td.experiment-failed").get_attribute("title")
+            )
+            await row.click()
+            await page.wait_for_selector("#experiment-error")
+            shown = await page.inner_text("#experiment-error")
+            assert shown.startswith("failed: 1 of 1 sessions could not be replayed") and "approvals" in shown
+            await shoot(page, "experiment-failed")
+            assert errors == []
+
+
+async def state_of(client: httpx.AsyncClient, sid: str, ready: Any) -> dict[str, Any]:
+    """GET the session until ``ready`` holds (the gateway's worker runs the turns)."""
+    for _ in range(600):
+        session: dict[str, Any] = (await client.get(f"/v1/sessions/{sid}", headers=auth("alice"))).json()
+        if ready(session):
+            return session
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the session never got there; last seen: {session}")

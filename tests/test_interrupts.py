@@ -205,9 +205,13 @@ async def test_a_user_cancel_stops_the_turn_after_the_running_tool(log: SqliteEv
     s = await setup(log, gate)
     running = asyncio.create_task(drain(s.api.send_user_message(s.sid, "notify batch-1")))
     await asyncio.wait_for(gate.entered.wait(), WAIT)
-    request = await s.other.cancel(s.sid, "changed my mind")
+    cancelled = await s.other.cancel(s.sid, "changed my mind")
+    request = cancelled.request
     assert (request.reason, request.actor, request.producer) == ("changed my mind", "user", "tab-2")
     assert request.basis_version == request.version - 1
+    running_turn = (await s.api.get_state(s.sid)).turn
+    assert running_turn is not None
+    assert (cancelled.stopped_turn, cancelled.dropped) == (running_turn.turn_id, ())
     gate.release.set()
     await asyncio.wait_for(running, WAIT)
 
@@ -250,7 +254,7 @@ async def test_a_cancel_racing_a_model_step_discards_the_decision_but_records_th
     s = await setup(log, tool_gate, model=model)
     running = asyncio.create_task(drain(s.api.send_user_message(s.sid, "notify b")))
     await asyncio.wait_for(model_gate.entered.wait(), WAIT)
-    cancel = await s.other.cancel(s.sid, "too slow", actor="admin")
+    cancel = (await s.other.cancel(s.sid, "too slow", actor="admin")).request
     model_gate.release.set()
     await asyncio.wait_for(running, WAIT)
 

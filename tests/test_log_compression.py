@@ -7,6 +7,7 @@ the shipped dictionaries cannot read is refused with a message that says what to
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sqlite3
 from pathlib import Path
 
@@ -122,6 +123,24 @@ def test_the_dictionary_ships_with_the_package() -> None:
     pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert '"turnlog.engine.log" = ["*.zdict"]' in pyproject
     assert zdict.dictionary_path(zdict.DICT_ID).stat().st_size > 1024
+
+
+async def test_the_dictionary_trainer_makes_a_dictionary_from_engine_sessions() -> None:
+    """scripts/train_zdict.py runs the engine on generated sessions and trains on their records:
+    they decode as events of many types, and its dictionary compresses them better than none."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / "train_zdict.py"
+    spec = importlib.util.spec_from_file_location("train_zdict", path)
+    assert spec is not None and spec.loader is not None
+    trainer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainer)
+    records = await trainer.corpus(sessions=3, turns=4)
+    types = {codec.decode(r).type for r in records}
+    assert {"SessionCreated", "ToolCallFinished", "SnapshotTaken", "TurnFinished"} <= types
+    trained = zstandard.ZstdCompressionDict(trainer.train(records, size=2048, dict_id=99))
+    with_dict = zstandard.ZstdCompressor(level=zdict.LEVEL, dict_data=trained)
+    plain = zstandard.ZstdCompressor(level=zdict.LEVEL)
+    assert trained.dict_id() == 99
+    assert sum(len(with_dict.compress(r)) for r in records) < sum(len(plain.compress(r)) for r in records)
 
 
 OLD_SIDE_TABLES = """

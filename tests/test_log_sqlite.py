@@ -17,8 +17,8 @@ import pytest
 from turnlog.engine import events as ev
 from turnlog.engine.errors import ConcurrencyError, ConfigurationError, LogError, MalformedEventError
 from turnlog.engine.log import EventLog, SqliteEventLog, murmur2, partition_for
-from turnlog.engine.log.sqlite import _SNAPSHOTS_FROM
 from turnlog.engine.log.sqlite_batch import pack_batch, split_batch
+from turnlog.engine.log.sqlite_layout import SNAPSHOTS_FROM
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -208,7 +208,7 @@ async def test_snapshots_are_found_through_the_version_index_and_the_old_index_i
         latest = await log.latest_snapshot(a)
         assert latest is not None and latest.version == 5
         assert [e.version for e in await log.snapshots_between(a, 2, 6)] == [2, 5]
-        plan = [row[3] for row in log._db.execute("EXPLAIN QUERY PLAN " + _SNAPSHOTS_FROM, (1, 6, 6))]
+        plan = [row[3] for row in log._db.execute("EXPLAIN QUERY PLAN " + SNAPSHOTS_FROM, (1, 6, 6))]
         assert plan and all("SCAN" not in step for step in plan), plan
         version_index = "USING INDEX sqlite_autoindex_batches_1 (session=? AND version"
         assert sum(version_index in step for step in plan) == 2

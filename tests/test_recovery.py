@@ -169,7 +169,11 @@ async def test_killed_during_a_non_idempotent_tool_it_is_reported_interrupted_no
     assert isinstance(done, ev.ToolCallFinished)
     assert (done.call_id, done.tool_name, done.status) == ("call-1", "slow_send", "interrupted")
     assert done.content.startswith(MARKERS[ToolStatus.INTERRUPTED])
-    assert "not safe to repeat" in done.content
+    assert done.content == (  # what is known (nothing about its effect), and one instruction
+        "[FAILED: INTERRUPTED, OUTCOME UNKNOWN] slow_send was running when its worker stopped, and it is "
+        "not run again, since a repeat could do it twice. Whether it took effect is unknown. Tell the "
+        "user it is not known whether it was done."
+    )
     assert done.attempts == 1, "it was attempted once, before the kill"
     assert successor.tool_calls == [], "a send that may have happened must not be repeated"
     started = before[-1]  # its intent was on the log before it ran: call id, key, arguments

@@ -331,7 +331,7 @@ def test_a_snapshot_of_every_field_round_trips_exactly() -> None:
         guard="repeated_call", guard_reason="lookup three times", cost_micros=13,
     )  # fmt: skip
     turn.tool_calls = {
-        "c2": ToolCallProgress("c2", "lookup", '{"order_id": "b"}', "started", 1, 2),
+        "c2": ToolCallProgress("c2", "lookup", '{"order_id": "b"}', "started", 1, 2, "", "", 1700, 1800),
         "c1": ToolCallProgress("c1", "send", "{bad json", "requested", 0, 2, "pending", "too many"),
     }
     state = SessionState(
@@ -430,7 +430,7 @@ def as_format_1(state_json: str) -> str:
     doc = json.loads(state_json)
     doc["s"] = doc["s"][:16]
     if doc["t"] is not None:
-        doc["t"] = [*doc["t"][:16], doc["t"][-1]]
+        doc["t"] = [*doc["t"][:16], [row[:8] for row in doc["t"][-1]]]
     doc["m"] = [row[:5] for row in doc["m"]]
     return json.dumps(doc)
 
@@ -467,8 +467,26 @@ def test_format_1_bodies_decode_with_the_defaults_of_later_fields() -> None:
     back = snapshots.decode_state(as_format_1(snapshots.encode_state(state)), 1, where="old")
     assert back.turn == state.turn and back.messages == [ChatMessage.user("hi")]  # ref unknown: 0
     assert back.task_state == {} and back.archived == 0 and back.origin_calls == {}
-    with pytest.raises(SnapshotFormatError, match="reads 1, 2, 3, 4, 5"):
-        snapshots.decode_state("{}", 6, where="new")
+    with pytest.raises(SnapshotFormatError, match="reads 1, 2, 3, 4, 5, 6"):
+        snapshots.decode_state("{}", 7, where="new")
+
+
+def test_format_5_tool_calls_decode_without_their_start_times() -> None:
+    """Logs written before the crash rule read start times: a format-5 call row has 8 fields,
+    and its calls get no start times (a call found started then is timed from 0: its window
+    has passed, and it is paced from its latest start, which is long past)."""
+    from turnlog.engine import ChatMessage
+
+    state = SessionState("s", 9, "a", "u", messages=[ChatMessage("user", "hi", ref=3)])
+    state.turn = TurnProgress("t", "m", 2, iterations=1)
+    state.turn.tool_calls = {"c1": ToolCallProgress("c1", "book", "{}", "started", 2, 1, "", "", 1000, 2000)}
+    doc = json.loads(snapshots.encode_state(state))
+    doc["t"][-1] = [row[:8] for row in doc["t"][-1]]
+    back = snapshots.decode_state(json.dumps(doc), 5, where="old")
+    (call,) = back.turn.tool_calls.values()  # type: ignore[union-attr]
+    assert (call.status, call.attempts, call.first_started_ms, call.last_started_ms) == ("started", 2, 0, 0)
+    with pytest.raises(SnapshotFormatError, match="corrupt snapshot"):
+        snapshots.decode_state(json.dumps(doc), 6, where="new")
 
 
 def test_format_4_deltas_with_their_whole_turn_history_still_decode() -> None:

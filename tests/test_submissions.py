@@ -1,7 +1,8 @@
 """Sequencing is idempotent: a submission a session already holds (the same event id, or a user
 message with the same message id) never enters the session twice, whoever submits it again and
 however (a producer's retry after a lost acknowledgement, a client's retry with its message id,
-a second process). Both backends; the Kafka-only interleavings (a lost commit response, an inbox
+a second process). And a submission never loses a version race: the log gives it the next
+version where it orders appends. Both backends; the Kafka-only interleavings (a lost commit response, an inbox
 read again by a new owner) are in tests/test_log_kafka.py."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from tests.procs import worker_agent
 from turnlog.consumers import TurnWorker
 from turnlog.engine import AgentDirectory, AgentSessions, EventLog
 from turnlog.engine import events as ev
-from turnlog.engine.errors import DuplicateSubmissionError, InputError
+from turnlog.engine.errors import ConcurrencyError, DuplicateSubmissionError, InputError, SessionNotFoundError
+from turnlog.engine.log.memory import MemoryEventLog
 
 
 def user_message(sid: str, message_id: str, text: str = "hi") -> ev.UserMessageReceived:
@@ -85,3 +87,43 @@ async def test_an_append_that_repeats_a_held_submission_is_refused(log: EventLog
     with pytest.raises(DuplicateSubmissionError, match="already holds message m-1 .at version 2."):
         await log.append([again], expected_version=2)
     assert await log.session_version("s-3") == 2
+
+
+async def test_concurrent_submissions_all_take_the_next_versions_in_turn(
+    log: EventLog, reopen: Callable[[], AbstractAsyncContextManager[EventLog]]
+) -> None:
+    """The log gives a submission its version where it orders appends: 60 submitted at once, from
+    two processes, none refused, versions without a gap; a writer whose append then names a
+    version a submission took loses the race (its ConcurrencyError, as before)."""
+    await log.submit(ev.SessionCreated(session_id="s-4", version=1, agent_id="agent", user_id="u"))
+    async with reopen() as second:
+        await second.wait_for_append(0)  # on Kafka: a reader that owns nothing
+        submitted = await asyncio.gather(
+            *(
+                (log if i % 2 else second).submit(user_message("s-4", f"m-{i:02d}", f"question {i}"))
+                for i in range(60)
+            )
+        )
+        repeated = await asyncio.gather(
+            *(log.submit(user_message("s-4", f"m-{i:02d}")) for i in range(0, 60, 7))
+        )
+    events = await log.read_session("s-4")
+    assert [e.version for e in events] == list(range(1, 62))
+    assert sorted(received(events)) == [f"m-{i:02d}" for i in range(60)]
+    held = {e.message_id: e.version for e in events if isinstance(e, ev.UserMessageReceived)}
+    # the other process's come back with version 0 on Kafka (the owner orders them); ours with theirs
+    mine = [e for e in [*submitted, *repeated] if isinstance(e, ev.UserMessageReceived) and e.version > 0]
+    assert len(mine) >= 30 + 9 and all(held[e.message_id] == e.version for e in mine)
+    late = ev.TurnStarted(session_id="s-4", version=2, turn_id="t", message_id="m-00")
+    with pytest.raises(ConcurrencyError):
+        await log.append([late], expected_version=1)
+
+
+async def test_the_memory_log_sequences_concurrent_submissions_too() -> None:
+    log = MemoryEventLog()
+    await log.submit(ev.SessionCreated(session_id="s", version=1, agent_id="agent", user_id="u"))
+    taken = await asyncio.gather(*(log.submit(user_message("s", f"m-{i}")) for i in range(20)))
+    assert sorted(e.version for e in taken) == list(range(2, 22))
+    assert (await log.submit(user_message("s", "m-3"))).version == taken[3].version
+    with pytest.raises(SessionNotFoundError):
+        await log.submit(user_message("nowhere", "m-1"))

@@ -218,6 +218,10 @@ async def test_two_calls_in_one_batch_resume_after_the_last_decision(log: Sqlite
     assert ran == [], "nothing of the batch runs before the decisions"
     first = [i async for i in api.decide_tool_call(sid, "m2", "reject")]
     assert [e.type for e in first] == ["ApprovalDecided"], "still paused: m1 waits"
+    with pytest.raises(  # a second decision on m2 names the first (two racing decisions end here)
+        ApprovalError, match=r"'m2' \(send_mail\) was already decided: rejected; .* waiting: m1 \(send_mail\)"
+    ):
+        await api.post_tool_decision(sid, "m2", "approve")
     _ = [i async for i in api.decide_tool_call(sid, "m1", "approve")]
     assert sorted(ran) == ["X", "a"]
     finished = of(await log.read_session(sid), ev.ToolCallFinished)

@@ -1,125 +1,51 @@
 """Tool calls whose worker dies, on both backends, with real worker processes SIGKILLed at an
-exact point of the call (tests/keyed_crash.py) and a successor worker finishing the turn:
+exact point of the call (tests/keyed_crash.py) and a successor worker finishing the turn
+(the crash rule: engine/tools/recovery.py):
 
 * a tool that takes its call's idempotency key is run again with the same key after a kill at
   any point of the call (before it reached its service, after the service applied it, after it
   returned but before its result was on the log), and its effect lands once;
-* a tool without a key is never run again: "interrupted, outcome unknown";
-* a call that kills every worker that starts it ends "abandoned" after its ``max_starts``,
-  and the turn goes on: no crash loop;
+* a tool without a key is never run again: "interrupted, outcome unknown", one instruction;
+* a call that kills every worker that starts it is paced, and given up only once it has been
+  started ``max_starts`` times AND its ``crash_window_s`` has passed (the workers' clocks are
+  injected, so the test does not wait out the window); the model is told what is known: the
+  lookup's answer (applied, with its result; not applied) or unknown;
+* a keyed call whose lookup says it was applied is finished with that result, not run again;
 * an idempotent tool's batch is not committed before it runs (docs/architecture.md "Commits"):
   a worker killed in it leaves the model call that asked for it unanswered, and the successor
-  asks again and runs the tool once more; one that kills every worker is still abandoned.
+  asks again and runs the tool once more; one that kills every worker is still given up.
+
+Kills from outside, unrelated to the tool, are in tests/test_tool_crash_storm.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.fleet import deliveries, recorder, side_effects
-from tests.keyed_crash import AGENT, POINTS, crash_agent
-from tests.services import delete_topics, fresh_topic, kafka_log, need_service, postgres_store
-from turnlog.consumers import TurnWorker
-from turnlog.engine import AgentDirectory, EventLog, SqliteEventLog
+from tests.crash_support import Crashes, crash_backend, finish, of, open_session
+from tests.fleet import deliver_late, deliveries, runs_by, side_effects
+from tests.keyed_crash import POINTS, crash_agent
 from turnlog.engine import events as ev
 from turnlog.engine.tools import MARKERS, ToolStatus
+from turnlog.engine.tools.recovery import restart_delay_ms
 
-REPO = Path(__file__).resolve().parent.parent
-PARTITIONS = 2
-WAIT_S = 120.0
-
-
-@dataclass
-class Crashes:
-    """Where the worker processes log and keep their effects, and how to start one."""
-
-    backend: str
-    producer: EventLog
-    target: str
-    schema: str
-    args: list[str]
-    successor: Callable[[], contextlib.AbstractAsyncContextManager[EventLog]]
-
-    async def run_dying_worker(self, tool_name: str, point: str, max_starts: int = 5) -> None:
-        """Start a worker process that kills itself at ``point`` of the call; wait for its death."""
-        command = [sys.executable, str(REPO / "tests" / "procs.py"), "tool-crash", *self.args]
-        with tempfile.TemporaryFile() as output:
-            proc = subprocess.Popen(
-                [*command, tool_name, point, str(max_starts)],
-                env={**os.environ, "PYTHONPATH": str(REPO)},
-                cwd=REPO,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                code = await asyncio.to_thread(proc.wait, WAIT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                code = None
-            output.seek(0)
-            said = output.read().decode(errors="replace")[-3000:]
-        assert code == -signal.SIGKILL, f"the worker ended with {code}, not killed at {point}: {said}"
+WINDOW_PASSED_S = 61.0
+"""A successor's clock this far ahead: the default ``crash_window_s`` (60 s) has passed."""
+UNKNOWN = "Whether it took effect is unknown. Tell the user it is not known whether it was done."
 
 
 @pytest.fixture
 async def crashes(backend: str, tmp_path: Path) -> AsyncIterator[Crashes]:
-    if backend == "sqlite":
-        path, effects = tmp_path / "log.db", str(tmp_path / "effects.db")
-        producer = SqliteEventLog(path, partitions=PARTITIONS)
-
-        @contextlib.asynccontextmanager
-        async def same_file() -> AsyncIterator[EventLog]:
-            yield producer
-
-        args = ["sqlite", str(path), "-", str(PARTITIONS), effects, "-"]
-        yield Crashes(backend, producer, effects, "", args, same_file)
-        await producer.close()
-        return
-    bootstrap, dsn = need_service("TURNLOG_KAFKA_BOOTSTRAP"), need_service("TURNLOG_POSTGRES_DSN")
-    topic = fresh_topic()
-    with postgres_store(dsn) as pg:
-        async with kafka_log(bootstrap, partitions=PARTITIONS, topic=topic, owner=False) as reader:
-
-            def owner() -> contextlib.AbstractAsyncContextManager[EventLog]:
-                return kafka_log(bootstrap, partitions=PARTITIONS, topic=topic)
-
-            args = ["kafka", bootstrap, topic, str(PARTITIONS), dsn, pg.schema]
-            yield Crashes(backend, reader, dsn, pg.schema, args, owner)
-    await delete_topics(bootstrap, topic)
+    async with crash_backend(backend, tmp_path) as found:
+        yield found
 
 
-async def open_session(crashes: Crashes, sid: str) -> None:
-    await crashes.producer.submit(ev.SessionCreated(session_id=sid, version=1, agent_id=AGENT, user_id="u"))
-    await crashes.producer.submit(
-        ev.UserMessageReceived(session_id=sid, version=0, message_id=f"{sid}-m1", text="book it", user_id="u")
-    )
-
-
-async def finish(crashes: Crashes, sid: str, tool_name: str) -> list[ev.Event]:
-    """A successor worker whose tool does not die runs what is left of the turn; the events then."""
-    async with crashes.successor() as log, recorder(crashes.target, crashes.schema, "successor") as backend:
-        worker = TurnWorker(log, AgentDirectory([crash_agent(backend, tool_name, "")]), worker_id="successor")
-        async with asyncio.timeout(WAIT_S):
-            while not any(isinstance(e, ev.TurnFinished) for e in await log.read_session(sid)):
-                await worker.poll_once()
-                await asyncio.sleep(0.05)
-        return await log.read_session(sid)
-
-
-def of(events: list[ev.Event], cls: type[ev.E]) -> list[ev.E]:
-    return [e for e in events if isinstance(e, cls)]
+def runs(crashes: Crashes, sid: str) -> list[tuple[str, ...]]:
+    return [row for row in side_effects(crashes.target, crashes.schema) if row[0] == sid]
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -132,7 +58,7 @@ async def test_a_keyed_tool_killed_mid_call_runs_again_with_its_key_and_lands_on
     before = await crashes.producer.read_session(sid)
     assert [e.attempt for e in of(before, ev.ToolCallStarted)] == [1] and not of(before, ev.ToolCallFinished)
 
-    events = await finish(crashes, sid, "book")
+    events = await finish(crashes, sid, lambda b: crash_agent(b, "book", ""))
 
     first, again = of(events, ev.ToolCallStarted)
     assert (first.attempt, again.attempt) == (1, 2) and first.idempotency_key == again.idempotency_key
@@ -140,9 +66,9 @@ async def test_a_keyed_tool_killed_mid_call_runs_again_with_its_key_and_lands_on
     assert (done.status, done.content, done.attempts) == ("success", "booked", 2)
     landed = [row for row in deliveries(crashes.target, crashes.schema) if row[0] == sid]
     assert landed == [(sid, "call-1", first.idempotency_key)], "the booking took effect exactly once"
-    runs = [row for row in side_effects(crashes.target, crashes.schema) if row[0] == sid]
-    assert len(runs) == (1 if point == "entry" else 2)  # a run killed at entry never reached the service
-    assert {row[3] for row in runs} == {first.idempotency_key}
+    made = runs(crashes, sid)
+    assert len(made) == (1 if point == "entry" else 2)  # a run killed at entry never reached the service
+    assert {row[3] for row in made} == {first.idempotency_key}
     (finished,) = of(events, ev.TurnFinished)
     assert finished.reason == "answered"
     assert of(events, ev.AssistantMessage)[-1].text == "done: booked"
@@ -153,42 +79,102 @@ async def test_a_tool_without_a_key_killed_after_its_effect_is_never_run_again(c
     await open_session(crashes, sid)
     await crashes.run_dying_worker("page", "applied")
 
-    events = await finish(crashes, sid, "page")
+    events = await finish(crashes, sid, lambda b: crash_agent(b, "page", ""))
 
     assert [e.attempt for e in of(events, ev.ToolCallStarted)] == [1]
     (done,) = of(events, ev.ToolCallFinished)
-    assert done.status == "interrupted" and done.content.startswith(MARKERS[ToolStatus.INTERRUPTED])
-    runs = [row for row in side_effects(crashes.target, crashes.schema) if row[0] == sid]
-    assert len(runs) == 1, "paged once, by the killed worker; never again"
+    assert done.status == "interrupted"
+    assert done.content == (
+        f"{MARKERS[ToolStatus.INTERRUPTED]} page was running when its worker stopped, and it is not run "
+        f"again, since a repeat could do it twice. {UNKNOWN}"
+    )
+    assert len(runs(crashes, sid)) == 1, "paged once, by the killed worker; never again"
     (finished,) = of(events, ev.TurnFinished)
     assert finished.reason == "answered"
 
 
-async def test_a_call_that_kills_every_worker_is_abandoned_after_its_bound(crashes: Crashes) -> None:
+async def test_a_keyed_call_that_kills_every_worker_is_paced_then_given_up_after_count_and_window(
+    crashes: Crashes,
+) -> None:
     sid = f"{crashes.backend}-crash-loop"
     await open_session(crashes, sid)
-    for _ in range(2):  # max_starts=2: two workers die in the call
+    for _ in range(3):  # max_starts=2, but the window (60 s) has not passed: a third start, paced
         await crashes.run_dying_worker("book", "entry", max_starts=2)
     started = of(await crashes.producer.read_session(sid), ev.ToolCallStarted)
-    assert [e.attempt for e in started] == [1, 2]
+    assert [e.attempt for e in started] == [1, 2, 3], "two starts alone do not give it up"
+    assert started[2].time_ms - started[1].time_ms >= restart_delay_ms(2) == 1000, "the third start waited"
 
-    async with crashes.successor() as log, recorder(crashes.target, crashes.schema, "third") as backend:
-        agent = crash_agent(backend, "book", "", max_starts=2)  # a run would show in side_effects
-        worker = TurnWorker(log, AgentDirectory([agent]), worker_id="third")
-        async with asyncio.timeout(WAIT_S):
-            while not of(await log.read_session(sid), ev.TurnFinished):
-                await worker.poll_once()
-                await asyncio.sleep(0.05)
-        events = await log.read_session(sid)
+    agent = lambda b: crash_agent(b, "book", "", max_starts=2)  # noqa: E731
+    events = await finish(crashes, sid, agent, offset_s=WINDOW_PASSED_S)
 
-    assert len(of(events, ev.ToolCallStarted)) == 2, "not started a third time"
+    assert len(of(events, ev.ToolCallStarted)) == 3, "not started a fourth time"
     (done,) = of(events, ev.ToolCallFinished)
-    assert (done.status, done.attempts) == ("abandoned", 2)
-    assert done.content.startswith(MARKERS[ToolStatus.ABANDONED]) and "started 2 times" in done.content
+    assert (done.status, done.attempts) == ("abandoned", 3)
+    assert re.fullmatch(
+        re.escape(MARKERS[ToolStatus.ABANDONED]) + r" book was started 3 times over \d+ s and each time the "
+        r"worker running it stopped before it returned, so it is not started again\. " + re.escape(UNKNOWN),
+        done.content,
+    ), done.content
     (finished,) = of(events, ev.TurnFinished)
     assert finished.reason == "answered"
     assert of(events, ev.AssistantMessage)[-1].text.startswith("done: [FAILED: ABANDONED")
-    assert [row for row in side_effects(crashes.target, crashes.schema) if row[0] == sid] == []
+    assert runs(crashes, sid) == []
+
+
+@pytest.mark.parametrize("answer", ["not_applied", "applied_late", "down"])
+async def test_a_given_up_keyed_call_is_reported_as_its_lookup_says(crashes: Crashes, answer: str) -> None:
+    """The lookup is asked before the call is given up: a key the service applied (here late,
+    after the worker that sent it died) is the call's result; one it has not is "not done, safe
+    to call again"; a service that cannot be asked leaves it unknown. One instruction each."""
+    sid = f"{crashes.backend}-given-up-{answer}"
+    lookup = "down" if answer == "down" else "store"
+    await open_session(crashes, sid)
+    await crashes.run_dying_worker("book", "entry", max_starts=1, lookup=lookup)
+    (started,) = of(await crashes.producer.read_session(sid), ev.ToolCallStarted)
+    if answer == "applied_late":
+        deliver_late(crashes.target, crashes.schema, sid, "call-1", started.idempotency_key)
+
+    agent = lambda b: crash_agent(b, "book", "", max_starts=1, lookup=lookup)  # noqa: E731
+    events = await finish(crashes, sid, agent, offset_s=WINDOW_PASSED_S)
+
+    assert len(of(events, ev.ToolCallStarted)) == 1, "given up, not started again"
+    (done,) = of(events, ev.ToolCallFinished)
+    told = of(events, ev.AssistantMessage)[-1].text
+    if answer == "applied_late":
+        assert (done.status, done.content, done.attempts) == ("success", "booked", 1)
+        assert told == "done: booked", "the model is told what the service knows"
+    elif answer == "not_applied":
+        assert done.status == "abandoned" and done.content.endswith(
+            "so it is not started again. Its system reports the request was not applied, so nothing was "
+            "done and calling book again is safe. Tell the user it was not done."
+        )
+    else:
+        assert done.status == "abandoned" and done.content.endswith(
+            f"so it is not started again. Its system could not say. {UNKNOWN}"
+        )
+        assert done.error and "lookup failed: ConnectionError: the booking service is down" in done.error
+    assert runs(crashes, sid) == [], "the tool itself never ran past its entry"
+
+
+@pytest.mark.parametrize("point", ["entry", "applied"])
+async def test_a_keyed_call_its_lookup_knows_applied_is_not_run_again(crashes: Crashes, point: str) -> None:
+    """Before a crashed keyed call is started again its lookup is asked: applied -> finished with
+    that result and not run again; not applied -> run again with its key."""
+    sid = f"{crashes.backend}-known-{point}"
+    await open_session(crashes, sid)
+    await crashes.run_dying_worker("book", point, lookup="store")
+
+    events = await finish(crashes, sid, lambda b: crash_agent(b, "book", "", lookup="store"))
+
+    starts = of(events, ev.ToolCallStarted)
+    (done,) = of(events, ev.ToolCallFinished)
+    assert (done.status, done.content) == ("success", "booked")
+    assert [e.attempt for e in starts] == ([1, 2] if point == "entry" else [1])
+    assert done.attempts == len(starts)
+    by_successor = runs_by(crashes.target, crashes.schema, "successor")
+    assert len(by_successor) == (1 if point == "entry" else 0), "run again only when not applied"
+    assert [row[0] for row in deliveries(crashes.target, crashes.schema) if row[0] == sid] == [sid]
+    assert of(events, ev.AssistantMessage)[-1].text == "done: booked"
 
 
 @pytest.mark.parametrize("point", ["entry", "applied"])
@@ -203,10 +189,9 @@ async def test_an_idempotent_tool_killed_mid_call_is_run_once_more_after_recover
     assert before[-1].type == "ModelCallStarted" and not of(before, ev.ToolCallStarted)
     assert not of(before, ev.AssistantMessage)
 
-    events = await finish(crashes, sid, "lookup")
+    events = await finish(crashes, sid, lambda b: crash_agent(b, "lookup", ""))
 
-    runs = [row for row in side_effects(crashes.target, crashes.schema) if row[0] == sid]
-    assert len(runs) == (1 if point == "entry" else 2), "run once more by the successor, no more"
+    assert len(runs(crashes, sid)) == (1 if point == "entry" else 2), "run once more by the successor"
     (started,) = of(events, ev.ToolCallStarted)
     assert started.attempt == 1 and started.producer != before[-1].producer
     (done,) = of(events, ev.ToolCallFinished)
@@ -219,11 +204,11 @@ async def test_an_idempotent_tool_killed_mid_call_is_run_once_more_after_recover
     assert of(events, ev.AssistantMessage)[-1].text == "done: free"
 
 
-async def test_an_idempotent_tool_that_kills_every_worker_is_abandoned_after_its_bound(
+async def test_an_idempotent_tool_that_kills_every_worker_is_given_up_after_its_bound(
     crashes: Crashes,
 ) -> None:
     """The first death leaves no start on the log; the successor that found the model call
-    unanswered commits its batch before running it, so the ledger counts from there."""
+    unanswered commits its batch before running it, so the rule counts from there."""
     sid = f"{crashes.backend}-idempotent-loop"
     await open_session(crashes, sid)
     for _ in range(3):  # max_starts=2: one unrecorded death, then two recorded starts
@@ -231,19 +216,45 @@ async def test_an_idempotent_tool_that_kills_every_worker_is_abandoned_after_its
     started = of(await crashes.producer.read_session(sid), ev.ToolCallStarted)
     assert [e.attempt for e in started] == [1, 2]
 
-    async with crashes.successor() as log, recorder(crashes.target, crashes.schema, "fourth") as backend:
-        worker = TurnWorker(
-            log, AgentDirectory([crash_agent(backend, "lookup", "", max_starts=2)]), worker_id="4"
-        )
-        async with asyncio.timeout(WAIT_S):
-            while not of(await log.read_session(sid), ev.TurnFinished):
-                await worker.poll_once()
-                await asyncio.sleep(0.05)
-        events = await log.read_session(sid)
+    agent = lambda b: crash_agent(b, "lookup", "", max_starts=2)  # noqa: E731
+    events = await finish(crashes, sid, agent, offset_s=WINDOW_PASSED_S)
 
     assert len(of(events, ev.ToolCallStarted)) == 2, "not started a third time"
     (done,) = of(events, ev.ToolCallFinished)
     assert (done.status, done.attempts) == ("abandoned", 2)
+    assert done.content.endswith(
+        "so it is not started again. It returned no result. Tell the user it could not be completed."
+    )
     (finished,) = of(events, ev.TurnFinished)
     assert finished.reason == "answered"
-    assert [row for row in side_effects(crashes.target, crashes.schema) if row[0] == sid] == []
+    assert runs(crashes, sid) == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+@pytest.mark.parametrize("lookup", ["", "store"])
+async def test_a_keyed_call_a_stop_ends_after_its_worker_died_is_reported_as_known(
+    crashes: Crashes, lookup: str
+) -> None:
+    """A cancel that arrives while the call's worker is dead: the call is not run again (the
+    turn stops), and the model is told what its lookup knows, or that the outcome is unknown;
+    never "not safe to repeat", which is false of a keyed tool."""
+    sid = f"stopped-{lookup or 'no-lookup'}"
+    await open_session(crashes, sid)
+    await crashes.run_dying_worker("book", "applied", lookup=lookup)
+    cancel = ev.CancelRequested(session_id=sid, version=0, reason="changed my mind", actor="user")
+    await crashes.producer.submit(cancel)
+
+    events = await finish(crashes, sid, lambda b: crash_agent(b, "book", "", lookup=lookup))
+
+    assert len(of(events, ev.ToolCallStarted)) == 1 and len(runs(crashes, sid)) == 1
+    (done,) = of(events, ev.ToolCallFinished)
+    if lookup:
+        assert (done.status, done.content, done.attempts) == ("success", "booked", 1)
+    else:
+        assert (done.status, done.content) == (
+            "interrupted",
+            f"{MARKERS[ToolStatus.INTERRUPTED]} book was running when its worker stopped, and the turn was "
+            f"stopped before it could run again. {UNKNOWN}",
+        )
+    (finished,) = of(events, ev.TurnFinished)
+    assert finished.reason == "cancelled"

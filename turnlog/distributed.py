@@ -17,9 +17,10 @@ import structlog
 from turnlog.consumers import Projector, TurnWorker, health
 from turnlog.consumers.analytics import AnalyticsConsumer
 from turnlog.consumers.health import Readiness, serve_health
-from turnlog.engine import KafkaEventLog
+from turnlog.engine import KafkaEventLog, SqliteEventLog
 from turnlog.engine.errors import ConfigurationError
 from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
+from turnlog.engine.log.local_live import LocalLive
 
 from .agents import AgentContext, deployed_agents
 from .app import ReadSide, postgres_store
@@ -69,12 +70,14 @@ def process_name(role: str) -> str:
 
 
 class LiveLinks:
-    """A process's links to Kafka's live topic (engine.log.kafka_live): a publisher for what its
-    turn worker streams, a subscriber for what other processes' workers stream."""
+    """A process's links to what other processes' turn workers stream: Kafka's live topic
+    (engine.log.kafka_live), or the channel between the processes sharing an embedded log file
+    (engine.log.local_live): a publisher for what its turn worker streams, a subscriber for what
+    theirs do."""
 
     def __init__(self) -> None:
-        self.publisher: KafkaLivePublisher | None = None
-        self.subscriber: KafkaLiveSubscriber | None = None
+        self.publisher: KafkaLivePublisher | LocalLive | None = None
+        self.subscriber: KafkaLiveSubscriber | LocalLive | None = None
 
     async def start(self, log: KafkaEventLog, *, publish: bool, subscribe: bool = True) -> None:
         origin = process_name(log.client_id)
@@ -87,9 +90,16 @@ class LiveLinks:
             self.publisher = KafkaLivePublisher(log.bootstrap, log.topics, log.partitions, origin=origin)
             await self.publisher.start()
 
+    async def share(self, log: SqliteEventLog, role: str, *, publish: bool, subscribe: bool = True) -> None:
+        """The embedded log's channel (closed with the log): its appends announced to the other
+        processes on the file and theirs heard, its worker's deltas sent if ``publish``."""
+        channel = await log.share_live(role)
+        self.publisher = channel if publish else None
+        self.subscriber = channel if subscribe else None
+
     async def close(self) -> None:
         for link in (self.publisher, self.subscriber):
-            if link is not None:
+            if link is not None and not isinstance(link, LocalLive):  # the channel closes with its log
                 await link.close()
         self.publisher = self.subscriber = None
 
@@ -114,6 +124,8 @@ async def run_worker(
     try:
         if isinstance(event_log, KafkaEventLog):
             await live.start(event_log, publish=True, subscribe=False)
+        elif isinstance(event_log, SqliteEventLog):  # gateways on the file: prompt wake-ups, deltas
+            await live.share(event_log, "worker", publish=True, subscribe=False)
         publish = live.publisher.publish if live.publisher is not None else None
         worker = TurnWorker(
             event_log, directory, worker_id=worker_id, max_concurrent_turns=max_turns, on_item=publish

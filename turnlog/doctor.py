@@ -8,7 +8,6 @@ model endpoint), what was found, and, for a problem, the fix. Missing extras are
 from __future__ import annotations
 
 import asyncio
-import json
 import platform
 import sys
 from dataclasses import dataclass
@@ -48,12 +47,9 @@ def turnlog_version() -> str:
 
 
 def install_kind() -> str:
-    try:
-        raw = metadata.distribution("turnlog").read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        return "not installed"
-    if raw and json.loads(raw).get("dir_info", {}).get("editable"):
-        return f"editable checkout at {json.loads(raw).get('url', '?').removeprefix('file://')}"
+    checkout = extras.editable_checkout()
+    if checkout is not None:
+        return f"editable checkout at {checkout}"
     return f"installed in {Path(__file__).resolve().parent.parent}"
 
 

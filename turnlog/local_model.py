@@ -14,8 +14,7 @@ model writes tool calls as fenced JSON rather than native tool calls, so it is w
 Threads (``choose_threads``): reading the prompt is matrix work that gains from every core even
 when others are busy, so it gets them all; generating is one small step per token in which every
 thread waits for the slowest, so on a busy machine a thread that has to share a core makes it many
-times slower (on this 2-core VM under load: 0.3 tokens/s with two threads, 5.5 with one; idle:
-33 with two, 22 with one; bench/README.md, section 13). Generation gets the cores the 1-minute load
+times slower (bench/README.md, section 13). Generation gets the cores the 1-minute load
 average leaves idle when the server starts, rounded, at least one (on two cores: two when the load
 is under 0.5, else one); ``TURNLOG_LOCAL_THREADS`` sets both.
 """

@@ -15,6 +15,7 @@ from turnlog.engine import extras
 from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.errors import ConfigurationError
 from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.sqlite import SqliteEventLog
 
 from .agents import AgentContext, deployed_agents
 from .app import ReadSide
@@ -130,6 +131,8 @@ async def _serve(
     try:
         if isinstance(log, KafkaEventLog):
             await live.start(log, publish=config.run_worker)
+        elif isinstance(log, SqliteEventLog):  # a `turnlog worker` or another gateway on the file
+            await live.share(log, "serve", publish=config.run_worker)
         companions = (
             memory_consumers(log, directory, owned_only=isinstance(log, KafkaEventLog))
             if memory and config.run_worker

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .. import events as ev
+from ..fold import inherited_refs, renumbers
 from ..log.base import EventLog
 from ..messages import calls_text
+from ..snapshot_format import decode
 
 WORD = re.compile(r"[a-z0-9]+(?:[-_][a-z0-9]+)*|[\u4e00-\u9fff]+", re.IGNORECASE)
 STOP = frozenset(
@@ -90,11 +92,9 @@ async def _inherited(log: EventLog, forked: ev.SessionForked) -> Archive:
     """What a fork inherits of its origin's archive, in the fork's refs: the origin's archived
     messages (shifted below every inherited ref, oldest first), and the originals of the
     messages it inherited (by their renumbered refs), so the fork can archive those too."""
-    from ..snapshots import decode_state, inherited_refs, renumbers  # snapshots builds on the fold
-
     origin_originals, origin_archived = await _archive(log, forked.origin_session_id, forked.origin_version)
     where = f"session {forked.session_id} v1 (fork of {forked.origin_session_id})"
-    state = decode_state(forked.state_json, forked.state_format, where=where)
+    state = decode(forked.state_json, forked.state_format, where=where)
     count = len(state.messages) + len(state.inbox)
     shift = count + forked.origin_version + 1  # origin refs are at most its version: all end below -count
     originals = {ref - shift: dataclasses.replace(m, ref=ref - shift) for ref, m in origin_originals.items()}

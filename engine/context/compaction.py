@@ -101,10 +101,10 @@ class TrimIndex:
     """Where a history's trim candidates are, kept as messages are appended.
 
     Past ``trim_at`` of the budget every model call plans a trim; scanning the whole history
-    each time made a call cost O(history) (2.4 ms at 4,000 messages) even when nothing could be
-    cut. The index reads each message once: small-talk pairs, failed and successful results by
-    tool, and results by call id. A compaction or a reload makes a new message list, which is
-    indexed afresh; ``superseded`` is looked up at each plan, since it grows on its own.
+    each time made a call cost O(history) even when nothing could be cut (bench/README.md §3).
+    The index reads each message once: small-talk pairs, failed and successful results by tool,
+    and results by call id. A compaction or a reload makes a new message list, which is indexed
+    afresh; ``superseded`` is looked up at each plan, since it grows on its own.
     """
 
     messages: Sequence[ChatMessage] | None = None

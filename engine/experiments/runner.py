@@ -139,11 +139,11 @@ class ExperimentRunner:
         """Select the sessions and write the experiment's manifest; nothing is replayed yet."""
         if concurrency < 1:
             raise InputError("concurrency must be at least 1")
-        if from_turn < 0:
-            raise InputError("from_turn must be 0 (the start) or a turn number")
         sessions = await select_sessions(self.log, selection)
         if from_version is not None and len(sessions) != 1:
             raise InputError("from_version names a snapshot of one session; select exactly one session")
+        if from_version is None:
+            await self._check_from_turn(sessions, from_turn)
         spec = ExperimentSpec(
             experiment_id=experiment_id or new_experiment_id(),
             sessions=sessions,
@@ -171,6 +171,24 @@ class ExperimentRunner:
         submitted = await self.log.submit(manifest)
         await self.log.sequenced(submitted, MANIFEST_WAIT_S)
         return spec
+
+    async def _check_from_turn(self, sessions: list[str], from_turn: int) -> None:
+        """Refuse a ``from_turn`` some selected session cannot fork at (past the turns it has
+        ended, or negative) before anything is written, saying the range every session has."""
+        if from_turn == 0:
+            return
+        ended = {sid: max(await self._turn_ends(sid), default=0) for sid in sessions}
+        shortest = min(ended, key=lambda sid: ended[sid])
+        if not 0 <= from_turn <= ended[shortest]:
+            raise InputError(
+                f"from_turn must be in 0..{ended[shortest]} (0: from the start; N: from the end of each "
+                f"session's turn N), not {from_turn}: session {shortest} has ended {ended[shortest]} turns"
+            )
+
+    async def _turn_ends(self, session_id: str) -> dict[int, int]:
+        """Turn number → the version of the last snapshot taken when that turn had ended."""
+        snapshots = await SessionAdmin(self.log).snapshots(session_id)
+        return {s.turns: s.version for s in snapshots if s.status in ENDED}
 
     async def run(self, spec: ExperimentSpec) -> ExperimentReport:
         """Replay every session of ``spec`` not replayed yet (``spec.concurrency`` at once), then
@@ -227,17 +245,13 @@ class ExperimentRunner:
             return spec.from_version
         if spec.from_turn == 0:
             return 0
-        found = [
-            s.version
-            for s in await SessionAdmin(self.log).snapshots(recording.session_id)
-            if s.turns == spec.from_turn and s.status in ENDED
-        ]
-        if not found:
+        found = (await self._turn_ends(recording.session_id)).get(spec.from_turn)
+        if found is None:
             raise InputError(
                 f"session {recording.session_id} has no snapshot at the end of turn {spec.from_turn} "
                 f"(it has {len(recording.turns)} turns); choose a smaller --from-turn"
             )
-        return found[-1]
+        return found
 
     async def _replay(self, api: AgentSessions, spec: ExperimentSpec, origin: str) -> bool:
         """Replay ``origin`` (or what is left of it); True if it was already complete."""

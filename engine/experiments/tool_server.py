@@ -95,6 +95,7 @@ class RecordedTools:
             retries=original.retries,
             max_result_chars=original.max_result_chars,
             max_starts=original.max_starts,
+            crash_window_s=original.crash_window_s,
         )
 
     async def _serve(self, original: Tool, kwargs: dict[str, Any]) -> Any:

@@ -1,6 +1,6 @@
 """Event log backends behind one interface."""
 
-from .base import EventLog, LogRecord, murmur2, partition_for
+from .base import EventLog, LogRecord, SessionSummary, murmur2, partition_for
 from .kafka import KafkaEventLog
 from .memory import MemoryEventLog
 from .sqlite import SqliteEventLog
@@ -10,6 +10,7 @@ __all__ = [
     "KafkaEventLog",
     "LogRecord",
     "MemoryEventLog",
+    "SessionSummary",
     "SqliteEventLog",
     "murmur2",
     "partition_for",

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import AsyncGenerator, Iterable, Sequence
 
 import structlog
 
 from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError
 from ..events import Event, SessionCreated, SessionForked, SnapshotTaken
+from .submissions import NEW_SESSIONS
 
-SUBMIT_RETRIES = 8
+SESSIONS_PAGE = 1000
+"""Sessions ``EventLog.sessions`` asks ``list_sessions`` for at a time."""
 log = structlog.get_logger("turnlog.log")
 
 
@@ -31,6 +32,16 @@ class LogRecord:
     partition: int
     offset: int
     event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """A session as the log lists it (``EventLog.sessions``), without reading its events."""
+
+    session_id: str
+    partition: int
+    version: int
+    """Its last version: how many events it has."""
 
 
 def murmur2(data: bytes) -> int:
@@ -63,6 +74,12 @@ def murmur2(data: bytes) -> int:
 def partition_for(session_id: str, partitions: int) -> int:
     """Stable partition of a session: Kafka's default keyed partitioner on the session id."""
     return (murmur2(session_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def page_of(partition: int, versions: dict[str, int], after: str, limit: int) -> list[SessionSummary]:
+    """The sessions of ``versions`` (id -> last version) after ``after``, in id order, at most ``limit``."""
+    wanted = sorted(sid for sid in versions if sid > after)[: max(limit, 0)]
+    return [SessionSummary(sid, partition, versions[sid]) for sid in wanted]
 
 
 def holds_state(event: Event) -> bool:
@@ -120,30 +137,32 @@ class EventLog(abc.ABC):
         """Append a producer's event (SessionCreated, UserMessageReceived) at the session's next
         version, which the log assigns; durable when this returns. Returns the event as appended.
 
-        A producer outside the session's writer cannot know that version. The embedded log
-        appends directly (retrying on a concurrent append); the Kafka log hands the event to the
-        partition's owner through its inbox topic (see docs/architecture.md), and returns it
-        with ``version == 0`` when this process does not own the partition.
+        A producer outside the session's writer cannot know that version, and must not lose it
+        to another append: the log assigns it where it orders appends. The embedded log reads the
+        session's head inside the write transaction that appends it (``_append_next``), so
+        concurrent submissions get consecutive versions and none is refused; the Kafka log hands
+        the event to the partition's owner through its inbox topic (see docs/architecture.md),
+        and returns it with ``version == 0`` when this process does not own the partition.
 
         Idempotent: an event the session already holds (the same event id, or a user message with
         the same message id, ``turnlog.engine.log.submissions``) is not appended again; the event already
         on the log is returned.
         """
         try:
-            if isinstance(event, (SessionCreated, SessionForked)):  # a new session: version 1 or nothing
+            if isinstance(event, NEW_SESSIONS):  # a new session: version 1 or nothing
                 await self.append([event], expected_version=0)
                 return event
-            for _ in range(SUBMIT_RETRIES):
-                version = await self.session_version(event.session_id)
-                sequenced = dataclasses.replace(event, version=version + 1)
-                try:
-                    await self.append([sequenced], expected_version=version)
-                except ConcurrencyError:
-                    continue
-                return sequenced
+            return await self._append_next(event)
         except DuplicateSubmissionError as held:
             return await self._held_submission(held)
-        raise ConcurrencyError(event.session_id, version, await self.session_version(event.session_id))
+
+    async def _append_next(self, event: Event) -> Event:
+        """Append ``event`` (a submission of an existing session) at the session's next version,
+        read where the log orders its appends, so it never loses a version race: a writer that
+        appended first only moves it one version on. Returns the event as appended. Raises
+        SessionNotFoundError for a session with no events, DuplicateSubmissionError for a
+        submission the session holds."""
+        raise NotImplementedError(f"{type(self).__name__} sequences no submissions: implement _append_next")
 
     async def _held_submission(self, held: DuplicateSubmissionError) -> Event:
         """The event a repeated submission names, as the log holds it."""
@@ -236,6 +255,36 @@ class EventLog(abc.ABC):
     @abc.abstractmethod
     async def session_version(self, session_id: str) -> int:
         """The session's last version (0 if it has no events)."""
+
+    async def sessions(
+        self, *, partitions: Iterable[int] | None = None, page: int = SESSIONS_PAGE
+    ) -> AsyncGenerator[SessionSummary, None]:
+        """Every session of the log (or of ``partitions``), partition by partition and by id
+        within one: a stable order. Streamed ``page`` sessions at a time (``list_sessions``),
+        so a large log is never listed at once."""
+        for partition in range(self.partitions) if partitions is None else partitions:
+            after = ""
+            while True:
+                found = await self.list_sessions(partition, after=after, limit=page)
+                for summary in found:
+                    yield summary
+                if len(found) < page:
+                    break
+                after = found[-1].session_id
+
+    async def list_sessions(
+        self, partition: int, *, after: str = "", limit: int = SESSIONS_PAGE
+    ) -> list[SessionSummary]:
+        """One page of a partition's sessions: those whose id sorts after ``after``, in id
+        order, at most ``limit``. This default scans the partition's records (correct for
+        any backend, O(its history) a page); the backends answer from their indexes."""
+        versions: dict[str, int] = {}
+        offset = 0
+        while records := await self.read_partition(partition, offset):
+            for record in records:
+                versions[record.event.session_id] = record.event.version
+            offset = records[-1].offset + 1
+        return page_of(partition, versions, after, limit)
 
     @abc.abstractmethod
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:

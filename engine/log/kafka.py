@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from typing import Any, Coroutine, Iterable, Sequence
+from typing import Any, AsyncGenerator, Coroutine, Iterable, Sequence
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -43,10 +43,11 @@ from ..errors import (
     PartitionNotOwnedError,
 )
 from ..events import Event
-from .base import EventLog, LogRecord, check_batch
+from .base import SESSIONS_PAGE, EventLog, LogRecord, SessionSummary, check_batch, page_of
 from .kafka_appends import PendingAppend, fail_group, settle_group, take_group
 from .kafka_inbox import InboxQueue, admit
 from .kafka_index import PartitionIndex
+from .kafka_listing import session_versions
 from .kafka_offsets import DirectOffsets
 from .kafka_poison import (
     Poison,
@@ -871,6 +872,25 @@ class KafkaEventLog(EventLog):
     async def session_version(self, session_id: str) -> int:
         part = await self._fresh(self.partition_of(session_id))
         return part.version(session_id)
+
+    async def list_sessions(
+        self, partition: int, *, after: str = "", limit: int = SESSIONS_PAGE
+    ) -> list[SessionSummary]:
+        """From the partition's index if this process owns it, else from the session index and
+        the events after its watermark (``kafka_listing``): no session is folded."""
+        self._check_partition(partition)
+        return page_of(partition, await session_versions(self, partition, OPERATION_TIMEOUT_S), after, limit)
+
+    async def sessions(
+        self, *, partitions: Iterable[int] | None = None, page: int = SESSIONS_PAGE
+    ) -> AsyncGenerator[SessionSummary, None]:
+        """As ``EventLog.sessions``, reading each partition's listing once (one partition's ids
+        and versions in memory at a time; ``page`` is not needed)."""
+        for partition in range(self.partitions) if partitions is None else partitions:
+            self._check_partition(partition)
+            versions = await session_versions(self, partition, OPERATION_TIMEOUT_S)
+            for summary in page_of(partition, versions, "", len(versions)):
+                yield summary
 
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
         self._check_partition(partition)

@@ -1,6 +1,7 @@
 """How a Kafka partition's owner takes inbox records: each becomes its session's next event
-(a force-finish request: the events that close the session; a user message to a closed session:
-the message and its UserMessageDropped, since its sender may already have been answered 202),
+(a force-finish request: the events that close the session; a cancel: the request and the drops
+of the messages waiting for a turn; a user message to a closed session: the message and its
+UserMessageDropped, since its sender may already have been answered 202),
 is recognised as a submission the session already holds (skipped: ``turnlog.engine.log.submissions``),
 or is refused with a reason (and goes to the dead-letter topic); an undecodable record moves the
 resting session it names to ERROR (``kafka_poison.poisoned``)."""
@@ -23,7 +24,6 @@ from ..errors import (
     InputError,
     LogError,
     NotAwaitingBudgetError,
-    NoTurnRunningError,
     SessionClosedError,
     SessionNotFoundError,
 )
@@ -94,6 +94,8 @@ def admit(
             admitted = _decided(part, event, earlier, writer_log)
         except (ApprovalError, NotAwaitingBudgetError, InputError) as exc:  # decided meanwhile
             return Admission(event_id=event.event_id, refused=exc)
+    elif isinstance(event, CancelRequested):
+        admitted = _cancelled(part, event, earlier, writer_log)
     elif isinstance(event, UserMessageReceived) and _is_closed(part, sid, versions, pending):
         admitted = _after_close(part, event, earlier, writer_log)
     elif isinstance(event, SessionForked) and event.unfinished:
@@ -130,9 +132,7 @@ def _refusal(
         return SessionNotFoundError(sid)
     if _is_closed(part, sid, versions, pending) and not isinstance(event, AFTER_CLOSE):
         return SessionClosedError(sid, f"closed before this {event.type} was sequenced")
-    if isinstance(event, CancelRequested) and part.states[sid].turn is None:
-        return NoTurnRunningError(sid, str(part.states[sid].status))
-    return None
+    return None  # a cancel that finds nothing to stop or drop is written anyway: interrupts.add_cancel
 
 
 def _is_closed(part: PartitionIndex, sid: str, versions: dict[str, int], pending: list[Event]) -> bool:
@@ -197,6 +197,20 @@ def _decided(
     )
     if decided.decision == "stop":
         add_turn_finished(w, "budget", snapshots.SnapshotEncoder(cache_size=1))
+    return w.take_pending()
+
+
+def _cancelled(
+    part: PartitionIndex, request: CancelRequested, earlier: list[Event], writer_log: EventLog
+) -> list[Event]:
+    """A submitted cancel as the events ``AgentSessions.cancel`` writes (interrupts.add_cancel:
+    the request, then a drop of every message waiting for a turn), keeping the request's id."""
+    from ..interrupts import add_cancel  # builds on the log package
+    from ..writer import SessionWriter
+
+    sid = request.session_id
+    w = SessionWriter(writer_log, fold(sid, [*part.session_after(sid, 0), *earlier]), request.producer)
+    add_cancel(w, request.reason, request.actor, event_id=request.event_id)
     return w.take_pending()
 
 

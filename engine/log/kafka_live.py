@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from dataclasses import dataclass
 from typing import AsyncIterator
 
 import structlog
@@ -32,7 +31,7 @@ from aiokafka.errors import KafkaError
 from .. import codec
 from ..errors import EventError
 from ..events import Event, SessionForked, SnapshotTaken
-from ..stream import ModelDelta, ModelProgress, ModelWaiting, StreamItem
+from ..stream import Committed, LiveItem, ModelDelta, ModelProgress, ModelWaiting, StreamItem
 from .base import partition_for
 from .kafka_topics import TopicNames
 
@@ -42,18 +41,6 @@ HEAVY = (SnapshotTaken, SessionForked)
 """Events sent as a notice (their version) only: their state body can be hundreds of KB."""
 QUEUE_SIZE = 10_000
 """Live items waiting to be sent; past it new ones are dropped (a stream reads events from the log)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Committed:
-    """An event committed at ``version`` of a session, known by its number only (a notice)."""
-
-    session_id: str
-    version: int
-    type: str
-
-
-LiveItem = StreamItem | Committed
 
 
 Published = Event | ModelDelta | ModelWaiting

@@ -12,11 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 from typing import Sequence
 
-from ..errors import ConcurrencyError, ConfigurationError, DuplicateSubmissionError, LogError
+from ..errors import (
+    ConcurrencyError,
+    ConfigurationError,
+    DuplicateSubmissionError,
+    LogError,
+    SessionNotFoundError,
+)
 from ..events import Event
-from .base import EventLog, LogRecord, check_batch, holds_state, partition_for
+from .base import (
+    SESSIONS_PAGE,
+    EventLog,
+    LogRecord,
+    SessionSummary,
+    check_batch,
+    holds_state,
+    page_of,
+    partition_for,
+)
 from .submissions import submission_keys
 
 
@@ -65,6 +81,16 @@ class MemoryEventLog(EventLog):
         self._notify()
         return appended
 
+    async def _append_next(self, event: Event) -> Event:
+        """The session's head and the append are read and written with no await between: no
+        other append can come in between them."""
+        version = len(self._sessions.get(event.session_id, ()))
+        if version == 0:
+            raise SessionNotFoundError(event.session_id)
+        sequenced = dataclasses.replace(event, version=version + 1)
+        await self.append([sequenced], expected_version=version)
+        return sequenced
+
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
@@ -98,6 +124,15 @@ class MemoryEventLog(EventLog):
 
     async def session_version(self, session_id: str) -> int:
         return len(self._sessions.get(session_id, ()))
+
+    async def list_sessions(
+        self, partition: int, *, after: str = "", limit: int = SESSIONS_PAGE
+    ) -> list[SessionSummary]:
+        self._check_partition(partition)
+        versions = {
+            sid: len(records) for sid, records in self._sessions.items() if records[0].partition == partition
+        }
+        return page_of(partition, versions, after, limit)
 
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
         self._check_partition(partition)

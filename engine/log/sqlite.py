@@ -8,8 +8,10 @@ lose the last commits. ``durability="power"`` runs ``synchronous=FULL``: one fsy
 Appends go through group commit (engine.log.sqlite_commit): the appends of many sessions made
 while the previous transaction was being committed share the next one. In "power" mode that
 shares the fsync, and the COMMIT runs off the event-loop thread; in "process" mode the COMMIT
-(no fsync) runs on the loop, and batching saves the per-transaction work. Reads run on the
-caller's thread, on a connection of their own. An in-memory database commits each append alone.
+(no fsync) runs on the loop, and batching saves the per-transaction work. What each append
+does inside that transaction is engine.log.sqlite_jobs (a submission is given its version there).
+Reads run on the caller's thread, on a connection of their own. An in-memory database commits
+each append alone.
 """
 
 from __future__ import annotations
@@ -22,19 +24,35 @@ from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar, cast
 
 from .. import codec
 from ..errors import (
-    ConcurrencyError,
     ConfigurationError,
-    DuplicateSubmissionError,
-    EventError,
     LogError,
     LogUnavailableError,
 )
 from ..events import Event
-from .base import EventLog, LogRecord, check_batch, first_state_snapshot, holds_state, partition_for
-from .sqlite_batch import delimited_events, split_batch
+from .base import (
+    SESSIONS_PAGE,
+    EventLog,
+    LogRecord,
+    SessionSummary,
+    check_batch,
+    first_state_snapshot,
+    holds_state,
+    partition_for,
+)
+from .local_live import LocalLive
+from .sqlite_batch import decode_at, delimited_events, records_at
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_held import HeldRows
-from .sqlite_layout import migrate
+from .sqlite_jobs import SESSION_KEY, Head, held_job, next_job, row_job
+from .sqlite_layout import (
+    BATCHES,
+    FROM_POSITION,
+    FROM_VERSION,
+    SCHEMA,
+    SESSIONS_OF,
+    SNAPSHOTS_FROM,
+    migrate,
+)
 from .submissions import SUBMITTED_TYPES, submission_keys
 from .zdict import pack
 
@@ -42,85 +60,6 @@ Durability = Literal["process", "power"]
 T = TypeVar("T")
 R = TypeVar("R", bound=Callable[..., Awaitable[Any]])
 
-_BATCHES = (
-    "CREATE TABLE IF NOT EXISTS sessions (key INTEGER PRIMARY KEY, session_id TEXT NOT NULL UNIQUE)",
-    """CREATE TABLE IF NOT EXISTS batches (
-    position   INTEGER PRIMARY KEY,
-    partition  INTEGER NOT NULL,
-    session    INTEGER NOT NULL,
-    version    INTEGER NOT NULL,
-    count      INTEGER NOT NULL,
-    snapshot   INTEGER,
-    value      BLOB    NOT NULL,
-    UNIQUE (session, version)
-)""",
-    "CREATE INDEX IF NOT EXISTS batches_by_partition ON batches (partition, position)",
-)
-"""The events (layout 3): one row per append (engine.log.sqlite_batch), or per run of a session's
-held appends (engine.log.sqlite_held). ``position`` and
-``version`` are its first event's, ``count`` how many it holds (the others follow at position +
-1, version + 1, ...), ``snapshot`` the version of its first ``SnapshotTaken`` (NULL if none).
-A row names its session by ``sessions.key``, a small integer, not by the session id. A session's
-snapshots are found through ``UNIQUE (session, version)``: almost every append of a turn holds
-one, so an index of their own (``batches_with_snapshots``, dropped on open) cost a B-tree page
-in every COMMIT to save a walk over a batch or two. Files of
-layout 2 (an ``events`` row per event) and layout 1 (``session_id`` in every row) are migrated
-once, on open (engine.log.sqlite_layout)."""
-_SCHEMA = (
-    ";\n".join(_BATCHES)
-    + """;
-DROP INDEX IF EXISTS batches_with_snapshots;
-CREATE TABLE IF NOT EXISTS group_offsets (
-    group_id    TEXT    NOT NULL,
-    partition   INTEGER NOT NULL,
-    next_offset INTEGER NOT NULL,
-    PRIMARY KEY (group_id, partition)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS submissions (
-    session_id TEXT    NOT NULL,
-    key        TEXT    NOT NULL,
-    version    INTEGER NOT NULL,
-    PRIMARY KEY (session_id, key)
-) WITHOUT ROWID;
-"""
-)
-"""``submissions``: the keys of every submitted event (engine.log.submissions), written in the
-append's transaction, so a session takes each submission once, whichever process appends.
-``group_offsets`` and ``log_meta`` are WITHOUT ROWID in files made since layout 3 (one B-tree
-each instead of two; older files keep theirs, which read and write the same)."""
-
-_SESSION_KEY = "SELECT key FROM sessions WHERE session_id = ?"
-_HEADS = (
-    "SELECT s.key, (SELECT version + count - 1 FROM batches WHERE session = s.key ORDER BY version DESC "
-    "LIMIT 1), (SELECT position + count - 1 FROM batches ORDER BY position DESC LIMIT 1) "
-    "FROM (SELECT (" + _SESSION_KEY + ") AS key) AS s"
-)
-"""The session's key, its last version and the log's last position (each NULL if none), read
-under the write lock in one statement."""
-_FROM_VERSION = (
-    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
-    "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 ORDER BY version DESC "
-    "LIMIT 1), 0) AND version + count > ?2 ORDER BY version"
-)
-"""A session's batches from the one that holds version ?2 on: none when the session ends before
-?2 (a reader that is caught up reads no value, so decompresses none)."""
-_SNAPSHOTS_FROM = (
-    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
-    "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 AND snapshot <= ?2 "
-    "ORDER BY version DESC LIMIT 1), 0) AND version <= ?3 AND snapshot <= ?3 ORDER BY version"
-)
-"""The batches that may hold a session's snapshots between ?2 and ?3: from the last batch whose
-first snapshot is at or before ?2 (it may hold more after it) to ?3. Both are range reads of
-``UNIQUE (session, version)`` (a batch's first snapshot is at or after its version, so ordering
-by version orders by snapshot); the walk back from ?2 passes the batches after the newest
-snapshot, which a load from it reads anyway."""
-_FROM_POSITION = (
-    "SELECT position, value FROM batches WHERE partition = ?1 AND position >= "
-    "COALESCE((SELECT position FROM batches WHERE partition = ?1 AND position <= ?2 ORDER BY position "
-    "DESC LIMIT 1), 0) ORDER BY position"
-)
-"""A partition's batches from the one that holds position ?2 on."""
 SNAPSHOT = "SnapshotTaken"
 MAX_HOLD_S = 1.0
 """The longest ``hold_s`` taken: other processes' writers wait up to that long for the write lock
@@ -170,8 +109,8 @@ class SqliteEventLog(EventLog):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         commit_every_hold()  # another log's on this thread: opening writes, and must not wait for it
         self._db = _connect(self.path, durability)
-        migrate(self._db, _BATCHES, compress=compress)
-        self._db.executescript(_SCHEMA)
+        migrate(self._db, BATCHES, compress=compress)
+        self._db.executescript(SCHEMA)
         self.partitions = self._fix_partitions(partitions)
         self._index_old_submissions()
         self._waiters: list[asyncio.Future[None]] = []
@@ -179,6 +118,8 @@ class SqliteEventLog(EventLog):
         """Sessions whose redoable append was lost after it returned (``_lose``)."""
         self.group: GroupCommit | None = None
         """The appends' group commit (None for an in-memory database)."""
+        self.live: LocalLive | None = None
+        """The processes on this machine sharing the file, told of each append (``share_live``)."""
         self.held_rows = HeldRows(compress=compress)
         """The rows of the redoable appends held in the group commit's open transaction (a
         group commit without held rows holds no append)."""
@@ -210,9 +151,9 @@ class SqliteEventLog(EventLog):
         wanted = set(SUBMITTED_TYPES)
         rows = self._db.execute("SELECT partition, position, version, value FROM batches").fetchall()
         events = [
-            _decode(p, o + i, record)
+            decode_at(p, o + i, record)
             for p, o, _v, value in rows
-            for i, record in enumerate(_records(p, o, value))
+            for i, record in enumerate(records_at(p, o, value))
             if codec.type_of(record) in wanted
         ]
         keys = [(e.session_id, key, e.version) for e in events for key in submission_keys(e)]
@@ -234,89 +175,32 @@ class SqliteEventLog(EventLog):
         snapshot = first_state_snapshot(events)  # restore points are not indexed: loads skip them
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
         group = self.group
+        head = Head(session_id, partition, expected_version, len(events), snapshot)
         if redoable and not keys and group is not None and group.held_rows is not None:
-            held = self._held_write(
-                group.held_rows, session_id, partition, expected_version, len(events), snapshot, body
-            )
+            held = held_job(group.held_rows, head, body, self._raise_lost)
             positions = await group.write(held, on_lost=lambda error: self._lose(session_id, error))
         else:
-            job = self._append_job(session_id, partition, expected_version, len(events), snapshot, keys, body)
-            positions = await self._write(job)
+            value = pack(body) if self.compress else body
+            positions = await self._write(row_job(head, keys, value, self._raise_lost))
         self._notify()
+        if self.live is not None:  # a held append is announced once committed (other processes read it)
+            behind = group is not None and group.behind()
+            self.live.appended(session_id, events[-1].version, events[-1].type, committed=not behind)
         return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
 
-    def _append_job(
-        self,
-        session_id: str,
-        partition: int,
-        expected_version: int,
-        count: int,
-        snapshot: int | None,
-        keys: list[tuple[str, str, int]],
-        body: bytes,
-    ) -> Callable[[sqlite3.Connection], range]:
-        """An append's job that writes its row at once (every append but a held one)."""
-        value = pack(body) if self.compress else body
+    async def _append_next(self, event: Event) -> Event:
+        """Sequenced in the write transaction (``sqlite_jobs.next_job``): concurrent submissions
+        take consecutive versions."""
+        partition = partition_for(event.session_id, self.partitions)
+        sequenced, _ = await self._write(next_job(event, partition, self.compress))
+        self._notify()
+        return sequenced
 
-        def write(db: sqlite3.Connection) -> range:
-            """The append's writes, inside a transaction that holds the write lock: versions
-            and positions cannot move under us."""
-            lost = self._lost.pop(session_id, None)
-            if lost is not None:
-                raise lost
-            if keys:
-                _refuse_held(db, keys)
-            session, actual, last = db.execute(_HEADS, (session_id,)).fetchone()
-            if (actual or 0) != expected_version:
-                raise ConcurrencyError(session_id, expected_version, actual or 0)
-            if keys:
-                db.executemany("INSERT INTO submissions VALUES (?, ?, ?)", keys)
-            if session is None:
-                session = _new_session_key(db, session_id)
-            position = (last or 0) + 1
-            db.execute(
-                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (position, partition, session, expected_version + 1, count, snapshot, value),
-            )
-            return range(position, position + count)
-
-        return write
-
-    def _held_write(
-        self,
-        rows: HeldRows,
-        session_id: str,
-        partition: int,
-        expected_version: int,
-        count: int,
-        snapshot: int | None,
-        body: bytes,
-    ) -> Callable[[sqlite3.Connection], range]:
-        """A redoable append's job (engine.log.sqlite_held): checked against the session's head
-        as the held appends left it (read from the file if it has none), its row held until the
-        transaction's next other write or its COMMIT. It writes nothing it would have to undo:
-        it runs without a savepoint."""
-
-        def write(db: sqlite3.Connection) -> range:
-            lost = self._lost.pop(session_id, None)
-            if lost is not None:
-                raise lost
-            head, last = rows.head(session_id), rows.last_position()
-            if head is None:
-                session, actual, file_last = db.execute(_HEADS, (session_id,)).fetchone()
-                head = (session, actual or 0)
-                if last is None:  # nothing held: the file has the log's last position
-                    last = file_last
-            session, actual = head
-            if actual != expected_version:
-                raise ConcurrencyError(session_id, expected_version, actual)
-            position = (last or 0) + 1
-            if session is None:  # the session's first append (the last write: nothing to undo after it)
-                session = _new_session_key(db, session_id)
-            rows.add(session_id, session, partition, position, expected_version + 1, count, snapshot, body)
-            return range(position, position + count)
-
-        return write
+    def _raise_lost(self, session_id: str) -> None:
+        """Raise the error a lost redoable append of the session left (``_lose``), once."""
+        lost = self._lost.pop(session_id, None)
+        if lost is not None:
+            raise lost
 
     def _lose(self, session_id: str, error: BaseException) -> None:
         """A redoable append of the session returned and then its COMMIT failed: its next
@@ -343,6 +227,17 @@ class SqliteEventLog(EventLog):
             raise
         return result
 
+    async def share_live(self, role: str) -> LocalLive:
+        """Tell the other processes on this machine that share this file (and call this) of each
+        append, and hear of theirs: waits for appends and event streams wake at once instead
+        of on their next poll. The channel also carries a worker's deltas (engine.log.local_live)."""
+        live = LocalLive(self.path, role=role, on_append=self._notify)
+        await live.start()
+        self.live = live
+        if self.group is not None:
+            self.group.on_settled = live.release
+        return live
+
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
@@ -358,18 +253,18 @@ class SqliteEventLog(EventLog):
             pass
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
-        return [record.event for record in await self.read_session_records(session_id, after_version)]
+        return [record.event for record in await self.read_sessionrecords_at(session_id, after_version)]
 
     @_after_own_writes
-    async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
+    async def read_sessionrecords_at(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
         key = self._session(session_id)
         if key is None:
             return []
         out: list[LogRecord] = []
-        for p, o, v, value in self._db.execute(_FROM_VERSION, (key, after_version + 1)).fetchall():
-            records = _records(p, o, value)
+        for p, o, v, value in self._db.execute(FROM_VERSION, (key, after_version + 1)).fetchall():
+            records = records_at(p, o, value)
             for i in range(max(after_version + 1 - v, 0), len(records)):
-                out.append(LogRecord(p, o + i, _decode(p, o + i, records[i])))
+                out.append(LogRecord(p, o + i, decode_at(p, o + i, records[i])))
         return out
 
     @_after_own_writes
@@ -381,12 +276,12 @@ class SqliteEventLog(EventLog):
         key = self._session(session_id)
         if key is None:
             return None
-        rows = self._db.execute(_SNAPSHOTS_FROM, (key, last, last)).fetchall()
+        rows = self._db.execute(SNAPSHOTS_FROM, (key, last, last)).fetchall()
         for p, o, v, value in reversed(rows):  # a row may hold several (a turn's held steps): decode one
-            records = _records(p, o, value)
+            records = records_at(p, o, value)
             for i in range(min(len(records), last - v + 1) - 1, -1, -1):
                 if codec.type_of(records[i]) == SNAPSHOT:
-                    event = _decode(p, o + i, records[i])
+                    event = decode_at(p, o + i, records[i])
                     if holds_state(event):
                         return event
         return None
@@ -397,11 +292,11 @@ class SqliteEventLog(EventLog):
         key = self._session(session_id)
         if key is None:
             return []
-        rows = self._db.execute(_SNAPSHOTS_FROM, (key, first, last)).fetchall()
+        rows = self._db.execute(SNAPSHOTS_FROM, (key, first, last)).fetchall()
         found = [
-            _decode(p, o + i, record)
+            decode_at(p, o + i, record)
             for p, o, v, value in rows
-            for i, record in enumerate(_records(p, o, value))
+            for i, record in enumerate(records_at(p, o, value))
             if first <= v + i <= last and codec.type_of(record) == SNAPSHOT
         ]
         return [event for event in found if holds_state(event)]
@@ -421,7 +316,7 @@ class SqliteEventLog(EventLog):
         ).fetchall()
         found: list[tuple[int, str]] = []
         for p, o, v, value in rows:
-            for i, record in enumerate(_records(p, o, value)):
+            for i, record in enumerate(records_at(p, o, value)):
                 kind = codec.type_of(record)
                 if v + i < before and kind in wanted:
                     found.append((v + i, kind))
@@ -438,18 +333,27 @@ class SqliteEventLog(EventLog):
         return 0 if row is None else int(row[0])
 
     @_after_own_writes
+    async def list_sessions(
+        self, partition: int, *, after: str = "", limit: int = SESSIONS_PAGE
+    ) -> list[SessionSummary]:
+        """From the sessions table and the batches' index: no event is read."""
+        self._check_partition(partition)
+        rows = self._db.execute(SESSIONS_OF, (partition, after, max(limit, 0))).fetchall()
+        return [SessionSummary(sid, partition, int(version)) for sid, version in rows]
+
+    @_after_own_writes
     async def read_partition(self, partition: int, offset: int, limit: int = 500) -> list[LogRecord]:
         self._check_partition(partition)
         out: list[LogRecord] = []
         if limit <= 0:
             return out
-        cursor = self._db.execute(_FROM_POSITION, (partition, offset))
+        cursor = self._db.execute(FROM_POSITION, (partition, offset))
         try:  # row by row: a batch is decompressed only if its events are wanted
             for position, value in cursor:
-                records = _records(partition, position, value)
+                records = records_at(partition, position, value)
                 start = max(offset - position, 0)
                 for i in range(start, min(len(records), start + limit - len(out))):
-                    event = _decode(partition, position + i, records[i])
+                    event = decode_at(partition, position + i, records[i])
                     out.append(LogRecord(partition, position + i, event))
                 if len(out) >= limit:
                     break
@@ -468,7 +372,7 @@ class SqliteEventLog(EventLog):
 
     def _session(self, session_id: str) -> int | None:
         """The session's key, as the committed log has it (None: no events)."""
-        row = self._db.execute(_SESSION_KEY, (session_id,)).fetchone()
+        row = self._db.execute(SESSION_KEY, (session_id,)).fetchone()
         return None if row is None else int(row[0])
 
     @_after_own_writes
@@ -497,6 +401,8 @@ class SqliteEventLog(EventLog):
     async def close(self) -> None:
         if self.group is not None:
             await self.group.close()
+        if self.live is not None:
+            await self.live.close()
         self._db.close()
 
     def _check_partition(self, partition: int) -> None:
@@ -516,37 +422,3 @@ def _in_memory(path: str | Path) -> bool:
     """A private in-memory database: a second connection would open another one."""
     name = str(path)
     return name in ("", ":memory:") or name.startswith("file::memory:") or "mode=memory" in name
-
-
-def _new_session_key(db: sqlite3.Connection, session_id: str) -> int:
-    """Inside the append's transaction: a rolled-back append takes its key back with it."""
-    key = db.execute("INSERT INTO sessions (session_id) VALUES (?)", (session_id,)).lastrowid
-    assert key is not None
-    return key
-
-
-def _refuse_held(db: sqlite3.Connection, keys: list[tuple[str, str, int]]) -> None:
-    """DuplicateSubmissionError if the session already holds one of the batch's keys."""
-    session_id = keys[0][0]
-    marks = ",".join("?" * len(keys))
-    held = db.execute(
-        f"SELECT key, version FROM submissions WHERE session_id = ? AND key IN ({marks}) LIMIT 1",
-        (session_id, *(key for _, key, _ in keys)),
-    ).fetchone()
-    if held is not None:
-        raise DuplicateSubmissionError(session_id, held[0], held[1])
-
-
-def _records(partition: int, position: int, value: bytes) -> list[bytes]:
-    """A stored batch's records; an error names where the batch starts."""
-    try:
-        return split_batch(value)
-    except EventError as exc:
-        raise type(exc)(f"partition {partition} offsets from {position}: {exc}") from exc
-
-
-def _decode(partition: int, position: int, record: bytes) -> Event:
-    try:
-        return codec.decode(record)
-    except EventError as exc:
-        raise type(exc)(f"partition {partition} offset {position}: {exc}") from exc

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import codec
-from ..errors import MalformedEventError
+from ..errors import EventError, MalformedEventError
 from ..events import Event
 from .zdict import pack, unpack
 
@@ -83,3 +83,18 @@ def _length_tail(body: bytes, pos: int, first: int) -> tuple[int, int]:
         if b < 0x80:
             return n, pos
         shift += 7
+
+
+def records_at(partition: int, position: int, value: bytes) -> list[bytes]:
+    """A stored batch's records; an error names where the batch starts."""
+    try:
+        return split_batch(value)
+    except EventError as exc:
+        raise type(exc)(f"partition {partition} offsets from {position}: {exc}") from exc
+
+
+def decode_at(partition: int, position: int, record: bytes) -> Event:
+    try:
+        return codec.decode(record)
+    except EventError as exc:
+        raise type(exc)(f"partition {partition} offset {position}: {exc}") from exc

@@ -1,52 +1,15 @@
-"""Group commit for the embedded log's power-loss durability (``durability="power"``).
+"""Group commit for the embedded log: the appends of every session made while one transaction
+was committing share the next one, and so, with ``durability="power"``, one fsync.
 
-With ``synchronous=FULL`` every COMMIT of a WAL database is an fsync. Committing each append in a
-transaction of its own costs one fsync per append, on the event-loop thread, so 200 sessions
-stepping at once wait for 200 fsyncs in a row. ``GroupCommit`` shares one transaction, and so one
-fsync, among every append made while the previous transaction was being committed:
-
-* the appends queued while the loop runs go into one transaction on the loop's next turn, each
-  in a savepoint of its own: one that fails (a lost version race, a held submission, any error)
-  rolls back alone and fails at once; the others of its batch go on;
-* a COMMIT that has been taking longer than ``inline_below_s`` (a slow disk) runs on a thread
-  of its own, so the loop keeps working during the fsync and the appends made meanwhile queue
-  for the next transaction; a faster one runs on the loop. Handing a sub-millisecond fsync to
-  a thread cost more than it saved: the loop waits for the thread's callback until its next
-  iteration, and the GIL changes hands twice (the peers benchmark's S1 with an fsync per
-  commit: 846-935 us a step off the loop, 707-731 on it; S2's 200 sessions: 0.98-1.11 s
-  against 0.79-0.86). The time is measured on the loop only (a thread's includes its wait for
-  the GIL), so while the COMMITs run off the loop every ``PROBE_EVERY``-th runs on it to tell
-  when the disk is fast again;
-* a write made when no other is queued or committing and the loop has no other callback ready
-  runs its transaction at once, inside the call: no other write could join it before the
-  loop's next turn, so waiting for that turn (and then for the caller's own wake-up) only cost
-  two turns of the loop a write. At most ``RUN_NOW_IN_A_ROW`` writes do so before one waits
-  again, so a task that only appends still lets the loop poll its sockets;
-* an append returns only after its batch's COMMIT returned: its events are then on disk. If the
-  COMMIT fails, every append of the batch fails (``LogUnavailableError``) and none is on the log;
-* except a *redoable* write (``on_lost`` given; engine.log.base.EventLog.append): it returns as
-  soon as its job has run (its version check passed, its positions are assigned; its row waits
-  in ``held_rows``, engine.log.sqlite_held, written before the transaction's next other job and
-  before its COMMIT, so a redoable job runs without a savepoint), and a
-  transaction of such writes only is *held* open for up to ``HOLD_S`` instead of committed, so
-  the writes made meanwhile join it: the next write that waits for its COMMIT (a session's
-  turn end, a user message, a tool with a side effect), the timer, ``close`` or a read in this
-  process (``caught_up``: what a writer was told is appended is what a reader reads) commits
-  them together. A session's redoable steps so share one COMMIT (one fsync in ``power``) with
-  the commit that ends its turn. Other processes see them up to ``HOLD_S`` late; a crash or
-  power loss before that COMMIT loses them, and their writer redoes what they recorded (that
-  is what makes them redoable). If that COMMIT fails, each held write's ``on_lost`` is called.
-  A read in this process waits for a COMMIT in flight that carries held writes (on the thread,
-  when the disk is slow) before it reads.
-
-With ``off_loop=False`` (``durability="process"``: no fsync) every transaction is committed in
-the same callback, and its appends are settled there too; batching then saves the
-per-transaction work. A batch of one append runs without a savepoint (if it fails, the whole
-transaction rolls back). The writes go through a connection of their own: readers on the log's
-connection never see a batch before it is committed.
-Per-session order needs nothing more: each session has one writer at a time (the version
-check), and a session's appends are checked in arrival order inside a transaction that sees
-everything committed and batched before them.
+Each append runs its job in that transaction on a writer connection of its own, in a savepoint
+(one that fails rolls back and fails alone), and returns once the COMMIT has returned; a COMMIT
+that fails fails every append it carried. The COMMIT runs on the event loop while fsyncs are
+fast and on a thread of its own once they are slow (``INLINE_BELOW_S``), so a slow disk does not
+stop the loop; a write with nothing to wait for commits at once (``RUN_NOW_IN_A_ROW``). A
+*redoable* write (``on_lost``) returns before its COMMIT, and a transaction of only such writes
+is held open up to ``HOLD_S`` for the next write that waits, so a turn's steps share the COMMIT
+that ends it; a read in this process first commits what is held (``caught_up``).
+docs/architecture.md ("Group commit on SQLite") has every rule and its reason.
 """
 
 from __future__ import annotations
@@ -156,6 +119,9 @@ class GroupCommit:
         """Writes committed (each an append, or an offset commit)."""
         self.commits = 0
         """Transactions committed: with ``synchronous=FULL``, one fsync each."""
+        self.on_settled: Callable[[], None] | None = None
+        """Told when a transaction's COMMIT has returned or failed: the writes that had returned
+        before it are settled (engine.log.local_live announces them then)."""
 
     async def write(self, job: Job[T], *, on_lost: Lost | None = None) -> T:
         """Run ``job`` in the next transaction; return its result once that is committed (with
@@ -429,6 +395,8 @@ class GroupCommit:
                         "disk the log file is on (space, permissions) and retry."
                     )
                 )
+        if self.on_settled is not None:
+            self.on_settled()
         self._schedule(loop)
 
 

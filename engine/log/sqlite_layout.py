@@ -1,4 +1,5 @@
-"""The embedded log's file layouts, and the one-time migration of older files to the current one.
+"""The embedded log's file layouts: the current tables, the queries that read them, and the
+one-time migration of older files to the current layout.
 
 * Layout 1: an ``events`` row per event, carrying its session id; plain Avro values.
 * Layout 2: an ``events`` row per event, naming its session by ``sessions.key``; values
@@ -22,6 +23,86 @@ from ..errors import MalformedEventError
 from .sqlite_batch import pack_batch, split_batch
 from .zdict import unpack
 
+BATCHES = (
+    "CREATE TABLE IF NOT EXISTS sessions (key INTEGER PRIMARY KEY, session_id TEXT NOT NULL UNIQUE)",
+    """CREATE TABLE IF NOT EXISTS batches (
+    position   INTEGER PRIMARY KEY,
+    partition  INTEGER NOT NULL,
+    session    INTEGER NOT NULL,
+    version    INTEGER NOT NULL,
+    count      INTEGER NOT NULL,
+    snapshot   INTEGER,
+    value      BLOB    NOT NULL,
+    UNIQUE (session, version)
+)""",
+    "CREATE INDEX IF NOT EXISTS batches_by_partition ON batches (partition, position)",
+)
+"""The events (layout 3): one row per append (engine.log.sqlite_batch), or per run of a session's
+held appends (engine.log.sqlite_held). ``position`` and ``version`` are its first event's,
+``count`` how many it holds (the others follow at position + 1, version + 1, ...), ``snapshot``
+the version of its first ``SnapshotTaken`` (NULL if none).
+A row names its session by ``sessions.key``, a small integer, not by the session id. A session's
+snapshots are found through ``UNIQUE (session, version)``: almost every append of a turn holds
+one, so an index of their own (``batches_with_snapshots``, dropped on open) cost a B-tree page
+in every COMMIT to save a walk over a batch or two. Files of layout 2 (an ``events`` row per
+event) and layout 1 (``session_id`` in every row) are migrated once, on open (``migrate``)."""
+SCHEMA = (
+    ";\n".join(BATCHES)
+    + """;
+DROP INDEX IF EXISTS batches_with_snapshots;
+CREATE TABLE IF NOT EXISTS group_offsets (
+    group_id    TEXT    NOT NULL,
+    partition   INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    PRIMARY KEY (group_id, partition)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS submissions (
+    session_id TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    PRIMARY KEY (session_id, key)
+) WITHOUT ROWID;
+"""
+)
+"""``submissions``: the keys of every submitted event (engine.log.submissions), written in the
+append's transaction, so a session takes each submission once, whichever process appends.
+``group_offsets`` and ``log_meta`` are WITHOUT ROWID in files made since layout 3 (one B-tree
+each instead of two; older files keep theirs, which read and write the same)."""
+
+FROM_VERSION = (
+    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
+    "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 ORDER BY version DESC "
+    "LIMIT 1), 0) AND version + count > ?2 ORDER BY version"
+)
+"""A session's batches from the one that holds version ?2 on: none when the session ends before
+?2 (a reader that is caught up reads no value, so decompresses none)."""
+SNAPSHOTS_FROM = (
+    "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
+    "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 AND snapshot <= ?2 "
+    "ORDER BY version DESC LIMIT 1), 0) AND version <= ?3 AND snapshot <= ?3 ORDER BY version"
+)
+"""The batches that may hold a session's snapshots between ?2 and ?3: from the last batch whose
+first snapshot is at or before ?2 (it may hold more after it) to ?3. Both are range reads of
+``UNIQUE (session, version)`` (a batch's first snapshot is at or after its version, so ordering
+by version orders by snapshot); the walk back from ?2 passes the batches after the newest
+snapshot, which a load from it reads anyway."""
+FROM_POSITION = (
+    "SELECT position, value FROM batches WHERE partition = ?1 AND position >= "
+    "COALESCE((SELECT position FROM batches WHERE partition = ?1 AND position <= ?2 ORDER BY position "
+    "DESC LIMIT 1), 0) ORDER BY position"
+)
+"""A partition's batches from the one that holds position ?2 on."""
+SESSIONS_OF = (
+    "SELECT s.session_id, (SELECT version + count - 1 FROM batches WHERE session = s.key ORDER BY version "
+    "DESC LIMIT 1) FROM sessions s CROSS JOIN batches b ON b.session = s.key AND b.version = 1 "
+    "WHERE b.partition = ?1 AND s.session_id > ?2 ORDER BY s.session_id LIMIT ?3"
+)
+"""A page of a partition's sessions with their last versions: ``sessions`` walked in id order
+(its unique index; CROSS JOIN keeps it the outer loop, so a page reads about ``partitions``
+times ``limit`` sessions, never a partition's history), each session's first batch (``UNIQUE
+(session, version)``: every session's first append is at version 1) telling its partition, its
+last batch its version."""
 MIGRATED_BATCH = 64
 Row = tuple[int, int, int, int, str, bytes]
 """An old event row: position, partition, session key, version, type, value."""

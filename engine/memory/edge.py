@@ -1,4 +1,4 @@
-"""Long-term memory on Qdrant Edge: Qdrant's own engine in-process, the embedded default (issue 20).
+"""Long-term memory on Qdrant Edge: Qdrant's own engine in-process, the embedded default.
 
 ``qdrant-edge-py`` runs Qdrant's storage and search (Rust) inside the process, on one shard in a
 folder: segments of vectors and payloads, keyword indexes on ``user_id`` (the tenant key),

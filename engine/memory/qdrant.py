@@ -53,8 +53,8 @@ from .versions import (
 COLLECTION = "turnlog_memories"
 LOCAL_SHARDS = 64
 """Collections a local-mode store spreads users over. Local mode scans every point of a
-collection and checks the user filter in Python (about 40 µs a point here), so a user's search
-costs what the user's shard holds, not what the store holds. A server uses one collection and
+collection and checks the user filter in Python, point by point, so a user's search costs
+what the user's shard holds, not what the store holds. A server uses one collection and
 its payload index on ``user_id``."""
 
 

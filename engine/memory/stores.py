@@ -1,4 +1,4 @@
-"""Which memory store a deployment gets (issue 20): a Qdrant server by URL when distributed; else
+"""Which memory store a deployment gets: a Qdrant server by URL when distributed; else
 the embedded default, Qdrant Edge in a folder; Qdrant local mode when asked for, or when the
 folder already holds a local-mode store (made before Edge was the default), so its memories
 stay in reach."""

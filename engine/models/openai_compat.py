@@ -25,10 +25,10 @@ and the endpoint's breaker live in the request's ``endpoints`` (the process's re
 
 The SDK sends the request and maps HTTP errors; the stream's server-sent events are read as
 plain JSON (``with_streaming_response``), not built into the SDK's typed chunk objects: that
-typing was the largest CPU cost of a model call (about 8 ms of a call's 10 on loopback), and a
-worker running hundreds of turns at once is bound by its CPU. For the same reason the SDK runs on
-its aiohttp transport (the SDK's advice for concurrency): the default one's cost per call grows
-with the calls in flight (5 ms at 200, 7 at 500, against 2.4 flat).
+typing was the largest CPU cost of a model call, and a worker running hundreds of turns at once
+is bound by its CPU. For the same reason the SDK runs on its aiohttp transport (the SDK's advice
+for concurrency): the default one's cost per call grows with the calls in flight (bench/README.md
+§12 has the figures).
 """
 
 from __future__ import annotations

@@ -73,6 +73,12 @@ def _waiting(state: SessionState, call_id: str) -> ToolCallProgress:
     call = waiting.get(call_id)
     if call is None or state.turn is None:
         names = ", ".join(f"{c.call_id} ({c.tool_name})" for c in waiting.values()) or "none"
+        known = state.turn.tool_calls.get(call_id) if state.turn is not None else None
+        if known is not None and known.approval not in ("", "pending"):  # a decision came first
+            raise ApprovalError(
+                f"session {state.session_id}: tool call {call_id!r} ({known.tool_name}) was already "
+                f"decided: {known.approval}; it waits for no decision now; waiting: {names}"
+            )
         raise ApprovalError(
             f"session {state.session_id}: tool call {call_id!r} is not waiting for approval; waiting: {names}"
         )

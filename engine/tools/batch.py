@@ -17,12 +17,14 @@ from ..fold import ToolCallProgress
 from ..states import Cause, SessionStatus
 from ..writer import SessionWriter
 from . import execute as tool_exec
-from . import guards
+from . import guards, recovery
 from .registry import Tool, ToolRegistry
 
 S = SessionStatus
 
-Prepared = tool_exec.ToolOutcome | tuple[Tool, dict[str, Any]]
+Prepared = tool_exec.ToolOutcome | tuple[Tool, dict[str, Any]] | recovery.Consult | recovery.Paced
+"""What a call of a batch comes to: its outcome without running, the tool and arguments to run,
+a lookup to ask first (``recovery.settle`` turns it into one of the two), or not yet."""
 
 
 @dataclass(slots=True)
@@ -33,23 +35,32 @@ class BatchPlan:
     """Calls that must wait for the user's decision before the batch runs."""
     trip: guards.Trip | None = None
 
+    @property
+    def paced_until(self) -> int | None:
+        """When the latest re-start the crash rule paces is due (None: none is paced)."""
+        due = [p.until_ms for p in self.prepared.values() if isinstance(p, recovery.Paced)]
+        return max(due) if due else None
+
 
 def plan_batch(
     calls: tuple[ToolCallProgress, ...],
     registry: ToolRegistry,
     history: list[guards.CallRecord],
     origin_calls: Sequence[guards.CallRecord] = (),
+    *,
+    now_ms: int,
 ) -> BatchPlan:
     """Decide per call, in the order asked: refuse, stop by the repeated-call guard, wait for
-    approval, or run. Pure over the folded state, so a resumed turn decides the same.
-    ``origin_calls``: in a fork, what its origin had started answering this turn's message."""
+    approval, or run. Pure over the folded state and ``now_ms`` (the crash rule's clock), so a
+    resumed turn decides the same. ``origin_calls``: in a fork, what its origin had started
+    answering this turn's message."""
     plan = BatchPlan({}, [])
     seen = list(history)
     for call in calls:
-        prepared = precheck(call, registry)
-        if not isinstance(prepared, tool_exec.ToolOutcome):
+        prepared = precheck(call, registry, now_ms)
+        if isinstance(prepared, tuple):
             prepared = ran_in_origin(call, prepared, origin_calls) or prepared
-        if not isinstance(prepared, tool_exec.ToolOutcome):
+        if isinstance(prepared, tuple):
             trip = guards.repeated_call(seen, call.tool_name, call.arguments_json)
             if trip is not None:
                 plan.trip = plan.trip or trip
@@ -135,16 +146,32 @@ def ran_in_origin(
     return None
 
 
-def precheck(call: ToolCallProgress, registry: ToolRegistry) -> Prepared:
+def precheck(call: ToolCallProgress, registry: ToolRegistry, now_ms: int) -> Prepared:
     """The tool and arguments of a call that may run now, or the outcome that replaces running it.
 
     ``registry`` is the session role's view: a tool outside it is unknown, whatever the route."""
     t = registry.get(call.tool_name)
     if t is not None and call.status == "started":  # a worker stopped while it ran
-        if not t.resumable:
-            return tool_exec.interrupted(call.tool_name)
-        if call.attempts >= t.max_starts:
-            return tool_exec.abandoned(call.tool_name, call.attempts)
+        return after_crash(call, t, registry, now_ms)
     if t is not None and call.approval == "rejected":
         return tool_exec.declined(call.tool_name, call.approval_note)
     return tool_exec.prepare(registry, call.tool_name, call.arguments_json)
+
+
+def after_crash(call: ToolCallProgress, t: Tool, registry: ToolRegistry, now_ms: int) -> Prepared:
+    """A call a stopped worker left started (engine.tools.recovery): interrupted if its tool is
+    not resumable; else run again, later, or given up, a keyed tool's lookup asked first."""
+    if not t.resumable:
+        return tool_exec.interrupted(call.tool_name)
+    verdict = recovery.after_crash(t, call, now_ms)
+    if isinstance(verdict, recovery.Paced):
+        return verdict
+    span = recovery.span_s(call, now_ms)
+    if verdict == "give_up":
+        if t.lookup is None:
+            return tool_exec.abandoned(t, call.attempts, span)
+        return recovery.Consult(t, None, call.attempts, span)
+    run = tool_exec.prepare(registry, call.tool_name, call.arguments_json)
+    if t.lookup is None or isinstance(run, tool_exec.ToolOutcome):
+        return run
+    return recovery.Consult(t, run, call.attempts, span)

@@ -27,15 +27,16 @@ class ToolStatus(StrEnum):
     REJECTED = "rejected"
     """Never executed: unknown tool or invalid arguments."""
     INTERRUPTED = "interrupted"
-    """Started before a crash; neither idempotent nor given an idempotency key, so not run
-    again: outcome unknown."""
+    """Started before a crash and not run again (neither idempotent nor given an idempotency
+    key, or its turn was stopped first): outcome unknown."""
     DECLINED = "declined"
     """The user rejected the call when asked to approve it; never executed."""
     CANCELLED = "cancelled"
     """Never run: its turn was stopped (a user interrupt or cancel) before it started."""
     ABANDONED = "abandoned"
-    """Started ``Tool.max_starts`` times, and every time its worker stopped before it returned
-    (a tool that kills its process would crash-loop every worker): not started again."""
+    """Started at least ``Tool.max_starts`` times over ``Tool.crash_window_s``, and every time its
+    worker stopped before it returned (a tool that kills its process would crash-loop every
+    worker): not started again (engine.tools.recovery)."""
 
 
 MARKERS = {
@@ -83,25 +84,61 @@ def unknown_tool(name: str, registry: ToolRegistry) -> ToolOutcome:
     return rejected(f"no such tool {name!r}; available tools are: {available}.", f"unknown tool {name}")
 
 
-def interrupted(t_name: str) -> ToolOutcome:
+UNKNOWN_OUTCOME = "Whether it took effect is unknown. Tell the user it is not known whether it was done."
+"""The one instruction of a call whose effect nobody can know: not "it failed" (it may have
+happened), not "check and retry" (the model cannot check, and a repeat may do it twice)."""
+
+
+def interrupted(t_name: str, why: str = "") -> ToolOutcome:
+    """A started call that is not run again: its tool neither is idempotent nor takes a key (a
+    repeat could do it twice), or ``why`` (a stop after its worker stopped)."""
+    why = why or "it is not run again, since a repeat could do it twice"
     return ToolOutcome(
         ToolStatus.INTERRUPTED,
-        f"{MARKERS[ToolStatus.INTERRUPTED]} {t_name} was running when the worker stopped and is "
-        "not safe to repeat; it may or may not have taken effect. Tell the user, or check before retrying.",
+        f"{MARKERS[ToolStatus.INTERRUPTED]} {t_name} was running when its worker stopped, and {why}. "
+        f"{UNKNOWN_OUTCOME}",
         attempts=0,
         error="interrupted by worker restart",
     )
 
 
-def abandoned(t_name: str, starts: int) -> ToolOutcome:
+def abandoned(
+    t: Tool, starts: int, span_s: float, *, not_applied: bool = False, lookup_error: str = ""
+) -> ToolOutcome:
+    """A call re-run after crashes that is given up (engine.tools.recovery). What the model is
+    told follows what is known: its system said the key was not applied (``not_applied``); or
+    a repeat is harmless (an idempotent tool without a key); or nothing is known (no lookup,
+    or it could not answer: ``lookup_error``)."""
+    what = (
+        f"{MARKERS[ToolStatus.ABANDONED]} {t.name} was started {starts} times over {span_s:.0f} s and each "
+        "time the worker running it stopped before it returned, so it is not started again."
+    )
+    if not_applied:
+        known, error = (
+            (
+                f"Its system reports the request was not applied, so nothing was done and calling {t.name} "
+                "again is safe. Tell the user it was not done."
+            ),
+            "not applied (lookup)",
+        )
+    elif t.idempotent and not t.takes_idempotency_key:
+        known, error = "It returned no result. Tell the user it could not be completed.", "no result"
+    elif lookup_error:
+        known, error = f"Its system could not say. {UNKNOWN_OUTCOME}", f"lookup failed: {lookup_error}"
+    else:
+        known, error = UNKNOWN_OUTCOME, "outcome unknown"
     return ToolOutcome(
         ToolStatus.ABANDONED,
-        f"{MARKERS[ToolStatus.ABANDONED]} {t_name} was started {starts} times and each time the worker "
-        "running it stopped before it returned, so it is not started again. It may or may not have "
-        "taken effect. Tell the user it could not be completed.",
+        f"{what} {known}",
         attempts=0,
-        error=f"abandoned after {starts} starts without a result",
+        error=f"abandoned after {starts} starts without a result: {error}",
     )
+
+
+def applied(t: Tool, result: Any, started: float) -> ToolOutcome:
+    """A keyed call its system reports applied (``Tool.lookup``): finished with that result, as
+    if it had returned it."""
+    return _success(t, result, started, 0)
 
 
 def prepare(

@@ -1,16 +1,20 @@
-"""The tool-call ledger (DESIGN.md "crash recovery"; issue 3 item 4).
+"""The tool-call ledger (DESIGN.md "crash recovery").
 
 Before a tool runs, its intent is on the log: ``ToolCallRequested`` holds the call id and the
 arguments, and ``ToolCallStarted`` (committed right before the call, one per start) holds the
 call's idempotency key. After a crash the successor folds the log and decides per call started
-without a result (``batch.precheck``):
+without a result (``batch.precheck``, the rule in ``turnlog.engine.tools.recovery``):
 
-* the tool is idempotent, or takes the key: it is run again, with the same key;
+* the tool is idempotent, or takes the key: it is run again, with the same key, paced and
+  given up only after ``Tool.max_starts`` starts over ``Tool.crash_window_s`` (a tool that
+  kills its worker would otherwise crash-loop every worker that takes the session over);
 * otherwise it is finished as "interrupted, outcome unknown" and never run again
-  (``execute.interrupted``): at most once;
-* a call already started ``Tool.max_starts`` times (5 by default) is finished as abandoned
-  (``execute.abandoned``) instead of being started again: a tool that kills its worker would
-  otherwise crash-loop every worker that takes the session over.
+  (``execute.interrupted``): at most once.
+
+A keyed tool may offer ``lookup(key)``: whether its system applied the key, and with what
+result. A call given up, or cut by a stop after a crash, is then reported as what it says
+(applied: the result; ``NOT_APPLIED``: not done, safe to ask again), and a call it knows
+applied is finished with that result instead of being run again.
 
 The key is derived from the call's place in the log (session, turn, call id), so every attempt
 of one call, in any process, before or after a crash, gets the same key, and two calls never
@@ -27,13 +31,20 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .registry import Tool
+from .registry import KEY_PARAMETER, Tool
 
-KEY_PARAMETER = "idempotency_key"
-"""The parameter a tool function declares to receive its call's key."""
+
+class _NotApplied:
+    """The type of ``NOT_APPLIED`` (one instance)."""
+
+    def __repr__(self) -> str:
+        return "NOT_APPLIED"
+
+
+NOT_APPLIED: Any = _NotApplied()
+"""What a tool's ``lookup(key)`` returns for a key its system has not applied."""
 
 
 def idempotency_key(session_id: str, turn_id: str, call_id: str) -> str:

@@ -16,14 +16,20 @@ import jsonschema
 import pydantic
 
 from ..errors import ConfigurationError
-from .ledger import KEY_PARAMETER
 
+KEY_PARAMETER = "idempotency_key"
+"""The parameter a tool function declares to receive its call's key (engine.tools.ledger)."""
 Handler = Callable[..., Any | Awaitable[Any]]
 Formatter = Callable[[Any], str]
+Lookup = Callable[[str], Any | Awaitable[Any]]
+"""Asks the system behind a keyed tool what became of a key: the result the call had, or
+``ledger.NOT_APPLIED``; raising means it cannot tell (engine.tools.recovery)."""
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_STARTS = 5
-"""Times one call may be started (by successive workers after crashes) before it is abandoned."""
+"""Starts of one call (by successive workers after crashes) before it may be given up."""
+DEFAULT_CRASH_WINDOW_S = 60.0
+"""And the time since its first start before it may be given up (engine.tools.recovery)."""
 DEFAULT_MAX_RESULT_CHARS = 4000
 """Longest result text the model reads; longer ones are cut with a note (the log keeps it all)."""
 
@@ -71,10 +77,18 @@ class Tool:
     """The handler takes ``idempotency_key=``: the engine passes the call's key (engine.tools.ledger).
     That tells the engine the system behind the tool recognises a repeat of the key, so a call
     a crash interrupted is run again with the same key (exactly-once effect), never reported
-    "outcome unknown"."""
+    "outcome unknown". ``@tool`` sets it when the function declares the parameter; a ``Tool``
+    built from a JSON Schema must say so, and is refused if flag and handler disagree."""
     max_starts: int = DEFAULT_MAX_STARTS
-    """Starts of one call (each ``ToolCallStarted``: the first, and one per worker that resumed
-    it after a crash) before a call that is re-run after crashes is finished as abandoned."""
+    crash_window_s: float = DEFAULT_CRASH_WINDOW_S
+    """A call re-run after crashes (idempotent or keyed) is given up only once it has been
+    started ``max_starts`` times (each ``ToolCallStarted``) AND ``crash_window_s`` have passed
+    since its first start: a tool that kills its worker stops, a storm of unrelated kills
+    shorter than the window does not (engine.tools.recovery)."""
+    lookup: Lookup | None = None
+    """A keyed tool's way to ask its system about a key (``Lookup``): a call given up, or cut
+    by a stop after a crash, is reported with what it says, and a call it knows applied is not
+    run again."""
     validator: jsonschema.protocols.Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +96,8 @@ class Tool:
         object.__setattr__(self, "sensitivity", Sensitivity(self.sensitivity))
         if self.max_starts < 1:
             raise ConfigurationError(f"tool {self.name}: max_starts must be >= 1")
+        if self.crash_window_s < 0:
+            raise ConfigurationError(f"tool {self.name}: crash_window_s must be >= 0 seconds")
         if self.retries is not None and self.retries < 0:
             raise ConfigurationError(f"tool {self.name}: retries must be >= 0")
         if self.max_result_chars < 500:
@@ -104,6 +120,7 @@ class Tool:
             raise ConfigurationError(f"tool {self.name}: parameters must be an object schema")
         object.__setattr__(self, "validator", cls(schema, format_checker=cls.FORMAT_CHECKER))
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
+        check_key_wiring(self)
 
     @property
     def resumable(self) -> bool:
@@ -137,8 +154,11 @@ def tool(
     retries: int | None = None,
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     max_starts: int = DEFAULT_MAX_STARTS,
+    crash_window_s: float = DEFAULT_CRASH_WINDOW_S,
+    lookup: Lookup | None = None,
 ) -> Any:
-    """Make a Tool from a typed function; usable as ``@tool`` or ``@tool(idempotent=True)``."""
+    """Make a Tool from a typed function; usable as ``@tool`` or ``@tool(idempotent=True)``.
+    A function that declares ``idempotency_key: str`` gets its call's key (engine.tools.ledger)."""
 
     def build(func: Handler) -> Tool:
         model = _arguments_model(func)
@@ -162,10 +182,67 @@ def tool(
             retries=retries,
             max_result_chars=max_result_chars,
             max_starts=max_starts,
+            crash_window_s=crash_window_s,
+            lookup=lookup,
             takes_idempotency_key=KEY_PARAMETER in inspect.signature(func).parameters,
         )
 
     return build(fn) if fn is not None else build
+
+
+def check_key_wiring(t: Tool) -> None:
+    """Refuse a tool whose ``takes_idempotency_key`` and handler disagree (every call would fail
+    with a TypeError, or the key would never reach the system), whose schema lets the model set
+    the key, or whose ``lookup`` has no key to ask about."""
+    declares, open_kwargs = _key_parameter(t.handler)
+    if declares and not t.takes_idempotency_key:
+        raise ConfigurationError(
+            f"tool {t.name}: its handler declares {KEY_PARAMETER!r} but takes_idempotency_key is not set, "
+            f"so every call would fail with a TypeError; pass takes_idempotency_key=True to Tool(...) (the "
+            "engine then fills the key and re-runs the call with it after a crash), or remove the parameter"
+        )
+    if t.takes_idempotency_key and not (declares or open_kwargs):
+        raise ConfigurationError(
+            f"tool {t.name}: takes_idempotency_key=True but its handler has no {KEY_PARAMETER!r} parameter "
+            f"to receive the key; add `{KEY_PARAMETER}: str` to the handler, or drop takes_idempotency_key"
+        )
+    if t.takes_idempotency_key and KEY_PARAMETER in t.parameters.get("properties", {}):
+        raise ConfigurationError(
+            f"tool {t.name}: {KEY_PARAMETER!r} is in its parameters schema, so the model would be asked "
+            "for it; the engine fills it: remove it from the schema"
+        )
+    if t.lookup is not None:
+        _check_lookup(t)
+
+
+def _key_parameter(handler: Handler) -> tuple[bool, bool]:
+    """Whether ``handler`` declares the key parameter, and whether it takes ``**kwargs``
+    (a handler whose signature cannot be read is taken at its word)."""
+    try:
+        params = inspect.signature(handler).parameters
+    except (TypeError, ValueError):
+        return False, True
+    return KEY_PARAMETER in params, any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _check_lookup(t: Tool) -> None:
+    if not t.takes_idempotency_key:
+        raise ConfigurationError(
+            f"tool {t.name}: lookup= asks about a call's idempotency key, and this tool takes none; "
+            f"give the handler an `{KEY_PARAMETER}: str` parameter (with Tool(...), also "
+            "takes_idempotency_key=True), or drop lookup"
+        )
+    if not callable(t.lookup):
+        raise ConfigurationError(f"tool {t.name}: lookup must be a function of the key, not {t.lookup!r}")
+    try:
+        inspect.signature(t.lookup).bind("key")
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"tool {t.name}: lookup must take the key as its one argument ({exc}); e.g. "
+            "`async def lookup(key: str) -> Any` returning the call's result or NOT_APPLIED"
+        ) from None
+    except ValueError:
+        pass  # a builtin whose signature cannot be read: called as it is
 
 
 def _arguments_model(func: Handler) -> type[pydantic.BaseModel]:

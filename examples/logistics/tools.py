@@ -68,7 +68,15 @@ def format_report(result: dict[str, Any]) -> str:
 def build_tools(backend: LogisticsBackend, names: Collection[str] = DEMO_TOOLS) -> list[Tool]:
     """The tools called ``names``, in that order; a name the demo does not have is a ConfigurationError.
     ``refund`` waits for a person's approval: the scripted demo offers it, the local model does not."""
+    made = (_query_orders(backend), _send_notification(backend), _save_report(backend), _refund(backend))
+    tools = {t.name: t for t in made}
+    unknown = [n for n in names if n not in tools]
+    if unknown:
+        raise ConfigurationError(f"the logistics demo has no tool {unknown[0]!r}; it has {', '.join(tools)}")
+    return [tools[n] for n in names]
 
+
+def _query_orders(backend: LogisticsBackend) -> Tool:
     @tool(idempotent=True, formatter=format_orders)
     def query_orders(start_date: dt.date, end_date: dt.date, anomalies_only: bool = False) -> dict[str, Any]:
         """Find orders placed between start_date and end_date (inclusive). With anomalies_only,
@@ -83,6 +91,10 @@ def build_tools(backend: LogisticsBackend, names: Collection[str] = DEMO_TOOLS) 
             "orders": orders,
         }
 
+    return query_orders
+
+
+def _send_notification(backend: LogisticsBackend) -> Tool:
     @tool(formatter=format_notice)
     async def send_notification(customer_id: str, order_id: str, message: str = "") -> dict[str, Any]:
         """Email one customer an apology notice about one of their orders. Leave message out to send
@@ -120,6 +132,10 @@ def build_tools(backend: LogisticsBackend, names: Collection[str] = DEMO_TOOLS) 
             "handled": handled,
         }
 
+    return send_notification
+
+
+def _save_report(backend: LogisticsBackend) -> Tool:
     @tool(formatter=format_report)
     def save_report(title: str, body: str) -> dict[str, Any]:
         """Save the handling report (a short markdown body: the orders, the notices sent and those
@@ -129,6 +145,10 @@ def build_tools(backend: LogisticsBackend, names: Collection[str] = DEMO_TOOLS) 
         path = backend.save_report(title, body)
         return {"path": str(path), "chars": len(body), "not_notified": backend.not_notified()}
 
+    return save_report
+
+
+def _refund(backend: LogisticsBackend) -> Tool:
     @tool(requires_approval=True, sensitivity="high", formatter=format_refund)
     def refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
         """Refund a customer part or all of one order's amount. Money leaves the shop, so a person
@@ -142,11 +162,7 @@ def build_tools(backend: LogisticsBackend, names: Collection[str] = DEMO_TOOLS) 
         backend.refunds.append({"order_id": order_id, "amount": amount, "reason": reason})
         return {"refunded": amount, "order_id": order_id, "customer_id": order["customer_id"]}
 
-    tools = {t.name: t for t in (query_orders, send_notification, save_report, refund)}
-    unknown = [n for n in names if n not in tools]
-    if unknown:
-        raise ConfigurationError(f"the logistics demo has no tool {unknown[0]!r}; it has {', '.join(tools)}")
-    return [tools[n] for n in names]
+    return refund
 
 
 def standard_apology(order: dict[str, Any]) -> str:

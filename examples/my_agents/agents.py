@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from turnlog.engine import (
+    NOT_APPLIED,
     Agent,
     AgentDirectory,
     FunctionModel,
@@ -56,11 +57,23 @@ CARRIER_RATES = Tool(  # a JSON Schema and a callable: for tools described elsew
 )
 
 
-@tool(requires_approval=True, sensitivity="high")  # waits in PAUSED_FOR_USER for approve / edit / reject
+REFUNDS: dict[str, str] = {}
+"""Stands in for the payment API's record of the refunds it made, by idempotency key."""
+
+
+def refund_made(idempotency_key: str) -> str:
+    """What the payment API says of a key: the refund made with it, or NOT_APPLIED. After a
+    crash the engine asks this before running the call again or giving it up."""
+    return REFUNDS.get(idempotency_key, NOT_APPLIED)
+
+
+# waits in PAUSED_FOR_USER for approve / edit / reject
+@tool(requires_approval=True, sensitivity="high", lookup=refund_made)
 def refund(order_id: str, amount: float, idempotency_key: str) -> str:
     """Refund part or all of an order."""
-    # idempotency_key is filled by the engine (the model never sees it): pass it to the payment API
-    return f"refunded {amount:.2f} on {order_id}"
+    # idempotency_key is filled by the engine (the model never sees it): pass it to the payment API,
+    # which makes one refund per key
+    return REFUNDS.setdefault(idempotency_key, f"refunded {amount:.2f} on {order_id}")
 
 
 def scripted(request: ModelRequest) -> ModelResponse | str:

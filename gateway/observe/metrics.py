@@ -34,16 +34,22 @@ COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class GatewayMetrics:
+    """The gateway's Prometheus metrics, in a registry of their own, and what feeds them."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.ttft = Histogram(
-            "turnlog_time_to_first_token_seconds",
-            "Model call start to its first text token.",
-            ["model"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
+        self._tool_and_turn_metrics(self.registry)
+        self._model_metrics(self.registry)
+        self._outage_metrics(self.registry)
+        self._context_and_state_metrics(self.registry)
+        self._first_token_wait: dict[tuple[str, str, int], tuple[float, str]] = {}
+        self._session_models: dict[str, str] = {}
+        self._session_tool_calls: dict[str, int] = {}
+        self._turn_tool_calls: dict[str, int] = {}
+        self.lag_source: LagSource | None = None
+        self.state_source: StateSource | None = None
+
+    def _tool_and_turn_metrics(self, r: CollectorRegistry) -> None:
         self.tool_calls = Counter(
             "turnlog_tool_calls",
             "Finished tool calls by tool and status (success rate = success/all).",
@@ -59,6 +65,16 @@ class GatewayMetrics:
         self.tool_calls_per_turn = Histogram(
             "turnlog_tool_calls_per_turn", "Tool calls per finished turn.", buckets=COUNT_BUCKETS, registry=r
         )
+        self.turns = Counter("turnlog_turns", "Finished turns by outcome.", ["reason"], registry=r)
+
+    def _model_metrics(self, r: CollectorRegistry) -> None:
+        self.ttft = Histogram(
+            "turnlog_time_to_first_token_seconds",
+            "Model call start to its first text token.",
+            ["model"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
         self.model_calls = Counter(
             "turnlog_model_calls", "Model calls by model and status.", ["model", "status"], registry=r
         )
@@ -71,6 +87,8 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+
+    def _outage_metrics(self, r: CollectorRegistry) -> None:
         self.model_switches = Counter(
             "turnlog_model_switches",
             "Calls a model handed to the next of its chain, by cause: failed (an error or a time "
@@ -96,7 +114,8 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
-        self.turns = Counter("turnlog_turns", "Finished turns by outcome.", ["reason"], registry=r)
+
+    def _context_and_state_metrics(self, r: CollectorRegistry) -> None:
         self.context_compactions = Counter(
             "turnlog_context_compactions",
             "Context trims and summaries by kind and reason (seed §3.2).",
@@ -119,12 +138,6 @@ class GatewayMetrics:
             ["group", "partition"],
             registry=r,
         )
-        self._first_token_wait: dict[tuple[str, str, int], tuple[float, str]] = {}
-        self._session_models: dict[str, str] = {}
-        self._session_tool_calls: dict[str, int] = {}
-        self._turn_tool_calls: dict[str, int] = {}
-        self.lag_source: LagSource | None = None
-        self.state_source: StateSource | None = None
 
     # -- from the live hub ------------------------------------------------------------------------
 
@@ -167,12 +180,16 @@ class GatewayMetrics:
             self._session_models.pop(event.session_id, None)
         elif isinstance(event, (ev.ContextTrimmed, ev.HistorySummarized)):
             self._on_compaction(event)
-        elif isinstance(event, ev.ModelFallback):
+        elif isinstance(event, (ev.ModelFallback, ev.ModelBreakerChanged)):
+            self._on_outage(event)
+
+    def _on_outage(self, event: ev.ModelFallback | ev.ModelBreakerChanged) -> None:
+        if isinstance(event, ev.ModelFallback):
             self.model_switches.labels(event.from_model, event.cause).inc()
-        elif isinstance(event, ev.ModelBreakerChanged):
-            self.breaker_changes.labels(event.model, event.to_state).inc()
-            opened = 0 if event.to_state == "closed" else 1
-            self.breaker_open.labels(event.model, event.endpoint, event.producer).set(opened)
+            return
+        self.breaker_changes.labels(event.model, event.to_state).inc()
+        opened = 0 if event.to_state == "closed" else 1
+        self.breaker_open.labels(event.model, event.endpoint, event.producer).set(opened)
 
     def _on_compaction(self, event: ev.ContextTrimmed | ev.HistorySummarized) -> None:
         if isinstance(event, ev.HistorySummarized):

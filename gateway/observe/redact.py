@@ -1,5 +1,6 @@
-"""Redaction for logs, recursively: secrets by key name and by value pattern, and personal data
-(e-mail addresses, phone numbers, payment card numbers, IBANs) by value pattern.
+"""Redaction for logs, recursively: secrets by key name, by value pattern and written out as
+``key=value`` in text (a password typed into a message), and personal data (e-mail addresses,
+phone numbers, payment card numbers, IBANs) by value pattern.
 
 Usable directly (``redact(value)``) and as a structlog processor (``redact_processor``), so a
 secret or a customer's address never reaches a log line however the logging is configured. Tool
@@ -32,6 +33,17 @@ SECRET_VALUE = re.compile(
 )
 """Values that look like credentials wherever they appear in a string."""
 
+SECRET_ASSIGNMENT = re.compile(
+    r"""(?P<key>["']?\b[\w.\-]*?(?:password|passwd|pwd|secret|token|api[_\-]?key|apikey|authorization|auth|"""
+    r"""credentials?|private[_\-]?key|session[_\-]?key|cookie)["']?)(?P<sep>\s*[:=]\s*)"""
+    r"""(?:(?P<quote>["'])[^"'\n]*(?P=quote)|(?:(?:bearer|basic|digest|token)\s+)?\S*[^\s,;.)\]}])""",
+    re.IGNORECASE,
+)
+"""A secret written out in text as ``key=value`` or ``key: value`` (``password=hunter2``, ``"api_key":
+"k"``, ``Authorization: Basic dXNlcg==``): the value goes, the key name stays. The key must end in
+one of the names (``db_password`` is one, ``max_tokens`` is not). An unquoted value runs to the
+next space (a password may hold ``&`` or ``;``), less a closing comma, stop or bracket."""
+
 
 PERSONAL_VALUES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("[EMAIL]", re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+")),
@@ -53,11 +65,17 @@ timestamps stay)."""
 
 
 def redact_text(text: str) -> str:
+    text = SECRET_ASSIGNMENT.sub(_assignment, text)
     text = SECRET_VALUE.sub(REDACTED, text)
     text = CARD_NUMBER.sub(_card, text)
     for mark, pattern in PERSONAL_VALUES:
         text = pattern.sub(mark, text)
     return text
+
+
+def _assignment(found: re.Match[str]) -> str:
+    quote = found.group("quote") or ""
+    return f"{found.group('key')}{found.group('sep')}{quote}{REDACTED}{quote}"
 
 
 def _card(found: re.Match[str]) -> str:

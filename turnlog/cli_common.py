@@ -1,0 +1,58 @@
+"""What every `turnlog` command module shares: the console, the options, running a command."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any, Coroutine
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from turnlog.engine.errors import TurnlogError
+
+console = Console()
+HomeOption = Annotated[
+    Path | None, typer.Option("--home", help="Data folder (env TURNLOG_HOME, default ./.turnlog).")
+]
+BaseUrlOption = Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint (env TURNLOG_BASE_URL).")]
+ApiKeyOption = Annotated[str | None, typer.Option(help="API key (env TURNLOG_API_KEY or OPENAI_API_KEY).")]
+ModelOption = Annotated[str | None, typer.Option(help="Model name (env TURNLOG_MODEL).")]
+ScriptedOption = Annotated[
+    bool, typer.Option("--scripted", help="Use the deterministic scripted model, not the local one.")
+]
+AgentsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--agents",
+        help="Your agents: package.module:attribute naming an AgentDirectory or a function returning one "
+        "(env TURNLOG_AGENTS, or agents = ... in HOME/turnlog.toml; default: the logistics example).",
+    ),
+]
+MemoryOption = Annotated[
+    bool, typer.Option(help="Run the memory consumers of agents with a MemoryPolicy beside the turns.")
+]
+KafkaOption = Annotated[
+    str | None, typer.Option("--kafka", help="Kafka bootstrap address of the log (instead of --home).")
+]
+TopicOption = Annotated[str, typer.Option(help="The Kafka log's events topic.")]
+PartitionsOption = Annotated[int, typer.Option(help="The log's partition count.")]
+PostgresOption = Annotated[
+    str | None, typer.Option("--postgres", help="PostgreSQL DSN of the projections instead of --home.")
+]
+SchemaOption = Annotated[str, typer.Option(help="The PostgreSQL schema of the projections.")]
+HealthPortOption = Annotated[
+    int | None,
+    typer.Option(min=1, max=65535, help="Serve /healthz and /readyz on this port (all interfaces)."),
+]
+
+
+def run(coro: Coroutine[Any, Any, int]) -> None:
+    """Run a command's coroutine; a TurnlogError is its one-line message and exit status 2."""
+    try:
+        code = asyncio.run(coro)
+    except TurnlogError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
