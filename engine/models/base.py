@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
+from .breaker import BreakerChange
 from .tokens import shared_counter
 
 if TYPE_CHECKING:
@@ -86,18 +87,6 @@ class ModelSwitch:
     cause: str = "failed"
     """``failed``: the model failed or hit a time limit; ``breaker_open``: its endpoint's breaker
     is open (the model was not called, or the call was handed over while it waited)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerChange:
-    """An endpoint's circuit breaker changed state because of this call (recorded as a
-    ModelBreakerChanged event in the call's session; engine.models.breaker)."""
-
-    model: str
-    endpoint: str
-    from_state: str
-    to_state: str
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)

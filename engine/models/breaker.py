@@ -33,14 +33,10 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..errors import ConfigurationError, ContextLengthError, ModelError
-from .base import BreakerChange, EndpointWait, ModelChunk, ModelCorrection, ModelResponse, TextDelta
 from .clock import Clock, Timer
-
-if TYPE_CHECKING:
-    from .endpoints import Endpoint
 
 TTFT_SAMPLES = 64
 """First-token times kept per endpoint for its usual time (a sliding sample)."""
@@ -70,6 +66,18 @@ class BreakerPolicy:
             )
         if not 0.0 < self.failure_rate <= 1.0:
             raise ConfigurationError(f"breaker failure_rate must be in (0, 1], not {self.failure_rate}")
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerChange:
+    """An endpoint's circuit breaker changed state because of a call: a chunk of that call's
+    stream (engine.models.base), recorded as a ModelBreakerChanged event in its session."""
+
+    model: str
+    endpoint: str
+    from_state: str
+    to_state: str
+    reason: str
 
 
 class BreakerState(StrEnum):
@@ -111,17 +119,6 @@ class Attempt:
         if self._cut is not None:
             self._cut(error)
 
-    def saw(self, chunk: ModelChunk) -> None:
-        """Follow the call's stream: queued, sent, first token."""
-        if self.answered:
-            return
-        if isinstance(chunk, EndpointWait) and chunk.over:
-            self.breaker.sent(self)
-        elif isinstance(chunk, EndpointWait):
-            self.breaker.queued(self)
-        elif isinstance(chunk, (TextDelta, ModelResponse, ModelCorrection)):
-            self.breaker.answered(self)
-
     def take_reports(self) -> list[BreakerChange]:
         reports, self.reports = self.reports, []
         return reports
@@ -130,8 +127,11 @@ class Attempt:
 class Breaker:
     """One endpoint's breaker, shared by every call of the process to that endpoint."""
 
-    def __init__(self, endpoint: Endpoint, policy: BreakerPolicy, clock: Clock) -> None:
-        self.endpoint = endpoint
+    def __init__(self, url: str, label: str, policy: BreakerPolicy, clock: Clock) -> None:
+        self.url = url
+        """The endpoint's base URL (what its changes record)."""
+        self.label = label
+        """The endpoint in words: its model and URL."""
         self.policy = policy
         self.clock = clock
         self.state = BreakerState.CLOSED
@@ -159,10 +159,10 @@ class Breaker:
         if self.state is BreakerState.OPEN and now - self.opened_at < self.policy.cooldown_s:
             return self.skip_reason(now)
         if self._probe is not None:
-            return f"the breaker of {self.endpoint} is half-open and a probe call is testing it"
+            return f"the breaker of {self.label} is half-open and a probe call is testing it"
         probe = self._probe = Attempt(self, model, probe=True)
         if self.state is BreakerState.OPEN:
-            note = f"the cool-down of {self.policy.cooldown_s:g} s is over; this call probes {self.endpoint}"
+            note = f"the cool-down of {self.policy.cooldown_s:g} s is over; this call probes {self.label}"
             self._move(BreakerState.HALF_OPEN, probe, note)
         return probe
 
@@ -172,7 +172,7 @@ class Breaker:
 
     def skip_reason(self, now: float) -> str:
         return (
-            f"the breaker of {self.endpoint} is open ({self.why}); it probes the endpoint again "
+            f"the breaker of {self.label} is open ({self.why}); it probes the endpoint again "
             f"in {max(0.0, self.opened_at + self.policy.cooldown_s - now):.1f} s"
         )
 
@@ -266,7 +266,7 @@ class Breaker:
         self._outcomes.clear()
         self._failed = 0
         handed = BreakerOpenError(
-            f"the breaker of {self.endpoint} opened while this call waited for its first token ({why})"
+            f"the breaker of {self.label} opened while this call waited for its first token ({why})"
         )
         for waiting in [a for a in self._waiting if a.movable]:
             self._waiting.pop(waiting, None)
@@ -276,11 +276,11 @@ class Breaker:
         self._probe = None
         self.why = ""
         self._move(
-            BreakerState.CLOSED, reporter, f"the probe call answered; {self.endpoint} takes new calls again"
+            BreakerState.CLOSED, reporter, f"the probe call answered; {self.label} takes new calls again"
         )
 
     def _move(self, to: BreakerState, reporter: Attempt, reason: str) -> None:
-        change = BreakerChange(reporter.model, self.endpoint.url, str(self.state), str(to), reason)
+        change = BreakerChange(reporter.model, self.url, str(self.state), str(to), reason)
         self.state = to
         reporter.reports.append(change)
 

@@ -48,7 +48,8 @@ class Endpoints:
     def breaker(self, endpoint: Endpoint) -> Breaker:
         breaker = self._breakers.get(endpoint)
         if breaker is None:
-            breaker = self._breakers[endpoint] = Breaker(endpoint, endpoint.breaker, self.clock)
+            breaker = Breaker(endpoint.url, str(endpoint), endpoint.breaker, self.clock)
+            self._breakers[endpoint] = breaker
         elif breaker.policy != endpoint.breaker:
             breaker.policy = endpoint.breaker
         return breaker

@@ -23,7 +23,16 @@ from typing import AsyncGenerator, AsyncIterator, Sequence
 
 from ..errors import ConfigurationError, ContextLengthError, ModelError
 from ..messages import ChatMessage
-from .base import Model, ModelChunk, ModelRequest, ModelResponse, ModelSwitch, TextDelta
+from .base import (
+    EndpointWait,
+    Model,
+    ModelChunk,
+    ModelCorrection,
+    ModelRequest,
+    ModelResponse,
+    ModelSwitch,
+    TextDelta,
+)
 from .breaker import Attempt, BreakerOpenError
 from .endpoints import Endpoints
 from .limits import stream_within
@@ -120,12 +129,22 @@ class FallbackModel(Model):
         async with contextlib.aclosing(limited) as chunks:
             async for chunk in chunks:
                 if attempt is not None:
-                    attempt.saw(chunk)
+                    _follow(attempt, chunk)
                     if isinstance(chunk, ModelResponse):
                         attempt.breaker.succeeded(attempt)
                         for change in attempt.take_reports():
                             yield change
                 yield chunk
+
+
+def _follow(attempt: Attempt, chunk: ModelChunk) -> None:
+    """Tell the endpoint's breaker how the call goes: queued by the limiter, sent, first token."""
+    if attempt.answered:
+        return
+    if isinstance(chunk, EndpointWait):
+        (attempt.breaker.sent if chunk.over else attempt.breaker.queued)(attempt)
+    elif isinstance(chunk, (TextDelta, ModelResponse, ModelCorrection)):
+        attempt.breaker.answered(attempt)
 
 
 def _admit(endpoints: Endpoints, model: Model, *, movable: bool) -> Attempt | str | None:
