@@ -72,6 +72,8 @@ class Companion(Protocol):
 
 @dataclass(frozen=True)
 class GatewayConfig:
+    """How a gateway runs: its limits, and which consumers run in its process."""
+
     limits: Limits = field(default_factory=Limits)
     run_worker: bool = True
     """Run turns in this process (the TurnWorker); False when workers run elsewhere."""
@@ -95,6 +97,9 @@ class GatewayConfig:
 
 
 class Gateway:
+    """The HTTP gateway: the routes over a log, the projections and the agents, with the worker,
+    projector and observers it runs beside them (``GatewayConfig``)."""
+
     def __init__(
         self,
         event_log: EventLog,
