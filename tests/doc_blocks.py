@@ -1,9 +1,10 @@
 """The code blocks of the docs (docs/**/*.md and README.md), found and run as a reader would.
 
 A block's fence says what it is and whether it runs: ```` ```python ````, ```` ```bash ```` and
-the rest are the language; ``title="my_agent.py"`` makes it a file the reader saves (written
+the rest are the language; settings follow in braces, ```` ```python {title="my_agent.py"} ````: a ``title`` makes it a file the reader saves (written
 into the page's folder, not run); ``test="skip" reason="..."`` says why it cannot run here; and
-``test="tests/test_x.py"`` names the test that runs it instead. Every other ``python`` or
+``test="tests/test_x.py"`` names the test that runs it instead; a ``text`` block with
+``output="above"`` is what the Python block before it prints, exactly. Every other ``python`` or
 ``bash`` block runs in tests/test_doc_examples.py: a page's blocks in order, in one fresh
 folder, the Python ones in one namespace and one event loop (top-level ``await`` works, as in
 ``python -m asyncio``), the shell ones with this venv's ``turnlog`` on the PATH.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -117,11 +120,15 @@ class PythonSession:
     namespace: dict[str, Any] = field(default_factory=lambda: {"__name__": "__main__"})
     runner: asyncio.Runner = field(default_factory=asyncio.Runner)
 
-    def run(self, block: Block) -> None:
+    def run(self, block: Block) -> str:
+        """Run the block; what it printed."""
         code = compile(block.source, block.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-        result = eval(code, self.namespace)  # noqa: S307 (the docs' own code)
-        if asyncio.iscoroutine(result):
-            self.runner.run(result)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            result = eval(code, self.namespace)  # noqa: S307 (the docs' own code)
+            if asyncio.iscoroutine(result):
+                self.runner.run(result)
+        return printed.getvalue()
 
     def close(self) -> None:
         self.runner.close()

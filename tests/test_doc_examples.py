@@ -57,13 +57,16 @@ def test_page_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     session = PythonSession(tmp_path)
-    ran = 0
+    ran, printed = 0, None
     try:
         for block in doc_blocks.blocks(page):
+            if block.settings.get("output") == "above":
+                assert printed == block.source, f"{block.where}: the block above printed\n{printed}"
+            printed = None
             if "title" in block.settings and not block.test:
                 doc_blocks.save(block, tmp_path)
             elif block.runs_here and block.lang == "python":
-                session.run(block)
+                printed = session.run(block)
                 ran += 1
             elif block.runs_here and block.lang == "bash":
                 doc_blocks.run_bash(block, tmp_path)
