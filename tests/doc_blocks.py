@@ -1,10 +1,11 @@
 """The code blocks of the docs (docs/**/*.md and README.md), found and run as a reader would.
 
-A block's fence says what it is and whether it runs: ```` ```python ````, ```` ```bash ```` and
-the rest are the language; settings follow in braces, ```` ```python {title="my_agent.py"} ````: a ``title`` makes it a file the reader saves (written
-into the page's folder, not run); ``test="skip" reason="..."`` says why it cannot run here; and
-``test="tests/test_x.py"`` names the test that runs it instead; a ``text`` block with
-``output="above"`` is what the Python block before it prints, exactly. Every other ``python`` or
+A block's fence says what it is and whether it runs: the language first (```` ```python ````,
+```` ```bash ````, ...), then settings in braces. ``{title="my_agent.py"}`` makes it a file the
+reader saves (written into the page's folder, not run); ``{test="skip" reason="..."}`` says why
+it cannot run here; ``{test="tests/test_x.py"}`` names the test that runs it instead; a
+``text`` block with ``{output="above"}`` is what the Python block before it prints, exactly.
+Every other ``python`` or
 ``bash`` block runs in tests/test_doc_examples.py: a page's blocks in order, in one fresh
 folder, the Python ones in one namespace and one event loop (top-level ``await`` works, as in
 ``python -m asyncio``), the shell ones with this venv's ``turnlog`` on the PATH.
