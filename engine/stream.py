@@ -34,6 +34,8 @@ class ModelProgress:
 
 
 StreamItem = Event | ModelDelta | ModelProgress
+"""What a turn streams to its caller: each event as it is committed, and between them the
+model's text as it arrives (``ModelDelta``) and its progress (``ModelProgress``)."""
 
 
 @dataclass(frozen=True, slots=True)
