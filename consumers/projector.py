@@ -20,6 +20,9 @@ log = structlog.get_logger("turnlog.projector")
 
 
 class Projector:
+    """Folds the log into the read models of a ``ProjectionStore``, batch by batch, each batch in
+    one transaction with its offsets."""
+
     def __init__(
         self,
         event_log: EventLog,

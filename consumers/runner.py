@@ -27,6 +27,9 @@ log = structlog.get_logger("turnlog.consumer")
 
 
 class GroupConsumer:
+    """A member of a consumer group on the log: hands each record of its partitions to a handler
+    and commits once it returns (at least once; module docstring)."""
+
     def __init__(
         self,
         log: EventLog,

@@ -46,6 +46,9 @@ def resumes(record: LogRecord) -> bool:
 
 
 class TurnWorker:
+    """Runs the turns of the sessions on its partitions: reads each user message, decision and
+    cancel from the log and carries its session's turn on, many sessions at once."""
+
     def __init__(
         self,
         event_log: EventLog,

@@ -67,6 +67,9 @@ class ReplayStep:
 
 
 class SessionAdmin:
+    """What an admin does with a session's history: list its snapshots, fork a new session from
+    one of them, and replay it read-only, event by event with the state folded up to each."""
+
     def __init__(self, log: EventLog, *, producer: str = "admin") -> None:
         self.log = log
         self.producer = producer

@@ -22,6 +22,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class Agent:
+    """What a session runs with: a model, its tools, the system prompt and the limits of a
+    turn. Build one with ``Agent.build``, which takes plain functions as tools and checks them."""
+
     agent_id: str
     model: Model
     tools: ToolRegistry = field(default_factory=ToolRegistry)

@@ -123,6 +123,8 @@ class SessionError(TurnlogError):
 
 
 class SessionNotFoundError(SessionError):
+    """No session has this id on the log."""
+
     def __init__(self, session_id: str) -> None:
         super().__init__(
             f"no session {session_id!r}; list sessions with `turnlog sessions` or create one first"
@@ -131,6 +133,8 @@ class SessionNotFoundError(SessionError):
 
 
 class SessionClosedError(SessionError):
+    """The session was force-finished; it takes no more messages."""
+
     def __init__(self, session_id: str, reason: str) -> None:
         super().__init__(f"session {session_id} is closed ({reason}); start a new session to continue")
         self.session_id = session_id
@@ -149,6 +153,8 @@ class NotAwaitingBudgetError(SessionError):
 
 
 class SnapshotNotFoundError(SessionError):
+    """A fork or a read named a snapshot version the session does not have."""
+
     def __init__(self, session_id: str, version: int, available: list[int]) -> None:
         listed = ", ".join(str(v) for v in available[-10:]) or "none yet"
         super().__init__(
@@ -160,6 +166,8 @@ class SnapshotNotFoundError(SessionError):
 
 
 class NoTurnRunningError(SessionError):
+    """A cancel found no turn running and no message waiting: there was nothing to stop."""
+
     def __init__(self, session_id: str, status: str) -> None:
         super().__init__(
             f"session {session_id} is {status} with no turn running, so there is nothing to cancel; "
@@ -189,6 +197,8 @@ class NoSessionsSelectedError(InputError):
 
 
 class MessageTooLargeError(InputError):
+    """A user message over the agent's ``max_message_bytes``."""
+
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(
             f"message is {size} bytes; the limit is {limit} bytes. Split it into several "

@@ -23,7 +23,7 @@ PURPOSES = {
     "local": "the local demo model (llama.cpp and Qwen2.5-Coder-1.5B, about 1.1 GB)",
     "export": "analytics exports as Parquet (turnlog export)",
 }
-"""The extras a user turns on for a feature, and what each is for (``test`` and ``docker`` are
+"""The extras a user turns on for a feature, and what each is for (``test``, ``docs`` and ``docker`` are
 for developers; see pyproject.toml)."""
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _EXTRA_MARKER = re.compile(r"""extra\s*==\s*["']([A-Za-z0-9_.-]+)["']""")

@@ -24,6 +24,9 @@ from .tools.guards import CallRecord
 
 @dataclass(slots=True)
 class SessionState:
+    """A session as its events make it: ``fold`` builds it, the turn loop decides from it.
+    Never written to directly; every change is an event."""
+
     session_id: str
     version: int = 0
     agent_id: str = ""

@@ -13,6 +13,9 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
+    """One entry of a conversation as a model sees it, whatever the provider: system, user,
+    assistant (with the tool calls it asked for) or tool (a call's result)."""
+
     role: Role
     content: str
     tool_calls: tuple[ToolCallSpec, ...] = ()

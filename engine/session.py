@@ -47,6 +47,8 @@ MAX_MESSAGE_ID_CHARS = 128
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
+    """A session as ``AgentSessions.create_session`` returns it."""
+
     session_id: str
     agent_id: str
     user_id: str

@@ -12,6 +12,8 @@ from .errors import IllegalTransitionError
 
 
 class SessionStatus(StrEnum):
+    """The states of a session (seed §2); ``TRANSITIONS`` lists the moves between them."""
+
     IDLE = "IDLE"
     """Created, waiting for the first user message."""
     PROCESSING = "PROCESSING"
@@ -31,6 +33,9 @@ class SessionStatus(StrEnum):
 
 
 class Cause(StrEnum):
+    """Why a session changed state: every ``StateChanged`` names one, so a session reads back as
+    the path it walked and why."""
+
     USER_MESSAGE = "user_message"
     MODEL_TOOL_CALL = "model_tool_call"
     MODEL_ANSWER = "model_answer"

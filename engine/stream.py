@@ -52,6 +52,9 @@ class ModelWaiting:
 
 
 StreamItem = Event | ModelDelta | ModelProgress | ModelWaiting
+"""What a turn streams to its caller: each event as it is committed, and between them the
+model's text as it arrives (``ModelDelta``), its progress (``ModelProgress``) and its waits for
+the endpoint's client-side limits (``ModelWaiting``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,8 @@ ROLES = ("user", "admin")
 
 @dataclass(frozen=True, slots=True)
 class Principal:
+    """Who a request is: the key's user and role."""
+
     user: str
     role: str
 
@@ -42,10 +44,12 @@ class Principal:
 
 
 def hash_key(key: str) -> str:
+    """The SHA-256 of a key, as the key file keeps it."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def new_key() -> str:
+    """A new random API key (``tlk_`` and 43 URL-safe characters)."""
     return "tlk_" + secrets.token_urlsafe(32)
 
 

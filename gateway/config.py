@@ -12,6 +12,8 @@ from .limits import Limits
 
 @dataclass(frozen=True)
 class GatewayConfig:
+    """How a gateway runs: its limits, and which consumers run in its process."""
+
     limits: Limits = field(default_factory=Limits)
     run_worker: bool = True
     """Run turns in this process (the TurnWorker); False when workers run elsewhere."""

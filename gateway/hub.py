@@ -24,6 +24,9 @@ Observer = Callable[[StreamItem], None]
 
 
 class LiveHub:
+    """Fans what turn workers stream out to the event streams and observers listening (module
+    docstring)."""
+
     def __init__(self, queue_size: int = 1024) -> None:
         self.queue_size = queue_size
         self._subscribers: dict[str, set[asyncio.Queue[LiveItem]]] = {}

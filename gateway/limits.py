@@ -10,6 +10,8 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class Limits:
+    """The bounds the gateway holds every request to (sizes, rates, streams, deadlines)."""
+
     max_message_bytes: int = 64 * 1024
     """Largest request body accepted, bytes (413 above it)."""
     requests_per_second: float = 20.0

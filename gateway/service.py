@@ -72,6 +72,9 @@ class Companion(Protocol):
 
 
 class Gateway:
+    """The HTTP gateway: the routes over a log, the projections and the agents, with the worker,
+    projector and observers it runs beside them (``GatewayConfig``)."""
+
     def __init__(
         self,
         event_log: EventLog,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install turnlog with its test dependencies into ./.venv and run the whole test suite.
+# Install turnlog with its test dependencies into ./.venv, run the whole test suite, then build
+# the docs site strictly (mkdocs.yml).
 # Extra arguments go to pytest (e.g. -k turn_loop, -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,4 +21,9 @@ if ! wait "$mypy_run"; then
     exit 1
 fi
 tail -n 1 .venv/mypy.log
+# the docs site: no broken link, anchor or API reference (offline; a few seconds)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .venv/site || {
+    echo "mkdocs build --strict failed (above): fix the page or the docstring it names" >&2
+    exit 1
+}
 exit "$status"

@@ -20,7 +20,7 @@ from turnlog.engine.log.base import EventLog
 from turnlog.projections.store import ProjectionStore, Row
 
 DOC = ROOT / "docs" / "analytics.md"
-_BLOCK = re.compile(r"```sql\n(.*?)```", re.S)
+_BLOCK = re.compile(r"```sql[^\n]*\n(.*?)```", re.S)
 _NAME = re.compile(r"^-- name: (\w+)", re.M)
 
 

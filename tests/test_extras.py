@@ -16,7 +16,7 @@ from turnlog.engine import extras
 from turnlog.engine.errors import ConfigurationError
 
 REPO = Path(__file__).resolve().parent.parent
-DEVELOPER_EXTRAS = {"test", "docker"}
+DEVELOPER_EXTRAS = {"test", "docs", "docker"}
 
 
 def declared() -> dict[str, list[str]]:

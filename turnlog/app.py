@@ -19,6 +19,9 @@ from turnlog.projections.postgres import PostgresProjectionStore
 
 
 class EmbeddedApp:
+    """The embedded deployment in one object: a SQLite log and SQLite projections under ``home``,
+    the Python API (``api``) and the projector, for the agents given."""
+
     def __init__(self, home: Path, agents: list[Agent] | None = None, *, partitions: int = 8) -> None:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,9 @@ log = structlog.get_logger("turnlog.context")
 
 @dataclass(frozen=True, eq=False)
 class MemoryPolicy:
+    """Long-term memory for an agent: the store to search before each turn, which memories to
+    show, and the model that distils new ones after an answered task."""
+
     store: MemoryStore
     tags: Sequence[str] = field(default_factory=tuple)
     """Only memories with one of these tags are shown; empty shows every tag."""

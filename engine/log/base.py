@@ -29,6 +29,8 @@ log = structlog.get_logger("turnlog.log")
 
 @dataclass(frozen=True, slots=True)
 class LogRecord:
+    """An event with its place on the log: the partition and the offset in it."""
+
     partition: int
     offset: int
     event: Event

@@ -37,6 +37,9 @@ from .submissions import submission_keys
 
 
 class MemoryEventLog(EventLog):
+    """A log in this process's memory, for tests and throwaway runs: events kept as objects
+    (nothing encoded, nothing on disk), with the same version checks and submissions."""
+
     def __init__(self, *, partitions: int = 8) -> None:
         if partitions < 1:
             raise ConfigurationError("partitions must be at least 1")

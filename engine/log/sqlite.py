@@ -82,6 +82,9 @@ def _after_own_writes(read: R) -> R:
 
 
 class SqliteEventLog(EventLog):
+    """The embedded log: one SQLite file, no services; the default backend (module docstring:
+    durability and group commit)."""
+
     def __init__(
         self,
         path: str | Path,

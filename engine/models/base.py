@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
+    """What a model is asked: the messages, the tools it may call and the call's limits."""
+
     messages: Sequence[ChatMessage]
     """System prompt first (if any), then history."""
     tools: Sequence[dict[str, Any]] = ()
@@ -44,6 +46,8 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Tokens a model call used, as the provider reported them."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0
@@ -68,6 +72,8 @@ class TextDelta:
 
 @dataclass(frozen=True, slots=True)
 class ModelResponse:
+    """A model's whole answer: its text, the tool calls it asked for, and what it used."""
+
     text: str
     tool_calls: tuple[ToolCallSpec, ...] = ()
     usage: Usage = field(default_factory=Usage)

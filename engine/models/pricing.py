@@ -53,6 +53,9 @@ class Price:
 
 
 class PriceTable:
+    """Prices by model name (a name ending in ``*`` is a prefix); ``load`` reads a JSON file of
+    dollars per million tokens. Costs are integer micro-dollars."""
+
     def __init__(self, prices: Mapping[str, Price] | None = None) -> None:
         self._exact = {k: v for k, v in (prices or {}).items() if not k.endswith("*")}
         prefixes = [(k[:-1], v) for k, v in (prices or {}).items() if k.endswith("*")]

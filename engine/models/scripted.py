@@ -33,6 +33,8 @@ def call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None)
 
 
 def reply(text: str = "", *calls: ToolCallSpec) -> ModelResponse:
+    """A model answer with ``text`` and the tool ``calls`` (made with ``call``), for scripted and
+    function models."""
     return ModelResponse(text=text, tool_calls=tuple(calls), finish_reason="tool_calls" if calls else "stop")
 
 

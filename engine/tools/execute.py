@@ -21,6 +21,8 @@ from .validation import ArgumentProblem, parse_arguments
 
 
 class ToolStatus(StrEnum):
+    """How a tool call ended; a status other than success reaches the model as a marked result."""
+
     SUCCESS = "success"
     FAILED = "failed"
     TIMEOUT = "timeout"
@@ -64,6 +66,9 @@ would return (the loop guards never count two of them as the same result)."""
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
+    """What a tool call came to: its status, the text the model reads, and the output kept on the
+    log."""
+
     status: ToolStatus
     content: str
     """What the model reads."""

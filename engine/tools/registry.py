@@ -51,6 +51,10 @@ def default_formatter(result: Any) -> str:
 
 @dataclass(frozen=True)
 class Tool:
+    """A tool an agent may call: its name, description and JSON Schema, the handler, and the
+    policies the engine applies (roles, approval, timeout, retries, idempotency). ``@tool``
+    builds one from a typed function."""
+
     name: str
     description: str
     parameters: Mapping[str, Any]
