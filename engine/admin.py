@@ -142,7 +142,7 @@ class SessionAdmin:
             refs_renumbered=True,
             origin_calls_json=json.dumps(started_after(later, origin)),
         )
-        settled: list[ev.Event] = forked_with_settlement(self.log, forked) if pending else [forked]
+        settled: list[ev.Event] = forked_with_settlement(forked) if pending else [forked]
         if len(settled) == 1 or self.log.partition_of(forked.session_id) not in self.log.owned_partitions():
             # through the inbox where another process owns the fork's partition (then version 0):
             # its owner writes the settlement (engine.log.kafka_inbox)
@@ -223,10 +223,10 @@ def _unfinished_work(state: SessionState) -> str:
     return " and ".join(parts)
 
 
-def forked_with_settlement(writer_log: EventLog, forked: ev.SessionForked) -> list[ev.Event]:
+def forked_with_settlement(forked: ev.SessionForked) -> list[ev.Event]:
     """A fork's first commit: its SessionForked and the events that settle what it inherited
-    unfinished (written by whoever owns the fork's partition; ``writer_log`` never commits)."""
-    w = SessionWriter(writer_log, fold(forked.session_id, [forked]), forked.producer)
+    unfinished (written by whoever owns the fork's partition: engine.admission)."""
+    w = SessionWriter(None, fold(forked.session_id, [forked]), forked.producer)
     _settle_inherited(w, forked, forked.unfinished == "rest")
     return [forked, *w.take_pending()]
 

@@ -6,8 +6,8 @@ happens then is decided here:
 
 * ``add_cancel``: a cancel stops the running turn and drops every message waiting for a turn
   (``UserMessageDropped``, reason ``cancelled``), in one commit; with neither it is refused
-  (``check_cancel``). In-process ``request_cancel`` applies it; on Kafka the partition's owner
-  applies one sent through its inbox (engine.log.kafka_inbox) with the same function.
+  (``check_cancel``). The admission rules (engine.admission) apply it, in the process that
+  appends and in a Kafka owner admitting one sent through its inbox alike.
 * ``Rebaser``: the events that slipped in are only user messages, cancel requests (with their
   drops) or another model call's usage (``REBASABLE``), so the worker's batch (tool results it
   holds, a model answer) is put on top of them and appended: nothing it learned is lost, and
@@ -42,7 +42,6 @@ from .errors import (
     SessionClosedError,
 )
 from .fold import SessionState, ToolCallProgress, fold
-from .log.base import EventLog
 from .models.pricing import PriceTable
 from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
@@ -227,8 +226,8 @@ def check_cancel(state: SessionState) -> None:
 
 
 def add_cancel(w: SessionWriter, reason: str, actor: str, *, event_id: str | None = None) -> Cancelled:
-    """The cancel rule, one for whoever applies a cancel (``request_cancel`` in the process that
-    may append, a Kafka owner admitting one from its inbox): a CancelRequested, which stops the
+    """The cancel rule, one for whoever applies a cancel (engine.admission: in the process that
+    may append, in a Kafka owner admitting one from its inbox): a CancelRequested, which stops the
     running turn (if any) at its next step boundary, then in the same commit a UserMessageDropped
     (reason ``cancelled``) for every message waiting for a turn. A user who presses stop right
     after sending means the message too; one posted after the cancel is not touched. The caller
@@ -242,6 +241,16 @@ def add_cancel(w: SessionWriter, reason: str, actor: str, *, event_id: str | Non
     detail = f"cancelled by {actor} before a turn took this message" + (f": {reason}" if reason else "")
     dropped = drop_waiting(w, "cancelled", detail, causation_id=request.event_id)
     return Cancelled(request, turn.turn_id if turn is not None else None, tuple(dropped))
+
+
+def cancelled_by(events: list[ev.Event], after: SessionState) -> Cancelled:
+    """What a cancel appended here did: ``events`` are what it wrote (the request, then its
+    drops), ``after`` the session folded with them (a cancel stops a running turn only at the
+    turn's next step boundary, so the turn it stops is still the running one)."""
+    request = events[0]
+    assert isinstance(request, ev.CancelRequested)
+    dropped = tuple(e for e in events[1:] if isinstance(e, ev.UserMessageDropped))
+    return Cancelled(request, after.turn.turn_id if after.turn is not None else None, dropped)
 
 
 def cancelled_on_log(state: SessionState, newer: list[ev.Event], request_id: str) -> Cancelled:
@@ -259,35 +268,6 @@ def cancelled_on_log(state: SessionState, newer: list[ev.Event], request_id: str
     return Cancelled(request, before.turn.turn_id if before.turn is not None else None, dropped)
 
 
-async def request_cancel(
-    log: EventLog,
-    load: Callable[[str], Awaitable[SessionState]],
-    forget: Callable[[str], None],
-    session_id: str,
-    reason: str,
-    *,
-    actor: str,
-    producer: str,
-) -> Cancelled:
-    """Apply a cancel (``add_cancel``) on the session's current fold; whoever runs the session
-    (an in-process turn, a TurnWorker) stops its turn at the next step boundary."""
-    for _ in range(REBASE_ATTEMPTS):
-        state = await load(session_id)
-        check_cancel(state)
-        w = SessionWriter(log, state, producer)
-        cancelled = add_cancel(w, reason, actor)
-        try:
-            await w.commit()
-        except ConcurrencyError:
-            forget(session_id)  # the writer folded ahead of the log
-            continue
-        except BaseException:
-            forget(session_id)
-            raise
-        return cancelled
-    raise ConcurrencyError(session_id, state.version, await log.session_version(session_id))
-
-
 def _clip(text: str, limit: int = 80) -> str:
     one_line = " ".join(text.split())
     return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
@@ -299,9 +279,9 @@ __all__ = [
     "Rebaser",
     "Stop",
     "add_cancel",
+    "cancelled_by",
     "cancelled_on_log",
     "check_cancel",
-    "request_cancel",
     "stop_for",
     "stop_turn",
 ]

@@ -9,13 +9,15 @@ TurnRunner in-process, streaming events as they are committed.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from . import events as ev
-from . import interrupts, usage
+from . import interrupts
+from .admission import AdmissionRules, admitted, agent_prices
 from .agent import AgentDirectory
 from .budget import BudgetDecision, SpendLedger, add_budget_decision
 from .errors import (
@@ -25,8 +27,8 @@ from .errors import (
     MessageTooLargeError,
     SessionClosedError,
 )
-from .fold import SessionState
-from .log.base import EventLog
+from .fold import SessionState, fold
+from .log.base import EventLog, LogRecord
 from .messages import ChatMessage
 from .states import SessionStatus
 from .stream import StreamItem
@@ -34,7 +36,7 @@ from .text import text_problem
 from .tools import ToolOutcome, approvals, invoke
 from .tools.permissions import tools_for_role
 from .turn import Clock, TurnRunner
-from .turn_records import add_force_finish, add_turn_finished
+from .turn_records import add_turn_finished
 from .writer import SessionWriter
 
 APPEND_RETRIES = 8
@@ -70,6 +72,10 @@ class AgentSessions:
         self.agents = agents
         self.producer = producer
         self.runner = TurnRunner(log, agents.get, producer=producer, spend_ledger=spend_ledger, clock=clock)
+        self.admission = AdmissionRules(agent_prices(agents))
+        """What a request becomes on its session (engine.admission): applied here where this
+        process appends, and by the log's owner to what others submit."""
+        log.admit_with(self.admission)
 
     async def create_session(
         self,
@@ -250,7 +256,8 @@ class AgentSessions:
 
         if not self._owns(session_id):
             return [await self._submit_decision(session_id, build)]
-        return await self._append(session_id, build)
+        _, records = await self._admit(session_id, lambda state: self._decision(state, build))
+        return [r.event for r in records]
 
     async def decide_budget(
         self,
@@ -289,19 +296,40 @@ class AgentSessions:
 
         if not self._owns(session_id):
             return [await self._submit_decision(session_id, build)]
-        return await self._append(session_id, build)
+        _, records = await self._admit(session_id, lambda state: self._decision(state, build))
+        return [r.event for r in records]
+
+    def _decision(self, state: SessionState, build: Callable[[SessionWriter], None]) -> ev.Event:
+        """The decision ``build`` makes on ``state``, checked as it would be written (``build``
+        raises what the owner would: the call waits, an edit passes the tool's schema), as the
+        event to submit; the admission rules write it with what it moves."""
+        w = SessionWriter(None, copy.deepcopy(state), self.producer)
+        build(w)
+        return dataclasses.replace(w.take_pending()[0], version=0)
 
     async def _submit_decision(self, session_id: str, build: Callable[[SessionWriter], None]) -> ev.Event:
-        """Check a decision on the session's freshest fold (``build`` raises what the owner would)
-        and submit its first event, the decision itself, for the owner to apply."""
+        """Check a decision on the session's freshest fold and submit it for the owner to apply."""
         state = await self.runner.reload(session_id)
-        w = SessionWriter(self.log, state, self.producer)  # never committed: the owner writes
-        try:
-            build(w)
-        finally:
-            self.runner.forget(session_id)  # the writer folded the decision into the cached state
-        decided = w.take_pending()[0]
-        return await self.log.submit(dataclasses.replace(decided, version=0))
+        return await self.log.submit(self._decision(state, build))
+
+    async def _admit(
+        self, session_id: str, request_for: Callable[[SessionState], ev.Event]
+    ) -> tuple[SessionState, list[LogRecord]]:
+        """Append what a request becomes by the admission rules (the owner's path): the request
+        is made on the session's current fold (``request_for`` raises what refuses it early),
+        admitted, and appended at the fold's version; made again on a conflict. Returns the fold
+        with the request's events and their records."""
+        async with self.runner.lock(session_id):
+            for _ in range(APPEND_RETRIES):
+                state = await self.runner.load(session_id)
+                events = await admitted(self.log, self.admission, state, request_for(state))
+                try:
+                    records = await self.log.append(events, expected_version=state.version)
+                except ConcurrencyError:
+                    self.runner.forget(session_id)
+                    continue
+                return fold(session_id, events, state), records  # the cached fold follows the log
+        raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
 
     async def _append(self, session_id: str, build: Callable[[SessionWriter], None]) -> Sequence[ev.Event]:
         """Add events with ``build`` on the current state and commit; rebuild on a conflict."""
@@ -329,15 +357,15 @@ class AgentSessions:
         reason = reason or "the user cancelled"
         if not self._owns(session_id):
             return await self._request_cancel(session_id, reason, actor)
-        cancelled = await interrupts.request_cancel(
-            self.log,
-            self.runner.load,
-            self.runner.forget,
-            session_id,
-            reason,
-            actor=actor,
-            producer=self.producer,
-        )
+
+        def request(state: SessionState) -> ev.Event:
+            interrupts.check_cancel(state)
+            return ev.CancelRequested(
+                session_id=session_id, version=0, reason=reason, actor=actor, producer=self.producer
+            )
+
+        state, records = await self._admit(session_id, request)
+        cancelled = interrupts.cancelled_by([r.event for r in records], state)
         self.runner.interrupt(session_id, cancelled.request.version)  # a model call in flight here stops now
         return cancelled
 
@@ -398,25 +426,11 @@ class AgentSessions:
         the session is closed on the log."""
         if not self._owns(session_id):
             return await self._request_close(session_id, reason, actor)
-        async with self.runner.lock(session_id):
-            for _ in range(APPEND_RETRIES):
-                state = await self.runner.load(session_id)
-                if state.closed:
-                    raise SessionClosedError(session_id, state.close_reason)
-                open_call = await usage.open_model_call(self.log, state)
-                prices = self.agents.get(state.agent_id).prices
-                w = SessionWriter(self.log, state, self.producer)
-                add_force_finish(w, reason, actor, self.runner.snapshots, open_call=open_call, prices=prices)
-                try:
-                    await w.commit()
-                except ConcurrencyError:
-                    self.runner.forget(session_id)  # the writer folded ahead of the log
-                    continue
-                except BaseException:
-                    self.runner.forget(session_id)
-                    raise
-                return _info(state)
-        raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
+        request = ev.SessionClosed(
+            session_id=session_id, version=0, reason=reason, actor=actor, producer=self.producer
+        )
+        state, _ = await self._admit(session_id, lambda _state: request)
+        return _info(state)
 
     async def _request_close(self, session_id: str, reason: str, actor: str) -> SessionInfo:
         state = await self.runner.reload(session_id)

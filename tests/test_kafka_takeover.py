@@ -13,6 +13,7 @@ import pytest
 
 from tests.services import delete_topics, fresh_topic, need_service
 from turnlog.engine import events as ev
+from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.errors import ConcurrencyError, SessionClosedError
 from turnlog.engine.fold import SessionState, fold
 from turnlog.engine.log.kafka import KafkaEventLog
@@ -39,6 +40,7 @@ async def topic(bootstrap: str) -> AsyncIterator[str]:
 async def owner_of(bootstrap: str, topic: str, **options: object) -> AsyncIterator[KafkaEventLog]:
     """The owner of the topic's one partition, closed (handing its session index over) after."""
     log = KafkaEventLog(bootstrap, topic=topic, partitions=1, session_timeout_ms=6000, **options)  # type: ignore[arg-type]
+    log.admit_with(AdmissionRules())  # as its TurnWorker would: a close and a cancel are submitted below
     await log.start()
     try:
         await log.wait_owned()

@@ -17,6 +17,7 @@ from aiokafka.errors import KafkaConnectionError
 from tests.services import delete_topics, fresh_topic, kafka_log, need_service
 from turnlog.engine import codec
 from turnlog.engine import events as ev
+from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.errors import (
     ConcurrencyError,
     ConfigurationError,
@@ -35,7 +36,7 @@ def bootstrap() -> str:
 
 @pytest.fixture
 async def owner(bootstrap: str) -> AsyncIterator[KafkaEventLog]:
-    async with kafka_log(bootstrap, partitions=3) as log:
+    async with kafka_log(bootstrap, partitions=3, admission=AdmissionRules()) as log:
         yield log
 
 

@@ -14,13 +14,16 @@ import abc
 import asyncio
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import AsyncGenerator, Iterable, Sequence
+from typing import TYPE_CHECKING, AsyncGenerator, Callable, Iterable, Protocol, Sequence
 
 import structlog
 
-from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError
+from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError, TurnlogError
 from ..events import Event, SessionCreated, SessionForked, SnapshotTaken
 from .submissions import NEW_SESSIONS
+
+if TYPE_CHECKING:
+    from ..fold import SessionState
 
 SESSIONS_PAGE = 1000
 """Sessions ``EventLog.sessions`` asks ``list_sessions`` for at a time."""
@@ -42,6 +45,40 @@ class SessionSummary:
     partition: int
     version: int
     """Its last version: how many events it has."""
+
+
+History = Callable[[int], Sequence[Event]]
+"""A session's events after a version, as the admitting writer holds them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A submission taken: the session's next events it becomes (its own event among them,
+    keeping its event id)."""
+
+    events: list[Event]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A submission that cannot be taken, and why: its submitter gets ``error`` (on Kafka the
+    record goes to the dead-letter topic with it)."""
+
+    error: TurnlogError
+
+
+Admission = Admitted | Refused
+
+
+class AdmissionPolicy(Protocol):
+    """What a submitted event becomes on its session (``turnlog.engine.admission``): the
+    engine's rules, handed to the log by whoever builds the owner side (``EventLog.admit_with``)
+    so that a log never decides what a record means for a session."""
+
+    def admit(self, state: SessionState, event: Event, history: History) -> Admission:
+        """``event`` on the session folded as ``state`` (never changed); ``history(v)``: the
+        session's events after version ``v``."""
+        ...
 
 
 def murmur2(data: bytes) -> int:
@@ -114,6 +151,16 @@ class EventLog(abc.ABC):
     """A durable, partitioned, append-only log of session events."""
 
     partitions: int
+    admission: AdmissionPolicy | None = None
+    """The rules this log's owner admits submissions by (``admit_with``); only the Kafka owner
+    asks them (its inbox), the other backends' writers apply them themselves."""
+
+    def admit_with(self, policy: AdmissionPolicy) -> AdmissionPolicy:
+        """Hand the log the rules submissions are admitted by (``AgentSessions`` and
+        ``TurnWorker`` do); the first one handed over stays. Returns the one in force."""
+        if self.admission is None:
+            self.admission = policy
+        return self.admission
 
     @abc.abstractmethod
     async def append(

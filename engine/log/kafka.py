@@ -43,9 +43,9 @@ from ..errors import (
     PartitionNotOwnedError,
 )
 from ..events import Event
-from .base import SESSIONS_PAGE, EventLog, LogRecord, SessionSummary, check_batch, page_of
+from .base import SESSIONS_PAGE, AdmissionPolicy, EventLog, LogRecord, SessionSummary, check_batch, page_of
 from .kafka_appends import PendingAppend, fail_group, settle_group, take_group
-from .kafka_inbox import InboxQueue, admit
+from .kafka_inbox import InboxBatch, InboxQueue
 from .kafka_index import PartitionIndex
 from .kafka_listing import session_versions
 from .kafka_offsets import DirectOffsets
@@ -79,6 +79,9 @@ OPERATION_TIMEOUT_S = 30.0
 REACQUIRE_DELAY_S = 3.0
 READY_TIMEOUT_S = 2.5
 """How long a readiness check waits for the broker before it reports it unreachable."""
+WAIT_FOR_POLICY_S = 1.0
+"""How long a partition whose inbox record waits for an admission policy waits before it reads
+the record again (at once when the policy is handed over)."""
 TAIL_EVERY_S = 1.0
 """How often an idle owner reads what others wrote to its partitions (poison, see kafka_poison)."""
 
@@ -140,6 +143,15 @@ class KafkaEventLog(EventLog):
         self._background: set[asyncio.Task[None]] = set()
         self._group_joined = False
         """The owners' group has handed this process its share (possibly none) at least once."""
+        self._admission_ready = asyncio.Event()
+        self._waiting: dict[int, str] = {}
+        """Partitions whose next inbox record waits for an admission policy, and why."""
+
+    def admit_with(self, policy: AdmissionPolicy) -> AdmissionPolicy:
+        """As ``EventLog.admit_with``; inbox records that waited for it are sequenced at once."""
+        given = super().admit_with(policy)
+        self._admission_ready.set()
+        return given
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -231,7 +243,15 @@ class KafkaEventLog(EventLog):
         if not self._group_joined or self._inbox is None:
             return f"joining the owners' group {self.topics.owners_group}; no partitions assigned yet"
         missing = sorted({tp.partition for tp in self._inbox.assignment()} - set(self.owned_partitions()))
-        return f"taking over partitions {missing}" if missing else None
+        if missing:
+            return f"taking over partitions {missing}"
+        if self._waiting:
+            p, why = next(iter(sorted(self._waiting.items())))
+            return (
+                f"partition {p}: {why}; this owner was given none: run turn workers (TurnWorker) or "
+                "AgentSessions on it, or hand one over with EventLog.admit_with"
+            )
+        return None
 
     # -- ownership (called by the owners' group rebalance listener) ----------------------------
 
@@ -632,12 +652,19 @@ class KafkaEventLog(EventLog):
         """Sequence inbox records fetched for ``tp``; whatever stops that reads them again (the
         consumer's position already moved past them), so no record is ever skipped."""
         try:
+            waiting: int | None = None
             async with part.lock:
                 if part.owned:
-                    await self._sequence_owned(part, tp, messages)
-                    return
-                if self._inbox is None or tp not in self._inbox.assignment():
+                    waiting = await self._sequence_owned(part, tp, messages)
+                    if waiting is None:
+                        return
+                elif self._inbox is None or tp not in self._inbox.assignment():
                     return  # revoked: the next owner reads these from the committed offset
+            if waiting is not None:  # a record waits for an admission policy: read it again once given
+                self._rewind(tp, [m for m in messages if m.offset >= waiting])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._admission_ready.wait(), WAIT_FOR_POLICY_S)
+                return
             self._rewind(tp, messages)  # still assigned, being re-acquired: read them again
             await asyncio.sleep(0.2)
         except (KafkaError, LogError) as exc:  # the broker is away: nothing was sequenced, retry
@@ -654,28 +681,40 @@ class KafkaEventLog(EventLog):
             self._inbox.seek(tp, messages[0].offset)
             self._inbox_queues[tp.partition].rewound(messages[0].offset)
 
-    async def _sequence_owned(self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]) -> None:
-        """Sequence a batch of inbox records; called with ``part.lock`` held by the owner."""
+    async def _sequence_owned(
+        self, part: PartitionIndex, tp: TopicPartition, messages: list[Any]
+    ) -> int | None:
+        """Sequence a batch of inbox records; called with ``part.lock`` held by the owner.
+        Returns the offset of a record that waits for an admission policy (kafka_inbox), up to
+        which the batch was sequenced, or None."""
         await self._load(part, _inbox_sessions(messages))
-        accepted: list[Event] = []
+        batch = InboxBatch(part, self.admission)
         dead: list[Poison] = []
         refused: dict[str, Exception] = {}
         repeats: dict[str, Event] = {}
-        versions: dict[str, int] = {}
+        waiting: int | None = None
         for msg in messages:
-            admission = admit(part, msg, versions, accepted, self)
-            if admission.held is not None and admission.event_id is not None:
-                repeats[admission.event_id] = admission.held
+            admission = batch.admit(msg)
+            if admission.waits:
+                waiting = msg.offset
+                self._wait_for_policy(part.partition, msg.offset, admission.waits)
+                break
+            if admission.repeat is not None and admission.event_id is not None:
+                repeats[admission.event_id] = admission.repeat
             if admission.refused is None:
-                accepted += admission.events
                 continue
             poison = poison_of(msg, str(admission.refused))
             dead.append(poison)
             if admission.event_id is not None:
                 refused[admission.event_id] = admission.refused
-            elif (marked := poisoned(part, poison, versions, self._owner_name)) is not None:
-                accepted.append(marked)
-        records = await self._transaction(part, accepted, inbox_offset=messages[-1].offset + 1, dead=dead)
+            elif (marked := poisoned(part, poison, batch.versions, self._owner_name)) is not None:
+                batch.add([marked])
+        if waiting is None:
+            self._waiting.pop(part.partition, None)
+        elif waiting == messages[0].offset:
+            return waiting
+        inbox_offset = messages[-1].offset + 1 if waiting is None else waiting
+        records = await self._transaction(part, batch.accepted, inbox_offset=inbox_offset, dead=dead)
         for record in records:
             self._resolve(record.event.event_id, record.event, None)
         for eid, held in repeats.items():
@@ -687,6 +726,14 @@ class KafkaEventLog(EventLog):
                 "kafka.dead_letters", partition=part.partition, count=len(dead), reason=dead[0].reason
             )
         self._notify()
+        return waiting
+
+    def _wait_for_policy(self, partition: int, offset: int, why: str) -> None:
+        """Note (and log, once) that the partition's inbox waits at ``offset`` for a policy."""
+        reason = f"{why} (inbox offset {offset})"
+        if self._waiting.get(partition) != reason:
+            log.warning("kafka.inbox_waits_for_admission", partition=partition, offset=offset, why=why)
+        self._waiting[partition] = reason
 
     def _resolve(self, event_id: str, event: Event | None, error: Exception | None) -> None:
         fut = self._submitted.get(event_id)
