@@ -28,7 +28,7 @@ from . import events as ev
 from . import interrupts, snapshots
 from .errors import InputError, SessionNotFoundError, SnapshotNotFoundError
 from .fold import SessionState, fold
-from .log.base import EventLog
+from .log.base import EventLog, LogRecord
 from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
 from .turn_records import add_tool_finished, drop_waiting
@@ -93,7 +93,7 @@ class SessionAdmin:
         snapshot with a turn running or messages waiting needs ``unfinished`` (see the module
         doc); ``fork_events`` returns everything the fork's first commit wrote.
         """
-        forked, *_ = await self.fork_events(
+        records = await self.fork_events(
             session_id,
             version,
             unfinished=unfinished,
@@ -101,6 +101,7 @@ class SessionAdmin:
             agent_id=agent_id,
             model=model,
         )
+        forked = records[0].event
         assert isinstance(forked, ev.SessionForked)
         return forked
 
@@ -113,9 +114,10 @@ class SessionAdmin:
         new_session_id: str | None = None,
         agent_id: str | None = None,
         model: str | None = None,
-    ) -> list[ev.Event]:
-        """``fork``, returning the SessionForked and the events that settle the inherited
-        unfinished work, appended together."""
+    ) -> list[LogRecord]:
+        """``fork``, returning the records of the SessionForked and of the events that settle
+        the inherited unfinished work, appended together (one pending record where another
+        process owns the fork's partition: ``EventLog.submit``)."""
         snapshot = await self._snapshot_at(session_id, version)
         origin = await snapshots.state_before(self.log, snapshot)  # refuses an unreadable one before we write
         pending = _unfinished_work(origin)
@@ -146,9 +148,8 @@ class SessionAdmin:
         if len(settled) == 1 or self.log.partition_of(forked.session_id) not in self.log.owned_partitions():
             # through the inbox where another process owns the fork's partition (then version 0):
             # its owner writes the settlement (engine.log.kafka_inbox)
-            return [await self.log.submit(forked)]
-        await self.log.append(settled, expected_version=0)
-        return settled
+            return await self.log.submit(forked)
+        return await self.log.append(settled, expected_version=0)
 
     async def replay(
         self, session_id: str, *, from_version: int = 0, to_version: int | None = None

@@ -42,6 +42,7 @@ from .errors import (
     SessionClosedError,
 )
 from .fold import SessionState, ToolCallProgress, fold
+from .log.base import LogRecord
 from .models.pricing import PriceTable
 from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
@@ -210,6 +211,8 @@ class Cancelled:
     request: ev.CancelRequested
     stopped_turn: str | None
     dropped: tuple[ev.UserMessageDropped, ...] = ()
+    records: tuple[LogRecord, ...] = ()
+    """The request's and the drops' records, with their log positions."""
 
     @property
     def events(self) -> list[ev.Event]:
@@ -243,29 +246,33 @@ def add_cancel(w: SessionWriter, reason: str, actor: str, *, event_id: str | Non
     return Cancelled(request, turn.turn_id if turn is not None else None, tuple(dropped))
 
 
-def cancelled_by(events: list[ev.Event], after: SessionState) -> Cancelled:
-    """What a cancel appended here did: ``events`` are what it wrote (the request, then its
+def cancelled_by(records: list[LogRecord], after: SessionState) -> Cancelled:
+    """What a cancel appended here did: ``records`` are what it wrote (the request, then its
     drops), ``after`` the session folded with them (a cancel stops a running turn only at the
     turn's next step boundary, so the turn it stops is still the running one)."""
-    request = events[0]
+    request = records[0].event
     assert isinstance(request, ev.CancelRequested)
-    dropped = tuple(e for e in events[1:] if isinstance(e, ev.UserMessageDropped))
-    return Cancelled(request, after.turn.turn_id if after.turn is not None else None, dropped)
+    dropped = tuple(r.event for r in records[1:] if isinstance(r.event, ev.UserMessageDropped))
+    turn = after.turn.turn_id if after.turn is not None else None
+    return Cancelled(request, turn, dropped, tuple(records))
 
 
-def cancelled_on_log(state: SessionState, newer: list[ev.Event], request_id: str) -> Cancelled:
-    """What a cancel applied by another process (a Kafka owner) did: ``newer`` are the events
+def cancelled_on_log(state: SessionState, newer: list[LogRecord], request_id: str) -> Cancelled:
+    """What a cancel applied by another process (a Kafka owner) did: ``newer`` are the records
     after ``state``, up to the request (``request_id``) and the drops written with it. Raises
     what ``check_cancel`` raises for the session as the cancel found it (nothing to cancel)."""
-    at = next(i for i, e in enumerate(newer) if e.event_id == request_id)
-    request = newer[at]
+    at = next(i for i, r in enumerate(newer) if r.event.event_id == request_id)
+    request = newer[at].event
     assert isinstance(request, ev.CancelRequested)
-    before = fold(state.session_id, newer[:at], state)
+    before = fold(state.session_id, [r.event for r in newer[:at]], state)
     check_cancel(before)
-    dropped = tuple(
-        e for e in newer[at + 1 :] if isinstance(e, ev.UserMessageDropped) and e.causation_id == request_id
-    )
-    return Cancelled(request, before.turn.turn_id if before.turn is not None else None, dropped)
+    mine = [newer[at]] + [
+        r
+        for r in newer[at + 1 :]
+        if isinstance(r.event, ev.UserMessageDropped) and r.event.causation_id == request_id
+    ]
+    dropped = tuple(r.event for r in mine[1:] if isinstance(r.event, ev.UserMessageDropped))
+    return Cancelled(request, before.turn.turn_id if before.turn is not None else None, dropped, tuple(mine))
 
 
 def _clip(text: str, limit: int = 80) -> str:

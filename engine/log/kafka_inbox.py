@@ -17,10 +17,8 @@ until a policy is handed over: nothing is refused or reordered for want of one.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +28,7 @@ from .. import codec
 from ..errors import ConcurrencyError, EventError, LogError, SessionNotFoundError
 from ..events import AuxiliaryModelCall, Event, SessionForked, UserMessageReceived
 from ..fold import SessionState
-from .base import Admission, AdmissionPolicy, Admitted, History, Refused, check_batch
+from .base import Admission, AdmissionPolicy, Admitted, History, LogRecord, Refused, check_batch
 from .kafka_index import PartitionIndex
 from .submissions import NEW_SESSIONS, SUBMITTABLE, submission_keys
 
@@ -45,12 +43,16 @@ class InboxAdmission:
 
     events: list[Event] = field(default_factory=list)
     """The session's next events (empty if the record is refused, repeats or waits)."""
+    at: int = 0
+    """Where ``events`` start in the batch's ``accepted``."""
     event_id: str | None = None
     """The submitted event's id, if the record decodes (to answer its submitter)."""
     refused: Exception | None = None
     """Why the record cannot be taken; it goes to the dead-letter topic."""
-    repeat: Event | None = None
-    """The event already on the log that this record repeats; nothing is written for it."""
+    repeat: LogRecord | None = None
+    """The record already on the log that this record repeats; nothing is written for it."""
+    repeat_at: int | None = None
+    """Where in ``accepted`` the event this record repeats is (admitted earlier in the batch)."""
     waits: str = ""
     """Why the record waits for an admission policy ("" if it does not)."""
 
@@ -66,6 +68,9 @@ class InboxBatch:
         self.versions: dict[str, int] = {}
         """The versions the sessions touched by the batch are at after ``accepted``."""
         self._pending: dict[str, list[Event]] = {}
+        """Each session's events in ``accepted``."""
+        self._at: dict[str, int] = {}
+        """Where each event of ``accepted`` is in it, by event id."""
         self._folds: dict[str, SessionState] = {}
 
     def admit(self, msg: Any) -> InboxAdmission:
@@ -85,9 +90,10 @@ class InboxBatch:
                 offset=msg.offset,
                 session=event.session_id,
                 type=event.type,
-                held_version=repeat.version,
             )
-            return InboxAdmission(event_id=event.event_id, repeat=repeat)
+            if isinstance(repeat, LogRecord):
+                return InboxAdmission(event_id=event.event_id, repeat=repeat)
+            return InboxAdmission(event_id=event.event_id, repeat_at=repeat)
         state = self.state(event.session_id)
         if self.policy is not None:
             admission: Admission | None = self.policy.admit(state, event, self.history(event.session_id))
@@ -98,13 +104,15 @@ class InboxBatch:
         if isinstance(admission, Refused):
             return InboxAdmission(event_id=event.event_id, refused=admission.error)
         check_batch(admission.events, state.version)  # a policy's bug fails the batch, read again
+        at = len(self.accepted)
         self.add(admission.events)
-        return InboxAdmission(admission.events, event.event_id)
+        return InboxAdmission(admission.events, at, event.event_id)
 
     def add(self, events: list[Event]) -> None:
         """Append ``events`` (one session's next ones) to the batch."""
         sid = events[0].session_id
         self._pending.setdefault(sid, []).extend(events)
+        self._at.update((e.event_id, len(self.accepted) + i) for i, e in enumerate(events))
         self.accepted += events
         self.versions[sid] = events[-1].version
 
@@ -134,15 +142,14 @@ class InboxBatch:
 
         return after
 
-    def _repeat(self, event: Event) -> Event | None:
-        """The event that already holds one of ``event``'s submission keys: on the log (the
-        partition index), or admitted earlier in this batch."""
+    def _repeat(self, event: Event) -> LogRecord | int | None:
+        """What already holds one of ``event``'s submission keys: its record on the log (the
+        partition index), or its place in ``accepted`` (admitted earlier in this batch)."""
         if (held := self.index.held_submission(event)) is not None:
-            return self.index.session_after(event.session_id, held[1] - 1)[0]
+            return self.index.session_records_after(event.session_id, held[1] - 1)[0]
         keys = set(submission_keys(event))
-        return next(
-            (e for e in self._pending.get(event.session_id, ()) if keys & set(submission_keys(e))), None
-        )
+        pending = self._pending.get(event.session_id, ())
+        return next((self._at[e.event_id] for e in pending if keys & set(submission_keys(e))), None)
 
 
 def plain(state: SessionState, event: Event) -> Admission | None:
@@ -160,40 +167,3 @@ def plain(state: SessionState, event: Event) -> Admission | None:
     if isinstance(event, PLAIN) and not state.closed:
         return Admitted([dataclasses.replace(event, version=state.version + 1)])
     return None
-
-
-@dataclass(eq=False)
-class InboxQueue:
-    """One inbox partition's fetched batches waiting to be sequenced, in fetch order, and the
-    task that sequences them in order (``KafkaEventLog._sequence_loop``): what waits when it
-    is free goes into its next transaction together.
-
-    A batch that must be read again seeks the inbox consumer back to its first record
-    (``rewound``); the batches fetched before that seek are stale and are dropped, up to the
-    batch the seek brings back, which starts at that same offset. A revoke drops them all."""
-
-    batches: deque[list[Any]] = field(default_factory=deque)
-    task: asyncio.Task[None] | None = None
-    rewound_to: int | None = None
-
-    def next(self) -> list[Any] | None:
-        """Every batch waiting, as one (they follow each other: one transaction sequences them
-        all, as many as arrived while the last one was committed), stale ones skipped; None
-        when none is waiting."""
-        while self.batches and self.rewound_to is not None:
-            if self.batches[0][0].offset == self.rewound_to:
-                self.rewound_to = None
-            else:
-                self.batches.popleft()
-        if not self.batches:
-            return None
-        taken = [message for batch in self.batches for message in batch]
-        self.batches.clear()
-        return taken
-
-    def rewound(self, offset: int) -> None:
-        self.rewound_to = offset
-
-    def clear(self) -> None:
-        self.batches.clear()
-        self.rewound_to = None
