@@ -218,12 +218,13 @@ class KafkaEventLog(EventLog):
         missing = sorted({tp.partition for tp in self._inbox.assignment()} - set(self.owned_partitions()))
         if missing:
             return f"taking over partitions {missing}"
-        for p, why in sorted(self._sequencer.waiting.items()):
-            return (
-                f"partition {p}: {why}; this owner was given none: run turn workers (TurnWorker) or "
-                "AgentSessions on it, or hand one over with EventLog.admit_with"
-            )
-        return None
+        if not self._sequencer.waiting:
+            return None
+        p, why = min(self._sequencer.waiting.items())
+        return (
+            f"partition {p}: {why}; this owner was given none: run turn workers (TurnWorker) or "
+            "AgentSessions on it, or hand one over with EventLog.admit_with"
+        )
 
     # -- what the partition owners call back ---------------------------------------------------
 

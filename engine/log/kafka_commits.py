@@ -56,7 +56,7 @@ async def transact(
     records. Called with ``owner.lock`` held by the partition's owner."""
     indexing, entries = take_index(owner, force_index)
     try:
-        return await _commit(owner, events, Writes(inbox_offset, dead, entries))
+        return await _run_transaction(owner, events, Writes(inbox_offset, dead, entries))
     except BaseException:
         owner.index.dirty |= indexing  # written with the next transaction
         raise
@@ -83,7 +83,8 @@ def take_index(owner: PartitionOwner, force: bool) -> tuple[set[str], list[tuple
     return sessions, [*entries, (WATERMARK, encode_watermark(index.next_offset))]
 
 
-async def _commit(owner: PartitionOwner, events: list[Event], writes: Writes) -> list[LogRecord]:
+async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: Writes) -> list[LogRecord]:
+    """The producer's transaction, then its records indexed; a failure drops the partition."""
     producer = owner.producer
     assert producer is not None
     # aiokafka commits one consumer group's offsets per transaction (a second group fails the
@@ -92,7 +93,7 @@ async def _commit(owner: PartitionOwner, events: list[Event], writes: Writes) ->
     committing = owner.pending_commits[group] if group is not None else 0
     try:
         async with asyncio.timeout(OPERATION_TIMEOUT_S), producer.transaction():
-            futures = await _send(owner, producer, events, writes, group, committing)
+            futures = await _send_all(owner, producer, events, writes, group, committing)
         metas = [await f for f in futures]
     except ProducerFenced as exc:
         raise owner.fenced("fenced by a newer owner") from exc
@@ -107,7 +108,7 @@ async def _commit(owner: PartitionOwner, events: list[Event], writes: Writes) ->
     return records
 
 
-async def _send(
+async def _send_all(
     owner: PartitionOwner,
     producer: AIOKafkaProducer,
     events: list[Event],
