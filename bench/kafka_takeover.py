@@ -131,7 +131,7 @@ async def takeover(bootstrap: str, topic: str, *, session_index: bool, probe: st
     owner = KafkaEventLog(
         bootstrap, topic=topic, partitions=1, session_timeout_ms=30000, session_index=session_index
     )
-    from_index = owner._from_index
+    from_index = owner._reader.from_session_index
     index_s: list[float] = []
 
     async def timed(part: PartitionIndex) -> bool:  # the index read and the live sessions' fold
@@ -141,12 +141,12 @@ async def takeover(bootstrap: str, topic: str, *, session_index: bool, probe: st
         finally:
             index_s.append(time.perf_counter() - started)
 
-    owner._from_index = timed  # type: ignore[method-assign]
+    owner._reader.from_session_index = timed  # type: ignore[method-assign]
     started = time.perf_counter()
     await owner.start()
     await owner.wait_owned(timeout=1800)
     took = time.perf_counter() - started
-    part = owner._parts[0]
+    part = owner._owners[0].index
     loaded, unloaded = len(part.sessions), len(part.unloaded)
     started = time.perf_counter()
     events = await owner.read_session(probe)
@@ -186,7 +186,7 @@ async def main(sessions: int, turns: int, live_every: int, in_process: bool, out
         took = time.perf_counter() - started
         print(f"reader catch-up: {total} events in {took:.2f} s = {total / took:,.0f} events/s")
         results["reader_catch_up_s"] = round(took, 3)
-        records = reader._parts[0].records if in_process else []
+        records = reader._owners[0].index.records if in_process else []
         await reader.close()
 
         results["before"] = await takeover(bootstrap, topic, session_index=False, probe=probe)

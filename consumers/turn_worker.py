@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import structlog
 
 from turnlog.engine import events as ev
+from turnlog.engine.admission import AdmissionRules, agent_prices
 from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.experiments.namespace import is_experiment_session
 from turnlog.engine.log.base import EventLog, LogRecord
@@ -65,6 +66,7 @@ class TurnWorker:
         """``clock``: what a crashed tool call's starts are timed by (TurnRunner.clock);
         ``endpoints``: the process's model endpoints (TurnRunner.endpoints)."""
         self.runner = TurnRunner(event_log, agents.get, producer=worker_id, clock=clock, endpoints=endpoints)
+        event_log.admit_with(AdmissionRules(agent_prices(agents)))  # the owner admits submissions by them
         self.on_item = on_item
         self.consumer = KeyedConsumer(
             event_log,

@@ -28,7 +28,7 @@ from . import events as ev
 from . import interrupts, snapshots
 from .errors import InputError, SessionNotFoundError, SnapshotNotFoundError
 from .fold import SessionState, fold
-from .log.base import EventLog
+from .log.base import EventLog, LogRecord
 from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
 from .turn_records import add_tool_finished, drop_waiting
@@ -96,7 +96,7 @@ class SessionAdmin:
         snapshot with a turn running or messages waiting needs ``unfinished`` (see the module
         doc); ``fork_events`` returns everything the fork's first commit wrote.
         """
-        forked, *_ = await self.fork_events(
+        records = await self.fork_events(
             session_id,
             version,
             unfinished=unfinished,
@@ -104,6 +104,7 @@ class SessionAdmin:
             agent_id=agent_id,
             model=model,
         )
+        forked = records[0].event
         assert isinstance(forked, ev.SessionForked)
         return forked
 
@@ -116,9 +117,10 @@ class SessionAdmin:
         new_session_id: str | None = None,
         agent_id: str | None = None,
         model: str | None = None,
-    ) -> list[ev.Event]:
-        """``fork``, returning the SessionForked and the events that settle the inherited
-        unfinished work, appended together."""
+    ) -> list[LogRecord]:
+        """``fork``, returning the records of the SessionForked and of the events that settle
+        the inherited unfinished work, appended together (one pending record where another
+        process owns the fork's partition: ``EventLog.submit``)."""
         snapshot = await self._snapshot_at(session_id, version)
         origin = await snapshots.state_before(self.log, snapshot)  # refuses an unreadable one before we write
         pending = _unfinished_work(origin)
@@ -145,13 +147,12 @@ class SessionAdmin:
             refs_renumbered=True,
             origin_calls_json=json.dumps(started_after(later, origin)),
         )
-        settled: list[ev.Event] = forked_with_settlement(self.log, forked) if pending else [forked]
+        settled: list[ev.Event] = forked_with_settlement(forked) if pending else [forked]
         if len(settled) == 1 or self.log.partition_of(forked.session_id) not in self.log.owned_partitions():
             # through the inbox where another process owns the fork's partition (then version 0):
             # its owner writes the settlement (engine.log.kafka_inbox)
-            return [await self.log.submit(forked)]
-        await self.log.append(settled, expected_version=0)
-        return settled
+            return await self.log.submit(forked)
+        return await self.log.append(settled, expected_version=0)
 
     async def replay(
         self, session_id: str, *, from_version: int = 0, to_version: int | None = None
@@ -226,10 +227,10 @@ def _unfinished_work(state: SessionState) -> str:
     return " and ".join(parts)
 
 
-def forked_with_settlement(writer_log: EventLog, forked: ev.SessionForked) -> list[ev.Event]:
+def forked_with_settlement(forked: ev.SessionForked) -> list[ev.Event]:
     """A fork's first commit: its SessionForked and the events that settle what it inherited
-    unfinished (written by whoever owns the fork's partition; ``writer_log`` never commits)."""
-    w = SessionWriter(writer_log, fold(forked.session_id, [forked]), forked.producer)
+    unfinished (written by whoever owns the fork's partition: engine.admission)."""
+    w = SessionWriter(None, fold(forked.session_id, [forked]), forked.producer)
     _settle_inherited(w, forked, forked.unfinished == "rest")
     return [forked, *w.take_pending()]
 

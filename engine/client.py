@@ -98,7 +98,7 @@ class SessionClient:
             metadata_json=json.dumps(metadata or {}),
             producer=self.producer,
         )
-        on_log = await self.log.sequenced(await self.log.submit(created), REQUEST_WAIT_S)
+        on_log = await self.log.sequenced((await self.log.submit(created))[0], REQUEST_WAIT_S)
         if on_log is None:
             raise LogUnavailableError(
                 f"session {created.session_id} was submitted but is not on the log in {REQUEST_WAIT_S:g} s; "
@@ -124,7 +124,7 @@ class SessionClient:
             producer=self.producer,
             basis_version=state.version,
         )
-        submitted = await self.log.submit(event)
+        submitted = (await self.log.submit(event))[0].event  # version 0 while not sequenced (Kafka)
         assert isinstance(submitted, ev.UserMessageReceived)
         return submitted
 

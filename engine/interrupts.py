@@ -6,8 +6,8 @@ happens then is decided here:
 
 * ``add_cancel``: a cancel stops the running turn and drops every message waiting for a turn
   (``UserMessageDropped``, reason ``cancelled``), in one commit; with neither it is refused
-  (``check_cancel``). In-process ``request_cancel`` applies it; on Kafka the partition's owner
-  applies one sent through its inbox (engine.log.kafka_inbox) with the same function.
+  (``check_cancel``). The admission rules (engine.admission) apply it, in the process that
+  appends and in a Kafka owner admitting one sent through its inbox alike.
 * ``Rebaser``: the events that slipped in are only user messages, cancel requests (with their
   drops) or another model call's usage (``REBASABLE``), so the worker's batch (tool results it
   holds, a model answer) is put on top of them and appended: nothing it learned is lost, and
@@ -42,7 +42,7 @@ from .errors import (
     SessionClosedError,
 )
 from .fold import SessionState, ToolCallProgress, fold
-from .log.base import EventLog
+from .log.base import LogRecord
 from .models.pricing import PriceTable
 from .states import Cause, SessionStatus
 from .tools import execute as tool_exec
@@ -211,6 +211,8 @@ class Cancelled:
     request: ev.CancelRequested
     stopped_turn: str | None
     dropped: tuple[ev.UserMessageDropped, ...] = ()
+    records: tuple[LogRecord, ...] = ()
+    """The request's and the drops' records, with their log positions."""
 
     @property
     def events(self) -> list[ev.Event]:
@@ -227,8 +229,8 @@ def check_cancel(state: SessionState) -> None:
 
 
 def add_cancel(w: SessionWriter, reason: str, actor: str, *, event_id: str | None = None) -> Cancelled:
-    """The cancel rule, one for whoever applies a cancel (``request_cancel`` in the process that
-    may append, a Kafka owner admitting one from its inbox): a CancelRequested, which stops the
+    """The cancel rule, one for whoever applies a cancel (engine.admission: in the process that
+    may append, in a Kafka owner admitting one from its inbox): a CancelRequested, which stops the
     running turn (if any) at its next step boundary, then in the same commit a UserMessageDropped
     (reason ``cancelled``) for every message waiting for a turn. A user who presses stop right
     after sending means the message too; one posted after the cancel is not touched. The caller
@@ -244,48 +246,33 @@ def add_cancel(w: SessionWriter, reason: str, actor: str, *, event_id: str | Non
     return Cancelled(request, turn.turn_id if turn is not None else None, tuple(dropped))
 
 
-def cancelled_on_log(state: SessionState, newer: list[ev.Event], request_id: str) -> Cancelled:
-    """What a cancel applied by another process (a Kafka owner) did: ``newer`` are the events
+def cancelled_by(records: list[LogRecord], after: SessionState) -> Cancelled:
+    """What a cancel appended here did: ``records`` are what it wrote (the request, then its
+    drops), ``after`` the session folded with them (a cancel stops a running turn only at the
+    turn's next step boundary, so the turn it stops is still the running one)."""
+    request = records[0].event
+    assert isinstance(request, ev.CancelRequested)
+    dropped = tuple(r.event for r in records[1:] if isinstance(r.event, ev.UserMessageDropped))
+    turn = after.turn.turn_id if after.turn is not None else None
+    return Cancelled(request, turn, dropped, tuple(records))
+
+
+def cancelled_on_log(state: SessionState, newer: list[LogRecord], request_id: str) -> Cancelled:
+    """What a cancel applied by another process (a Kafka owner) did: ``newer`` are the records
     after ``state``, up to the request (``request_id``) and the drops written with it. Raises
     what ``check_cancel`` raises for the session as the cancel found it (nothing to cancel)."""
-    at = next(i for i, e in enumerate(newer) if e.event_id == request_id)
-    request = newer[at]
+    at = next(i for i, r in enumerate(newer) if r.event.event_id == request_id)
+    request = newer[at].event
     assert isinstance(request, ev.CancelRequested)
-    before = fold(state.session_id, newer[:at], state)
+    before = fold(state.session_id, [r.event for r in newer[:at]], state)
     check_cancel(before)
-    dropped = tuple(
-        e for e in newer[at + 1 :] if isinstance(e, ev.UserMessageDropped) and e.causation_id == request_id
-    )
-    return Cancelled(request, before.turn.turn_id if before.turn is not None else None, dropped)
-
-
-async def request_cancel(
-    log: EventLog,
-    load: Callable[[str], Awaitable[SessionState]],
-    forget: Callable[[str], None],
-    session_id: str,
-    reason: str,
-    *,
-    actor: str,
-    producer: str,
-) -> Cancelled:
-    """Apply a cancel (``add_cancel``) on the session's current fold; whoever runs the session
-    (an in-process turn, a TurnWorker) stops its turn at the next step boundary."""
-    for _ in range(REBASE_ATTEMPTS):
-        state = await load(session_id)
-        check_cancel(state)
-        w = SessionWriter(log, state, producer)
-        cancelled = add_cancel(w, reason, actor)
-        try:
-            await w.commit()
-        except ConcurrencyError:
-            forget(session_id)  # the writer folded ahead of the log
-            continue
-        except BaseException:
-            forget(session_id)
-            raise
-        return cancelled
-    raise ConcurrencyError(session_id, state.version, await log.session_version(session_id))
+    mine = [newer[at]] + [
+        r
+        for r in newer[at + 1 :]
+        if isinstance(r.event, ev.UserMessageDropped) and r.event.causation_id == request_id
+    ]
+    dropped = tuple(r.event for r in mine[1:] if isinstance(r.event, ev.UserMessageDropped))
+    return Cancelled(request, before.turn.turn_id if before.turn is not None else None, dropped, tuple(mine))
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -299,9 +286,9 @@ __all__ = [
     "Rebaser",
     "Stop",
     "add_cancel",
+    "cancelled_by",
     "cancelled_on_log",
     "check_cancel",
-    "request_cancel",
     "stop_for",
     "stop_turn",
 ]

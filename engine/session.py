@@ -9,13 +9,15 @@ TurnRunner in-process, streaming events as they are committed.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from . import events as ev
-from . import interrupts, usage
+from . import interrupts
+from .admission import AdmissionRules, admitted, agent_prices
 from .agent import AgentDirectory
 from .budget import BudgetDecision, SpendLedger, add_budget_decision
 from .errors import (
@@ -25,8 +27,8 @@ from .errors import (
     MessageTooLargeError,
     SessionClosedError,
 )
-from .fold import SessionState
-from .log.base import EventLog
+from .fold import SessionState, fold
+from .log.base import EventLog, LogRecord
 from .messages import ChatMessage
 from .models.endpoints import Endpoints
 from .states import SessionStatus
@@ -35,7 +37,7 @@ from .text import text_problem
 from .tools import ToolOutcome, approvals, invoke
 from .tools.permissions import tools_for_role
 from .turn import Clock, TurnRunner
-from .turn_records import add_force_finish, add_turn_finished
+from .turn_records import add_turn_finished
 from .writer import SessionWriter
 
 APPEND_RETRIES = 8
@@ -55,6 +57,8 @@ class SessionInfo:
     role: str
     status: str
     version: int
+    record: LogRecord | None = None
+    """The new session's first record, with its log position (``create_session``)."""
 
 
 class AgentSessions:
@@ -76,6 +80,10 @@ class AgentSessions:
         self.runner = TurnRunner(
             log, agents.get, producer=producer, spend_ledger=spend_ledger, clock=clock, endpoints=endpoints
         )
+        self.admission = AdmissionRules(agent_prices(agents))
+        """What a request becomes on its session (engine.admission): applied here where this
+        process appends, and by the log's owner to what others submit."""
+        log.admit_with(self.admission)
 
     async def create_session(
         self,
@@ -98,35 +106,41 @@ class AgentSessions:
             metadata_json=json.dumps(metadata or {}),
             producer=self.producer,
         )
-        await self.on_log(await self.log.submit(created), "the new session")
-        return SessionInfo(sid, agent_id, user_id, role, str(SessionStatus.IDLE), 1)
+        record = await self.on_log((await self.log.submit(created))[0], "the new session")
+        self.runner.remember(fold(sid, [record.event]))  # its first request reads only what follows
+        return SessionInfo(sid, agent_id, user_id, role, str(SessionStatus.IDLE), 1, record)
 
-    async def on_log(self, submitted: ev.Event, what: str) -> ev.Event:
-        """A submitted event once it is on the log. On Kafka, from a process that does not own
-        the session's partition, that is when the owner sequenced it (a session must exist before
-        the next request can name it); elsewhere it is already."""
+    async def on_log(self, submitted: LogRecord, what: str) -> LogRecord:
+        """A submission's record once it is on the log. On Kafka, from a process that does not
+        own the session's partition, that is when the owner sequenced it (a session must exist
+        before the next request can name it); elsewhere it is already."""
         found = await self.log.sequenced(submitted, REQUEST_WAIT_S)
         if found is None:
+            sid = submitted.event.session_id
             raise LogUnavailableError(
-                f"session {submitted.session_id}: {what} is on the log's inbox, but the owner of partition "
-                f"{self.log.partition_of(submitted.session_id)} has not sequenced it within "
+                f"session {sid}: {what} is on the log's inbox, but the owner of partition "
+                f"{self.log.partition_of(sid)} has not sequenced it within "
                 f"{REQUEST_WAIT_S:g} s; it will once a worker owns the partition: check that workers run."
             )
         return found
 
     async def post_user_message(
-        self, session_id: str, text: str, *, message_id: str | None = None
-    ) -> ev.UserMessageReceived:
-        """Submit a user message; it is durable and queued for a turn when this returns.
+        self, session_id: str, text: str, *, message_id: str | None = None, state: SessionState | None = None
+    ) -> LogRecord:
+        """Submit a user message; it is durable and queued for a turn when this returns. Returns
+        its record: the message with its version and log position.
 
         The log assigns its version (``EventLog.submit``); on Kafka, from a process that does not
-        own the session's partition, the returned event has ``version == 0``. A ``message_id``
-        chosen by the caller makes a retry safe: a message id the session already holds is not
-        taken again, and the message already on the log is returned.
+        own the session's partition, the record is pending (``LogRecord.pending``: version 0, no
+        position yet). A ``message_id`` chosen by the caller makes a retry safe: a message id the
+        session already holds is not taken again, and the message already on the log is
+        returned. ``state``: the session as the caller just folded it (``get_state``), which
+        spares a read of the log.
         """
         if message_id is not None and not 0 < len(message_id) <= MAX_MESSAGE_ID_CHARS:
             raise InputError(f"a message id is 1 to {MAX_MESSAGE_ID_CHARS} characters, not {len(message_id)}")
-        state = await self.runner.load(session_id)
+        if state is None:
+            state = await self.runner.load(session_id)
         self.check_message(state, text)
         event = ev.UserMessageReceived(
             session_id=session_id,
@@ -137,9 +151,7 @@ class AgentSessions:
             producer=self.producer,
             basis_version=state.version,
         )
-        submitted = await self.log.submit(event)
-        assert isinstance(submitted, ev.UserMessageReceived)
-        return submitted
+        return (await self.log.submit(event))[0]  # the message (a closed session's drop follows it)
 
     def check_message(self, state: SessionState, text: str) -> None:
         """Raise what posting ``text`` to the session would raise: closed, empty, not valid
@@ -224,10 +236,10 @@ class AgentSessions:
     ) -> AsyncIterator[StreamItem]:
         """Approve, edit (with ``arguments``, validated again) or reject a call waiting in
         PAUSED_FOR_USER, then stream the rest of the turn from exactly that point."""
-        for event in await self.post_tool_decision(
+        for record in await self.post_tool_decision(
             session_id, call_id, decision, arguments=arguments, note=note, actor=actor
         ):
-            yield event
+            yield record.event
         async for item in self.runner.run(session_id):
             yield item
 
@@ -240,12 +252,13 @@ class AgentSessions:
         arguments: dict[str, Any] | None = None,
         note: str = "",
         actor: str = "user",
-    ) -> Sequence[ev.Event]:
-        """Append the decision only (a TurnWorker continues the turn); returns what was written.
+    ) -> list[LogRecord]:
+        """Append the decision only (a TurnWorker continues the turn); returns what was written,
+        with log positions.
 
         Where another process owns the session's partition (Kafka) the decision is checked here
         (the call waits, an edit passes the tool's schema) and submitted through the inbox; the
-        owner writes it, and the event comes back with version 0."""
+        owner writes it, and its record comes back pending (``LogRecord.pending``)."""
         state = await self.runner.load(session_id)
         registry = tools_for_role(self.agents.get(state.agent_id).tools, state.role)
 
@@ -255,8 +268,9 @@ class AgentSessions:
             )
 
         if not self._owns(session_id):
-            return [await self._submit_decision(session_id, build)]
-        return await self._append(session_id, build)
+            return await self._submit_decision(session_id, build)
+        _, records = await self._admit(session_id, lambda state: self._decision(state, build))
+        return records
 
     async def decide_budget(
         self,
@@ -269,10 +283,10 @@ class AgentSessions:
     ) -> AsyncIterator[StreamItem]:
         """Answer a turn paused on its budget (``Budget(on_exceed="pause")``): ``raise`` lets it
         spend ``extra_micros`` more and streams the rest of the turn; ``stop`` ends it."""
-        for event in await self.post_budget_decision(
+        for record in await self.post_budget_decision(
             session_id, decision, extra_micros=extra_micros, note=note, actor=actor
         ):
-            yield event
+            yield record.event
         async for item in self.runner.run(session_id):
             yield item
 
@@ -284,7 +298,7 @@ class AgentSessions:
         extra_micros: int = 0,
         note: str = "",
         actor: str = "user",
-    ) -> Sequence[ev.Event]:
+    ) -> list[LogRecord]:
         """Append the budget decision only (a TurnWorker continues the turn); on Kafka, from a
         process that does not own the partition, checked here and submitted through the inbox."""
 
@@ -294,20 +308,43 @@ class AgentSessions:
                 add_turn_finished(w, "budget", self.runner.snapshots)
 
         if not self._owns(session_id):
-            return [await self._submit_decision(session_id, build)]
-        return await self._append(session_id, build)
+            return await self._submit_decision(session_id, build)
+        _, records = await self._admit(session_id, lambda state: self._decision(state, build))
+        return records
 
-    async def _submit_decision(self, session_id: str, build: Callable[[SessionWriter], None]) -> ev.Event:
-        """Check a decision on the session's freshest fold (``build`` raises what the owner would)
-        and submit its first event, the decision itself, for the owner to apply."""
+    def _decision(self, state: SessionState, build: Callable[[SessionWriter], None]) -> ev.Event:
+        """The decision ``build`` makes on ``state``, checked as it would be written (``build``
+        raises what the owner would: the call waits, an edit passes the tool's schema), as the
+        event to submit; the admission rules write it with what it moves."""
+        w = SessionWriter(None, copy.deepcopy(state), self.producer)
+        build(w)
+        return dataclasses.replace(w.take_pending()[0], version=0)
+
+    async def _submit_decision(
+        self, session_id: str, build: Callable[[SessionWriter], None]
+    ) -> list[LogRecord]:
+        """Check a decision on the session's freshest fold and submit it for the owner to apply."""
         state = await self.runner.reload(session_id)
-        w = SessionWriter(self.log, state, self.producer)  # never committed: the owner writes
-        try:
-            build(w)
-        finally:
-            self.runner.forget(session_id)  # the writer folded the decision into the cached state
-        decided = w.take_pending()[0]
-        return await self.log.submit(dataclasses.replace(decided, version=0))
+        return await self.log.submit(self._decision(state, build))
+
+    async def _admit(
+        self, session_id: str, request_for: Callable[[SessionState], ev.Event]
+    ) -> tuple[SessionState, list[LogRecord]]:
+        """Append what a request becomes by the admission rules (the owner's path): the request
+        is made on the session's current fold (``request_for`` raises what refuses it early),
+        admitted, and appended at the fold's version; made again on a conflict. Returns the fold
+        with the request's events and their records."""
+        async with self.runner.lock(session_id):
+            for _ in range(APPEND_RETRIES):
+                state = await self.runner.load(session_id)
+                events = await admitted(self.log, self.admission, state, request_for(state))
+                try:
+                    records = await self.log.append(events, expected_version=state.version)
+                except ConcurrencyError:
+                    self.runner.forget(session_id)
+                    continue
+                return fold(session_id, events, state), records  # the cached fold follows the log
+        raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
 
     async def _append(self, session_id: str, build: Callable[[SessionWriter], None]) -> Sequence[ev.Event]:
         """Add events with ``build`` on the current state and commit; rebuild on a conflict."""
@@ -335,15 +372,15 @@ class AgentSessions:
         reason = reason or "the user cancelled"
         if not self._owns(session_id):
             return await self._request_cancel(session_id, reason, actor)
-        cancelled = await interrupts.request_cancel(
-            self.log,
-            self.runner.load,
-            self.runner.forget,
-            session_id,
-            reason,
-            actor=actor,
-            producer=self.producer,
-        )
+
+        def request(state: SessionState) -> ev.Event:
+            interrupts.check_cancel(state)
+            return ev.CancelRequested(
+                session_id=session_id, version=0, reason=reason, actor=actor, producer=self.producer
+            )
+
+        state, records = await self._admit(session_id, request)
+        cancelled = interrupts.cancelled_by(records, state)
         self.runner.interrupt(session_id, cancelled.request.version)  # a model call in flight here stops now
         return cancelled
 
@@ -368,18 +405,18 @@ class AgentSessions:
         newer = await self._applied(request, state.version)
         return interrupts.cancelled_on_log(state, newer, request.event_id)
 
-    async def _applied(self, request: ev.Event, basis: int) -> list[ev.Event]:
-        """The session's events after ``basis`` once the owner has sequenced ``request`` (a
+    async def _applied(self, request: ev.Event, basis: int) -> list[LogRecord]:
+        """The session's records after ``basis`` once the owner has sequenced ``request`` (a
         submission from a process that does not own the partition). SessionClosedError if the
         session was closed first: the owner refuses the request then."""
         sid = request.session_id
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REQUEST_WAIT_S
         while True:
-            newer = await self.log.read_session(sid, basis)
-            if any(e.event_id == request.event_id for e in newer):
+            newer = await self.log.read_session_records(sid, basis)
+            if any(r.event.event_id == request.event_id for r in newer):
                 return newer
-            closed = next((e for e in newer if isinstance(e, ev.SessionClosed)), None)
+            closed = next((r.event for r in newer if isinstance(r.event, ev.SessionClosed)), None)
             if closed is not None:
                 raise SessionClosedError(sid, closed.reason)
             left = deadline - loop.time()
@@ -404,25 +441,11 @@ class AgentSessions:
         the session is closed on the log."""
         if not self._owns(session_id):
             return await self._request_close(session_id, reason, actor)
-        async with self.runner.lock(session_id):
-            for _ in range(APPEND_RETRIES):
-                state = await self.runner.load(session_id)
-                if state.closed:
-                    raise SessionClosedError(session_id, state.close_reason)
-                open_call = await usage.open_model_call(self.log, state)
-                prices = self.agents.get(state.agent_id).prices
-                w = SessionWriter(self.log, state, self.producer)
-                add_force_finish(w, reason, actor, self.runner.snapshots, open_call=open_call, prices=prices)
-                try:
-                    await w.commit()
-                except ConcurrencyError:
-                    self.runner.forget(session_id)  # the writer folded ahead of the log
-                    continue
-                except BaseException:
-                    self.runner.forget(session_id)
-                    raise
-                return _info(state)
-        raise ConcurrencyError(session_id, state.version, await self.log.session_version(session_id))
+        request = ev.SessionClosed(
+            session_id=session_id, version=0, reason=reason, actor=actor, producer=self.producer
+        )
+        state, _ = await self._admit(session_id, lambda _state: request)
+        return _info(state)
 
     async def _request_close(self, session_id: str, reason: str, actor: str) -> SessionInfo:
         state = await self.runner.reload(session_id)

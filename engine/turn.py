@@ -179,10 +179,15 @@ class TurnRunner:
         state = fold(session_id, newer, state)
         if not state.exists:
             raise SessionNotFoundError(session_id)
-        self._cache[session_id] = state
+        self.remember(state)
+        return state
+
+    def remember(self, state: SessionState) -> None:
+        """Cache ``state``, a fold of the session's events as the log holds them (a session
+        this process just created starts there, so loading it reads only what came after)."""
+        self._cache[state.session_id] = state
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
-        return state
 
     async def _from_snapshot(self, session_id: str) -> SessionState | None:
         """The latest snapshot's state, or None to fold from the start (none, or unreadable)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Sequence
 
-from .errors import ConcurrencyError
+from .errors import ConcurrencyError, LogError
 from .events import E, Event, StateChanged
 from .fold import SessionState
 from .log.base import EventLog
@@ -24,12 +24,15 @@ class SessionWriter:
     before every side effect (a model call, running tools) and at the end, so everything a
     model or a tool acted on is on the log first: durable, except a redoable commit's (see
     ``redoable_pending``), which is redone if it is lost.
+
+    A writer without a log (``log=None``) only builds events: an admission rule
+    (engine.admission) hands them to whoever appends them.
     """
 
     def __init__(
-        self, log: EventLog, state: SessionState, producer: str, *, rebase: Rebase | None = None
+        self, log: EventLog | None, state: SessionState, producer: str, *, rebase: Rebase | None = None
     ) -> None:
-        self.log = log
+        self._log = log
         self.state = state
         self.producer = producer
         self.rebase = rebase
@@ -46,6 +49,12 @@ class SessionWriter:
         for it): the commit before the next model call may then return before it is durable
         (EventLog.append's ``redoable``). Every commit clears it."""
         self._pending: list[Event] = []
+
+    @property
+    def log(self) -> EventLog:
+        if self._log is None:
+            raise LogError("this SessionWriter only builds events (no log was given); append them yourself")
+        return self._log
 
     def add(
         self,

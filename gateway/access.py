@@ -1,5 +1,5 @@
 """What every session route shares: the session named in the path if the caller may see it, its
-projection row, and the answer for what a POST appended (the events with their log positions)."""
+projection row, and the answer for what a POST wrote (the events with their log positions)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from turnlog.engine import events as ev
 from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.errors import SessionNotFoundError
 from turnlog.engine.fold import SessionState
+from turnlog.engine.log.base import LogRecord
 
 from .http import not_found, principal_of
 
@@ -97,20 +98,17 @@ def event_json(event: ev.Event) -> dict[str, Any]:
     return body
 
 
-async def appended(gw: Gateway, events: Sequence[ev.Event]) -> list[dict[str, Any]]:
-    """What a route appended, each event with its log position; live streams hear of them.
+def written(gw: Gateway, records: Sequence[LogRecord]) -> list[dict[str, Any]]:
+    """What a route wrote, each event with its log position (the records the engine returned:
+    nothing is read back); live streams hear of them.
 
-    An event submitted but not sequenced yet (version 0: on Kafka, from a process that does not
+    A submission not sequenced yet (a pending record: on Kafka, from a process that does not
     own the session's partition) has no position to report: ``position`` is None."""
-    versions = {e.version for e in events if e.version > 0}
-    records = await gw.log.read_session_records(events[0].session_id, min(versions) - 1) if versions else []
-    found = {r.event.version: r for r in records if r.event.version in versions}
     out = []
-    for event in events:
-        record = found.get(event.version)
-        gw.hub.publish(record.event if record is not None else event)
-        where = (record.offset, record.partition) if record is not None else (None, None)
-        out.append({**event_json(event), "position": where[0], "partition": where[1]})
+    for record in records:
+        gw.hub.publish(record.event)
+        where = (None, None) if record.pending else (record.offset, record.partition)
+        out.append({**event_json(record.event), "position": where[0], "partition": where[1]})
     return out
 
 

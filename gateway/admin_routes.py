@@ -13,7 +13,7 @@ from turnlog.engine.admin import SessionAdmin, Unfinished
 from turnlog.engine.fold import SessionState, fold
 from turnlog.projections import queries
 
-from .access import appended, event_json, owned_state, pending_approvals, projected, session_json
+from .access import event_json, owned_state, pending_approvals, projected, session_json, written
 from .bodies import json_body
 from .http import HttpError, int_field, int_param, optional_string, principal_of, string_field
 from .parts import GatewayParts
@@ -75,18 +75,19 @@ class AdminRoutes:
         if unfinished not in ("", "continue", "rest"):
             raise HttpError(422, "invalid_input", "'unfinished' must be 'continue' or 'rest'")
         choice = cast(Unfinished, unfinished) if unfinished else None
-        events = await self.admin.fork_events(
+        records = await self.admin.fork_events(
             state.session_id, version, unfinished=choice, agent_id=agent_id, model=model
         )
-        if events[0].version == 0:  # submitted: on Kafka its owner writes it (and what settles it)
-            forked = await self.gw.api.on_log(events[0], "the fork")
-            events = await self.gw.log.read_session(forked.session_id)
-        written = await appended(self.gw, events)
+        if records[0].pending:  # submitted: on Kafka its owner writes it (and what settles it)
+            forked = await self.gw.api.on_log(records[0], "the fork")
+            records = await self.gw.log.read_session_records(forked.event.session_id)
+        answer = written(self.gw, records)
+        events = [r.event for r in records]
         fork_state = fold(events[0].session_id, events)  # as forked (a worker may carry it on already)
         return JSONResponse(
             {
-                **written[0],
-                "events": written,
+                **answer[0],
+                "events": answer,
                 "user_id": fork_state.user_id,
                 "status": str(fork_state.status),
                 "turn_running": fork_state.turn is not None,

@@ -210,7 +210,8 @@ class AguiRoute:
             after = (await self.gw.log.read_session_records(session_id))[-1].offset
             stream = SessionStream(self.gw.log, self.gw.hub, session_id, after, poll_s=self.gw.config.poll_s)
             held.hold(stream.close)
-            posted = await self.gw.api.post_user_message(session_id, text)
+            posted = (await self.gw.api.post_user_message(session_id, text)).event
+            assert isinstance(posted, ev.UserMessageReceived)
             self.gw.hub.publish(posted)
             encoder = EventEncoder(accept=request.headers.get("accept", ""))
             body = _events(stream, RunMapper(run, session_id), posted.message_id, encoder)

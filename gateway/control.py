@@ -15,9 +15,10 @@ from turnlog.engine.budget import BudgetDecision
 from turnlog.engine.errors import NoTurnRunningError, SessionClosedError
 from turnlog.engine.fold import SessionState
 from turnlog.engine.interrupts import Cancelled
+from turnlog.engine.log.base import LogRecord
 from turnlog.engine.tools.approvals import Decision
 
-from .access import appended, owned_state
+from .access import owned_state, written
 from .bodies import json_body
 from .http import HttpError, int_field, optional_string, principal_of
 from .parts import GatewayParts
@@ -40,7 +41,7 @@ class ControlRoutes:
         reason = optional_string(body, "reason")
         actor, reason = self._actor(request, state, reason)
         cancelled = await self.gw.api.cancel(state.session_id, reason, actor=actor)
-        return JSONResponse(await self._cancel_answer(cancelled), 202)
+        return JSONResponse(self._cancel_answer(cancelled), 202)
 
     async def interrupt(self, request: Request) -> Response:
         """A new message that stops the running turn (seed §8): a cancel (which also drops the
@@ -65,9 +66,9 @@ class ControlRoutes:
                 pass  # the turn ended and its messages were taken meanwhile: nothing to stop or drop
         posted = await self.gw.api.post_user_message(state.session_id, text)
         if cancelled is None:
-            answer = {"stopped_turn": None, "dropped": [], "events": await appended(self.gw, [posted])}
+            answer = {"stopped_turn": None, "dropped": [], "events": written(self.gw, [posted])}
         else:
-            answer = await self._cancel_answer(cancelled, then=posted)
+            answer = self._cancel_answer(cancelled, then=posted)
         return JSONResponse({"interrupted": answer["stopped_turn"] is not None, **answer}, 202)
 
     async def decide(self, request: Request) -> Response:
@@ -87,7 +88,7 @@ class ControlRoutes:
             raise HttpError(422, "invalid_input", f"'arguments' is only for an edit, not for {decision!r}")
         note = optional_string(body, "note", max_chars=2000)
         await _check_waiting(self.gw, state, call_id)
-        events = await self.gw.api.post_tool_decision(
+        records = await self.gw.api.post_tool_decision(
             state.session_id,
             call_id,
             decision,
@@ -95,7 +96,7 @@ class ControlRoutes:
             note=note,
             actor=principal_of(request).user,
         )
-        return JSONResponse({"events": await appended(self.gw, events)}, 202)
+        return JSONResponse({"events": written(self.gw, records)}, 202)
 
     async def decide_budget(self, request: Request) -> Response:
         """Raise the allowance of a turn paused on its budget (``extra_micros`` more) or stop it."""
@@ -109,25 +110,25 @@ class ControlRoutes:
             raise HttpError(422, "invalid_input", "raising a budget needs 'extra_micros' > 0 (micro-dollars)")
         if state.closed:
             raise SessionClosedError(state.session_id, state.close_reason)
-        events = await self.gw.api.post_budget_decision(
+        records = await self.gw.api.post_budget_decision(
             state.session_id,
             decision,
             extra_micros=extra,
             note=optional_string(body, "note", max_chars=2000),
             actor=principal_of(request).user,
         )
-        return JSONResponse({"events": await appended(self.gw, events)}, 202)
+        return JSONResponse({"events": written(self.gw, records)}, 202)
 
     # -- helpers -------------------------------------------------------------------------------
 
-    async def _cancel_answer(self, cancelled: Cancelled, then: ev.Event | None = None) -> dict[str, Any]:
+    def _cancel_answer(self, cancelled: Cancelled, then: LogRecord | None = None) -> dict[str, Any]:
         """What a cancel did: the turn it stops, the messages it dropped, and the events (with
-        ``then``, the event appended after it)."""
-        events = [*cancelled.events, *([then] if then is not None else [])]
+        ``then``, the record written after it)."""
+        records = [*cancelled.records, *([then] if then is not None else [])]
         return {
             "stopped_turn": cancelled.stopped_turn,
             "dropped": [d.message_id for d in cancelled.dropped],
-            "events": await appended(self.gw, events),
+            "events": written(self.gw, records),
         }
 
     def _actor(self, request: Request, state: SessionState, reason: str) -> tuple[str, str]:

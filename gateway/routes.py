@@ -14,7 +14,7 @@ from turnlog.consumers.health import health_answer
 from turnlog.engine.session import MAX_MESSAGE_ID_CHARS
 from turnlog.projections import queries
 
-from .access import appended, owned_state, projected, session_json, session_view
+from .access import owned_state, projected, session_json, session_view, written
 from .admin_routes import AdminRoutes
 from .agui import AguiRoute
 from .auth import ROLES
@@ -137,8 +137,7 @@ class Routes:
         if not isinstance(metadata, dict):
             raise HttpError(422, "invalid_input", "'metadata' must be a JSON object")
         info = await self.gw.api.create_session(agent_id, principal.user, role=role, metadata=metadata)
-        # on Kafka, from a process that owns no partition, the owner sequences it a moment later
-        record = next(iter(await self.gw.log.read_session_records(info.session_id, 0)), None)
+        record = info.record  # on the log: on Kafka, from a process that owns no partition, sequenced by now
         if record is not None:
             self.gw.hub.publish(record.event)
         return JSONResponse(
@@ -205,10 +204,12 @@ class Routes:
         message_id = None
         if body.get("message_id") is not None:  # the client's own id: a retry is taken once
             message_id = string_field(body, "message_id", max_chars=MAX_MESSAGE_ID_CHARS)
-        event = await self.gw.api.post_user_message(state.session_id, text, message_id=message_id)
-        (written,) = await appended(self.gw, [event])
+        posted = await self.gw.api.post_user_message(
+            state.session_id, text, message_id=message_id, state=state
+        )
+        (answer,) = written(self.gw, [posted])
         return JSONResponse(
-            {key: written[key] for key in ("message_id", "version", "position", "partition")}, 202
+            {key: answer[key] for key in ("message_id", "version", "position", "partition")}, 202
         )
 
     async def stream_events(self, request: Request) -> Response:

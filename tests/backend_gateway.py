@@ -23,6 +23,7 @@ from tests.gateway_support import KEYS, POLLING_LIMITS, PRINCIPALS, _wait_until_
 from tests.services import delete_topics, fresh_topic, need_service
 from turnlog.consumers import TurnWorker
 from turnlog.engine import AgentDirectory
+from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.log.base import EventLog
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.log.sqlite import SqliteEventLog
@@ -63,6 +64,8 @@ class Stack:
         """A handle on the log in this loop (on Kafka with ``owner``: once it owns every
         partition, so the gateway's own handle must own none)."""
         log = self.log(owner=owner)
+        if owner:  # the rules it admits requests by, as a worker process hands its log
+            log.admit_with(AdmissionRules())
         try:
             if isinstance(log, KafkaEventLog):
                 await log.start()

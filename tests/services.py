@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from turnlog.engine.log.base import AdmissionPolicy
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.log.kafka_topics import TopicNames
 from turnlog.projections.postgres import PostgresProjectionStore
@@ -60,11 +61,20 @@ def fresh_topic() -> str:
 
 @contextlib.asynccontextmanager
 async def kafka_log(
-    bootstrap: str, *, partitions: int = 4, topic: str | None = None, owner: bool = True
+    bootstrap: str,
+    *,
+    partitions: int = 4,
+    topic: str | None = None,
+    owner: bool = True,
+    admission: AdmissionPolicy | None = None,
 ) -> AsyncIterator[KafkaEventLog]:
-    """A started KafkaEventLog on fresh topics that owns every partition; topics deleted after."""
+    """A started KafkaEventLog on fresh topics that owns every partition; topics deleted after.
+    ``admission``: the rules the owner admits inbox records by, handed over before it starts;
+    else the first AgentSessions or TurnWorker made on it hands over theirs."""
     name = topic or fresh_topic()
     log = KafkaEventLog(bootstrap, topic=name, partitions=partitions, owner=owner, session_timeout_ms=6000)
+    if admission is not None:
+        log.admit_with(admission)
     await log.start()
     try:
         if owner:

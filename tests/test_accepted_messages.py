@@ -71,7 +71,7 @@ async def test_a_force_finish_mid_turn_drops_the_message_queued_behind_it_with_t
     running = asyncio.create_task(first_turn())
     try:
         await until_logged(log, sid, ev.ToolCallStarted)
-        queued = await api.post_user_message(sid, "and then the invoices")  # accepted behind the turn
+        queued = (await api.post_user_message(sid, "and then the invoices")).event  # accepted behind the turn
         async with reopen() as admin_log:  # an admin elsewhere (on Kafka: through the inbox)
             admin = AgentSessions(admin_log, api.agents, producer="admin-cli")
             await until_logged(admin_log, sid, ev.UserMessageReceived)

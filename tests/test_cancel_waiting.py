@@ -75,8 +75,8 @@ async def test_a_cancel_before_any_turn_drops_the_waiting_messages(
     agents = directory(asyncio.Event())
     api = AgentSessions(log, agents, producer="gateway")
     sid = (await api.create_session("a", "u")).session_id
-    first = await api.post_user_message(sid, "where is A-17?", message_id="m-1")
-    second = await api.post_user_message(sid, "and A-18?", message_id="m-2")
+    first = (await api.post_user_message(sid, "where is A-17?", message_id="m-1")).event
+    second = (await api.post_user_message(sid, "and A-18?", message_id="m-2")).event
     cancelled = await api.cancel(sid, "wrong session")
 
     assert (cancelled.stopped_turn, [d.message_id for d in cancelled.dropped]) == (None, ["m-1", "m-2"])

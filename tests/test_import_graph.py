@@ -16,14 +16,6 @@ LAYERS = ("engine", "projections", "consumers", "gateway", "examples")
 """The folders that install as ``turnlog.<name>`` (``turnlog/`` links them in)."""
 NOT_TURNLOG = ("examples/my_agents",)
 """A template of the user's own package (installed as ``my_agents``, not under turnlog)."""
-KNOWN_KAFKA_CIRCLES: tuple[frozenset[str], ...] = tuple(
-    frozenset(f"turnlog.engine.log.{name}" for name in circle)
-    for circle in (("kafka_appends", "kafka_index", "kafka_poison"), ("kafka", "kafka_listing"))
-)
-"""Circles inside the Kafka log, whose split is another branch's work (issue 42 items 1-2).
-Temporary: the lead empties this when that branch is merged; nothing else may be added."""
-
-
 @dataclass(frozen=True)
 class Edge:
     target: str
@@ -185,16 +177,9 @@ def path_through(graph: dict[str, list[Edge]], component: list[str]) -> str:
 
 def test_no_import_circles() -> None:
     graph = import_graph(turnlog_modules())
-    found = [c for c in circles(graph) if frozenset(c) not in KNOWN_KAFKA_CIRCLES]
+    found = circles(graph)
     named = "\n".join(path_through(graph, c) for c in found)
     assert not found, f"import circles (break each: move what both need below them):\n{named}"
-
-
-def test_the_known_kafka_circles_still_exist() -> None:
-    """An exception that no longer applies must go from the list (and the list, once empty)."""
-    present = {frozenset(c) for c in circles(import_graph(turnlog_modules()))}
-    stale = [sorted(c) for c in KNOWN_KAFKA_CIRCLES if c not in present]
-    assert not stale, f"these circles are gone: remove them from KNOWN_KAFKA_CIRCLES: {stale}"
 
 
 def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:

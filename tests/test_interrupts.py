@@ -114,7 +114,7 @@ async def test_wait_stop_that_during_a_slow_tool_keeps_its_result_and_answers_th
     s = await setup(log, gate, on_message="interrupt")
     running = asyncio.create_task(drain(s.api.send_user_message(s.sid, "notify batch-1")))
     await asyncio.wait_for(gate.entered.wait(), WAIT)
-    stop = await s.other.post_user_message(s.sid, "wait, stop that")
+    stop = (await s.other.post_user_message(s.sid, "wait, stop that")).event
     gate.release.set()
     streamed = await asyncio.wait_for(running, WAIT)
 

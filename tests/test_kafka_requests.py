@@ -158,7 +158,9 @@ async def test_decisions_and_a_fork_from_a_non_owner_are_applied_by_the_owner(ow
             edited = await gateway.post_tool_decision(
                 paid, "r1", "edit", arguments={"order_id": "A-17", "amount": 25}
             )
-            assert [(e.type, e.version) for e in edited] == [("ApprovalDecided", 0)]
+            assert [(r.event.type, r.event.version, r.pending) for r in edited] == [
+                ("ApprovalDecided", 0, True)
+            ]
             await until_logged(other_log, paid, ev.TurnFinished)
             assert refunds == [{"order_id": "A-17", "amount": 25}]  # run once, as edited
             with pytest.raises(ApprovalError):  # checked on the non-owner's read of the log
@@ -175,15 +177,15 @@ async def test_decisions_and_a_fork_from_a_non_owner_are_applied_by_the_owner(ow
                 await owner.submit(late)
 
             (stop,) = await gateway.post_budget_decision(paused, "stop", note="enough")
-            assert (stop.type, stop.version) == ("BudgetDecided", 0)
+            assert (stop.event.type, stop.event.version, stop.pending) == ("BudgetDecided", 0, True)
             await until_logged(other_log, paused, ev.TurnFinished)
             with pytest.raises(NotAwaitingBudgetError):
                 await gateway.post_budget_decision(paused, "raise", extra_micros=5)
 
             snapshot = max(s.version for s in await SessionAdmin(other_log).snapshots(paid))
-            submitted = await SessionAdmin(other_log, producer="ops").fork(paid, snapshot)
-            assert submitted.version == 0
-            forked = await gateway.on_log(submitted, "the fork")
+            (submitted,) = await SessionAdmin(other_log, producer="ops").fork_events(paid, snapshot)
+            assert submitted.pending and submitted.event.version == 0
+            forked = (await gateway.on_log(submitted, "the fork")).event
             fork_state = await gateway.get_state(forked.session_id)
             assert (forked.version, fork_state.user_id, fork_state.agent_id) == (1, "u", "refunds")
     finally:
@@ -192,7 +194,7 @@ async def test_decisions_and_a_fork_from_a_non_owner_are_applied_by_the_owner(ow
     paid_events = await owner.read_session(paid)
     decided = [e for e in paid_events if isinstance(e, ev.ApprovalDecided)]
     assert [(d.decision, d.producer, d.event_id) for d in decided] == [
-        ("edited", "gateway", edited[0].event_id)
+        ("edited", "gateway", edited[0].event.event_id)
     ]
     assert any(isinstance(e, ev.StateChanged) and e.cause == "user_approval" for e in paid_events)
     budget_events = await owner.read_session(paused)

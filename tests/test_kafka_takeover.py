@@ -13,8 +13,10 @@ import pytest
 
 from tests.services import delete_topics, fresh_topic, need_service
 from turnlog.engine import events as ev
+from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.errors import ConcurrencyError, SessionClosedError
 from turnlog.engine.fold import SessionState, fold
+from turnlog.engine.log import kafka_commits
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.snapshots import SnapshotEncoder, load_latest, take
 from turnlog.engine.states import Cause, SessionStatus
@@ -39,6 +41,7 @@ async def topic(bootstrap: str) -> AsyncIterator[str]:
 async def owner_of(bootstrap: str, topic: str, **options: object) -> AsyncIterator[KafkaEventLog]:
     """The owner of the topic's one partition, closed (handing its session index over) after."""
     log = KafkaEventLog(bootstrap, topic=topic, partitions=1, session_timeout_ms=6000, **options)  # type: ignore[arg-type]
+    log.admit_with(AdmissionRules())  # as its TurnWorker would: a close and a cancel are submitted below
     await log.start()
     try:
         await log.wait_owned()
@@ -123,21 +126,21 @@ async def test_a_takeover_loads_only_the_live_sessions_and_refuses_repeats_on_th
         closed = "closed"
         await first.submit(ev.SessionCreated(session_id=closed, version=1, agent_id="a", user_id="u"))
         await first.submit(ev.SessionClosed(session_id=closed, version=0, reason="done", actor="u"))
-        held = await first.submit(message(finished[0], "client-1"))
+        held = (await first.submit(message(finished[0], "client-1")))[0].event
         assert held.version == 16
     history = await full_read(bootstrap, topic, [*finished, "live", closed])
 
     async with owner_of(bootstrap, topic) as second:
-        part = second._parts[0]
+        part = second._owners[0].index
         assert set(part.sessions) == {"live", finished[0]}  # a turn running, a message waiting
         assert set(part.unloaded) == {*finished[1:], closed}
         assert part.states["live"] == fold("live", history["live"])
         assert part.states[finished[0]] == fold(finished[0], history[finished[0]])
 
-        again = await second.submit(message(finished[0], "client-1"))  # the same message id
+        again = (await second.submit(message(finished[0], "client-1")))[0].event  # the same message id
         assert (again.event_id, again.version) == (held.event_id, 16)
         answered = history[finished[1]][1]
-        repeat = await second.submit(message(finished[1], "m0"))  # answered long ago, not loaded
+        repeat = (await second.submit(message(finished[1], "m0")))[0].event  # answered long ago, not loaded
         assert (repeat.event_id, repeat.version) == (answered.event_id, 2)
         stale = ev.TurnStarted(session_id=finished[1], version=14, turn_id="t9", message_id="m1")
         with pytest.raises(ConcurrencyError):
@@ -161,7 +164,7 @@ async def test_a_takeover_loads_only_the_live_sessions_and_refuses_repeats_on_th
         nxt = ev.UserMessageReceived(
             session_id=finished[4], version=0, message_id="m9", text="x", user_id="u"
         )
-        assert (await second.submit(nxt)).version == len(history[finished[4]]) + 1
+        assert (await second.submit(nxt))[0].event.version == len(history[finished[4]]) + 1
 
 
 async def test_without_a_session_index_a_takeover_reads_everything_and_writes_the_index(
@@ -172,14 +175,14 @@ async def test_without_a_session_index_a_takeover_reads_everything_and_writes_th
         for sid in finished:
             await write_finished(first, sid)
     async with owner_of(bootstrap, topic) as second:  # no index on the topic: the full read
-        assert set(second._parts[0].sessions) == set(finished) and not second._parts[0].unloaded
+        assert set(second._owners[0].index.sessions) == set(finished) and not second._owners[0].index.unloaded
         with pytest.raises(ConcurrencyError):
             await second.append(
                 [ev.TurnStarted(session_id=finished[0], version=2, turn_id="t", message_id="m")],
                 expected_version=1,
             )
     async with owner_of(bootstrap, topic) as third:  # the second wrote every session's entry
-        assert set(third._parts[0].unloaded) == set(finished) and not third._parts[0].sessions
+        assert set(third._owners[0].index.unloaded) == set(finished) and not third._owners[0].index.sessions
         assert await third.session_version(finished[1]) == 15
         assert (await third.read_session(finished[1]))[-1].version == 15
 
@@ -192,13 +195,13 @@ async def test_an_index_that_lags_is_caught_up_from_the_events_after_its_waterma
             await write_finished(first, sid)
     async with owner_of(bootstrap, topic) as second:
         # it dies before writing the index again: what it appended is only on the events topic
-        monkeypatch.setattr(second, "_index_due", lambda part, force=False: False)
-        grown = await second.submit(message("a", "late"))
+        monkeypatch.setattr(kafka_commits, "index_due", lambda owner, force=False: False)
+        grown = (await second.submit(message("a", "late")))[0].event
         await write_finished(second, "d")
     async with owner_of(bootstrap, topic) as third:
-        part = third._parts[0]
+        part = third._owners[0].index
         assert set(part.sessions) == {"a", "d"} and set(part.unloaded) == {"b", "c"}
-        assert (await third.submit(message("a", "late"))).event_id == grown.event_id
+        assert (await third.submit(message("a", "late")))[0].event.event_id == grown.event_id
         with pytest.raises(ConcurrencyError):
             await third.append(
                 [ev.TurnStarted(session_id="d", version=14, turn_id="t", message_id="m")], expected_version=13

@@ -152,3 +152,66 @@ def test_public_api_is_exported_and_importable() -> None:
 def test_every_error_derives_from_the_root() -> None:
     errors = [getattr(engine, n) for n in engine.__all__ if n.endswith(("Error", "Failure"))]
     assert errors and all(issubclass(e, engine.TurnlogError) for e in errors)
+
+
+LOG_DOMAIN = (
+    "admin",
+    "admission",
+    "agent",
+    "budget",
+    "client",
+    "context",
+    "experiments",
+    "interrupts",
+    "memory",
+    "model_call",
+    "models",
+    "session",
+    "snapshots",
+    "tools",
+    "turn",
+    "turn_records",
+    "usage",
+    "writer",
+)
+"""Engine modules that decide what a record means for a session (admission rules, approvals,
+budgets, cancels, closes, forks, turns): ``engine/log/`` stores, orders, fences and delivers
+records and imports none of them, at module level or inside a function. What a submission
+becomes reaches a log as an object (``EventLog.admit_with``)."""
+
+
+def engine_modules_imported(path: Path) -> set[str]:
+    """The ``turnlog.engine`` modules (first name under it) a file in ``engine/log/`` imports,
+    relatively or absolutely, anywhere in the file."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 2:  # from .. import x / from ..x import y
+            names = [node.module] if node.module else [a.name for a in node.names]
+            found.update(name.split(".")[0] for name in names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[:2] == ["turnlog", "engine"] and len(parts) > 2:
+                found.add(parts[2])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[:2] == ["turnlog", "engine"] and len(parts) > 2:
+                    found.add(parts[2])
+    return found
+
+
+def test_the_log_imports_no_domain_module() -> None:
+    leaks = {}
+    for path in sorted((REPO / "engine" / "log").rglob("*.py")):
+        name = str(path.relative_to(REPO))
+        domain = engine_modules_imported(path) & set(LOG_DOMAIN)
+        if domain:
+            leaks[name] = sorted(domain)
+    assert not leaks, f"engine/log/ must not import the engine's domain modules: {leaks}"
+
+
+def test_the_log_domain_check_sees_imports_inside_functions(tmp_path: Path) -> None:
+    """The check above would pass on a log module that hides its domain import in a function."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("from ..events import Event\n\ndef f():\n    from ..interrupts import add_cancel\n")
+    assert engine_modules_imported(sample) == {"events", "interrupts"}

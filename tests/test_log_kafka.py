@@ -17,6 +17,7 @@ from aiokafka.errors import KafkaConnectionError
 from tests.services import delete_topics, fresh_topic, kafka_log, need_service
 from turnlog.engine import codec
 from turnlog.engine import events as ev
+from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.errors import (
     ConcurrencyError,
     ConfigurationError,
@@ -35,7 +36,7 @@ def bootstrap() -> str:
 
 @pytest.fixture
 async def owner(bootstrap: str) -> AsyncIterator[KafkaEventLog]:
-    async with kafka_log(bootstrap, partitions=3) as log:
+    async with kafka_log(bootstrap, partitions=3, admission=AdmissionRules()) as log:
         yield log
 
 
@@ -146,9 +147,13 @@ async def test_a_producer_that_owns_nothing_submits_through_the_inbox(
 ) -> None:
     async with kafka_log(bootstrap, partitions=3, topic=owner.topics.events, owner=False) as producer:
         assert producer.owned_partitions() == []
-        sent = [await producer.submit(created("s-2")), await producer.submit(message("s-2", "one"))]
-        sent.append(await producer.submit(message("s-2", "two")))
-        assert [e.version for e in sent] == [0, 0, 0]  # the owner assigns the versions
+        sent = [
+            *await producer.submit(created("s-2")),
+            *await producer.submit(message("s-2", "one")),
+            *await producer.submit(message("s-2", "two")),
+        ]
+        assert all(r.pending for r in sent)  # the owner assigns the versions and positions later
+        assert [r.event.version for r in sent] == [0, 0, 0]
         with pytest.raises(PartitionNotOwnedError, match="does not own partition"):
             await producer.append(
                 [ev.TurnStarted(session_id="s-2", version=4, turn_id="t", message_id="m")], expected_version=3
@@ -160,7 +165,7 @@ async def test_a_producer_that_owns_nothing_submits_through_the_inbox(
         ("UserMessageReceived", 2),
         ("UserMessageReceived", 3),
     ]
-    assert [e.event_id for e in events] == [e.event_id for e in sent]
+    assert [e.event_id for e in events] == [r.event.event_id for r in sent]
 
 
 async def test_the_owner_refuses_what_does_not_fit_and_dead_letters_it(
@@ -178,8 +183,13 @@ async def test_the_owner_refuses_what_does_not_fit_and_dead_letters_it(
         await owner.submit(ev.CancelRequested(session_id="s-3", version=0, reason="stop"))
     # a message's sender may have been answered already (from a process that does not own the
     # partition): it is taken and dropped with the reason, never left waiting or only dead-lettered
-    late = await owner.submit(message("s-3"))
-    assert late.version == 3
+    records = await owner.submit(message("s-3"))
+    assert [(r.event.type, r.event.version) for r in records] == [
+        ("UserMessageReceived", 3),
+        ("UserMessageDropped", 4),
+    ]
+    assert records == await owner.read_session_records("s-3", 2)  # with their positions
+    late = records[0].event
     dead = await read_topic(bootstrap, owner.topics.dead_letter, owner.partition_of("s-3"))
     reasons = [dict(d.headers)["turnlog.reason"].decode() for d in dead if d.key == b"s-3"]
     assert len(reasons) == 2 and "expected version 0 but the log is at 1" in reasons[0]
@@ -205,8 +215,8 @@ async def test_undecodable_inbox_bytes_go_to_the_dead_letter_topic_and_the_sessi
         poison = await raw.send_and_wait(owner.topics.inbox, b"\x00not avro", key=b"s-4", partition=p)
     finally:
         await raw.stop()
-    after = await owner.submit(message("s-4", "still there?"))  # the partition keeps moving
-    assert after.version == 3
+    (after,) = await owner.submit(message("s-4", "still there?"))  # the partition keeps moving
+    assert after.event.version == 3
 
     events = await owner.read_session("s-4")
     assert [e.type for e in events] == ["SessionCreated", "StateChanged", "UserMessageReceived"]
@@ -248,22 +258,22 @@ async def test_a_failed_re_acquire_read_is_retried_until_the_partition_is_owned_
     """A transaction with an unknown outcome drops the partition and re-acquires it; the
     re-read failing once (the broker away) must not leave it assigned but unowned."""
     await owner.submit(created("s-6"))
-    part = owner._parts[owner.partition_of("s-6")]
-    read, failures = owner._catch_up, []
+    part = owner._owners[owner.partition_of("s-6")]
+    read, failures = owner._reader.catch_up, []
 
-    async def read_failing_once(p: Any) -> None:
+    async def read_failing_once(p: Any, until: int | None = None) -> None:
         # only the dropped partition's re-read: the owner also catches its other partitions up
         if not failures and p.partition == part.partition:
             failures.append(p.partition)
             raise LogUnavailableError("injected: the broker went away during the re-read")
-        await read(p)
+        await read(p, until)
 
-    owner._catch_up = read_failing_once  # type: ignore[method-assign]
-    await owner._reset(part, RuntimeError("injected: a transaction with an unknown outcome"))
+    owner._reader.catch_up = read_failing_once  # type: ignore[method-assign]
+    await part.reset(RuntimeError("injected: a transaction with an unknown outcome"))
     assert part.partition not in owner.owned_partitions()
     await owner.wait_owned(timeout=20)
     assert failures == [part.partition]
-    assert (await owner.submit(message("s-6"))).version == 2  # and it sequences again
+    assert (await owner.submit(message("s-6")))[0].event.version == 2  # and it sequences again
 
 
 class CommitResponseLost(AIOKafkaProducer):
@@ -303,17 +313,17 @@ async def test_a_sequencing_commit_whose_response_is_lost_sequences_the_message_
         await log.submit(created("s-lost"))
         CommitResponseLost.lose_next = True
         first = message("s-lost", "m1")
-        answer = await log.submit(first)  # sequenced, then re-read after the re-acquire
+        (answer,) = await log.submit(first)  # sequenced, then re-read after the re-acquire
         assert not CommitResponseLost.lose_next  # the fault was injected on m1's transaction
         await log.wait_owned()
-        after = await log.submit(message("s-lost", "m2"))
+        (after,) = await log.submit(message("s-lost", "m2"))
         events = await log.read_session("s-lost")
     finally:
         await log.close()
         await delete_topics(bootstrap, topic)
     assert [e.text for e in events if isinstance(e, ev.UserMessageReceived)] == ["m1", "m2"]
-    assert answer.event_id == first.event_id and answer.version in (0, 2)  # 0: answered by the next owner
-    assert after.version == 3
+    assert answer.event.event_id == first.event_id and answer.event.version in (0, 2)  # 0: pending
+    assert after.event.version == 3
 
 
 async def test_an_inbox_read_again_by_a_new_owner_sequences_nothing_twice(
@@ -324,7 +334,7 @@ async def test_an_inbox_read_again_by_a_new_owner_sequences_nothing_twice(
     cancel and a force-finish request. Seeking the owner's inbox back to 0 is that redelivery."""
     sid = "s-again"
     await owner.submit(created(sid))
-    one = await owner.submit(message(sid, "one"))
+    one = (await owner.submit(message(sid, "one")))[0].event
     assert isinstance(one, ev.UserMessageReceived)
     turn = ev.TurnStarted(session_id=sid, version=3, turn_id="t1", message_id=one.message_id)
     await owner.append([turn], expected_version=2)
@@ -333,7 +343,7 @@ async def test_an_inbox_read_again_by_a_new_owner_sequences_nothing_twice(
     assert owner._inbox is not None
     tp = TopicPartition(owner.topics.inbox, owner.partition_of(sid))
     owner._inbox.seek(tp, 0)
-    marker = await owner.submit(message(sid, "two"))  # sequenced after every re-read record
+    marker = (await owner.submit(message(sid, "two")))[0].event  # sequenced after every re-read record
     after = [(e.type, e.event_id) for e in await owner.read_session(sid)]
     assert after == [*before, ("UserMessageReceived", marker.event_id)]
     assert marker.version == len(before) + 1
@@ -358,13 +368,13 @@ async def test_a_partition_that_cannot_sequence_yet_holds_up_no_other(
     slow, fast = on_other_partitions(owner, "s-seq", 2)
     for sid in (slow, fast):
         await owner.submit(created(sid))
-    slow_queue = owner._inbox_queues[owner.partition_of(slow)]
+    slow_queue = owner._sequencer.queues[owner.partition_of(slow)]
 
     async def sequencer_started() -> bool:  # fetched, and its sequencer waits for the lock
         return slow_queue.task is not None
 
     async with kafka_log(bootstrap, partitions=3, topic=owner.topics.events, owner=False) as producer:
-        async with owner._parts[owner.partition_of(slow)].lock:
+        async with owner._owners[owner.partition_of(slow)].lock:
             await producer.submit(message(slow, "waits"))
             await producer.submit(message(slow, "waits too"))
             await until("the owner fetched the slow session's messages", sequencer_started)
@@ -388,10 +398,10 @@ async def test_owner_producers_retry_a_busy_transaction_coordinator_within_milli
 
     from turnlog.engine.log.kafka_txn import CONCURRENT_TXN_RETRY_S, TXN_RETRY_BACKOFF_MS
 
-    part = owner._parts[0]
-    assert part.producer is not None
+    producer = owner._owners[0].producer
+    assert producer is not None
     assert sender.BACKOFF_OVERRIDE == CONCURRENT_TXN_RETRY_S == 0.002
-    assert part.producer._sender._retry_backoff == TXN_RETRY_BACKOFF_MS / 1000
+    assert producer._sender._retry_backoff == TXN_RETRY_BACKOFF_MS / 1000
 
 
 def test_an_inbox_queue_drops_the_batches_fetched_before_a_rewind() -> None:
@@ -400,7 +410,7 @@ def test_an_inbox_queue_drops_the_batches_fetched_before_a_rewind() -> None:
     brings back."""
     from types import SimpleNamespace
 
-    from turnlog.engine.log.kafka_inbox import InboxQueue
+    from turnlog.engine.log.kafka_sequencer import InboxQueue
 
     def batch(first: int, last: int) -> list:
         return [SimpleNamespace(offset=o) for o in range(first, last + 1)]

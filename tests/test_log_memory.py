@@ -87,9 +87,9 @@ async def test_the_memory_log_keeps_versions_submissions_and_partitions() -> Non
         other = ev.SessionCreated(session_id="s", version=1, agent_id="a", user_id="u")
         await log.append([other], expected_version=0)
     message = ev.UserMessageReceived(session_id="s", version=0, message_id="m", text="hi")
-    first = await log.submit(message)
-    assert first.version == 2
-    again = await log.submit(message)
+    (first,) = await log.submit(message)
+    assert first.event.version == 2
+    (again,) = await log.submit(message)
     assert again == first, "a repeated submission returns the event already on the log"
     with pytest.raises(DuplicateSubmissionError):
         await log.append([ev.UserMessageReceived(session_id="s", version=3, message_id="m", text="hi")],

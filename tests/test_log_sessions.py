@@ -153,7 +153,7 @@ async def tails_after_watermarks(bootstrap: str, topic: str) -> int:
 
 async def write_session_more(log: EventLog, sid: str, version: int) -> int:
     event = ev.UserMessageReceived(session_id=sid, version=0, message_id="more", text="again", user_id="u")
-    return (await log.submit(event)).version or version + 1
+    return (await log.submit(event))[0].event.version or version + 1
 
 
 def turnlog_sessions(home: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -31,12 +31,13 @@ def received(events: list[ev.Event]) -> list[str]:
 
 async def test_a_retried_submission_is_taken_once_and_answered_with_the_held_event(log: EventLog) -> None:
     created = ev.SessionCreated(session_id="s-1", version=1, agent_id="agent", user_id="u")
-    assert (await log.submit(created)).event_id == created.event_id
-    assert (await log.submit(created)).event_id == created.event_id  # a retry, not a conflict
+    assert (await log.submit(created))[0].event.event_id == created.event_id
+    assert (await log.submit(created))[0].event.event_id == created.event_id  # a retry, not a conflict
     message = user_message("s-1", "m-1")
-    first = await log.submit(message)
-    again = await log.submit(message)  # the producer never saw the first acknowledgement
-    assert first.version == again.version == 2 and again.event_id == message.event_id
+    (first,) = await log.submit(message)
+    (again,) = await log.submit(message)  # the producer never saw the first acknowledgement
+    assert first == again and first.event.version == 2 and again.event.event_id == message.event_id
+    assert [first] == await log.read_session_records("s-1", 1), "with its position on the log"
     events = await log.read_session("s-1")
     assert [e.type for e in events] == ["SessionCreated", "UserMessageReceived"]
 
@@ -46,10 +47,10 @@ async def test_a_message_id_resent_by_a_client_enters_the_session_once(log: Even
     agents = AgentDirectory([worker_agent(False, calls)])
     api = AgentSessions(log, agents, producer="gateway")
     sid = (await api.create_session("agent", "u")).session_id
-    first = await api.post_user_message(sid, "where is O-1?", message_id="client-42")
-    retry = await api.post_user_message(sid, "where is O-1?", message_id="client-42")
+    first = (await api.post_user_message(sid, "where is O-1?", message_id="client-42")).event
+    retry = (await api.post_user_message(sid, "where is O-1?", message_id="client-42")).event
     assert retry.event_id == first.event_id and retry.version == first.version
-    other = await api.post_user_message(sid, "and O-2?", message_id="client-43")
+    other = (await api.post_user_message(sid, "and O-2?", message_id="client-43")).event
     await TurnWorker(log, agents, worker_id="w1").poll_once()
 
     events = await log.read_session(sid)
@@ -112,7 +113,8 @@ async def test_concurrent_submissions_all_take_the_next_versions_in_turn(
     assert sorted(received(events)) == [f"m-{i:02d}" for i in range(60)]
     held = {e.message_id: e.version for e in events if isinstance(e, ev.UserMessageReceived)}
     # the other process's come back with version 0 on Kafka (the owner orders them); ours with theirs
-    mine = [e for e in [*submitted, *repeated] if isinstance(e, ev.UserMessageReceived) and e.version > 0]
+    answers = [r.event for rs in [*submitted, *repeated] for r in rs]
+    mine = [e for e in answers if isinstance(e, ev.UserMessageReceived) and e.version > 0]
     assert len(mine) >= 30 + 9 and all(held[e.message_id] == e.version for e in mine)
     late = ev.TurnStarted(session_id="s-4", version=2, turn_id="t", message_id="m-00")
     with pytest.raises(ConcurrencyError):
@@ -122,8 +124,12 @@ async def test_concurrent_submissions_all_take_the_next_versions_in_turn(
 async def test_the_memory_log_sequences_concurrent_submissions_too() -> None:
     log = MemoryEventLog()
     await log.submit(ev.SessionCreated(session_id="s", version=1, agent_id="agent", user_id="u"))
-    taken = await asyncio.gather(*(log.submit(user_message("s", f"m-{i}")) for i in range(20)))
+    taken = [
+        r.event
+        for rs in await asyncio.gather(*(log.submit(user_message("s", f"m-{i}")) for i in range(20)))
+        for r in rs
+    ]
     assert sorted(e.version for e in taken) == list(range(2, 22))
-    assert (await log.submit(user_message("s", "m-3"))).version == taken[3].version
+    assert (await log.submit(user_message("s", "m-3")))[0].event.version == taken[3].version
     with pytest.raises(SessionNotFoundError):
         await log.submit(user_message("nowhere", "m-1"))

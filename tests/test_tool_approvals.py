@@ -173,7 +173,8 @@ async def test_restart_while_paused_continues_from_the_log(tmp_path: Path) -> No
     assert {e.producer for e in events if isinstance(e, ev.ApprovalRequested)} == {"worker-before-restart"}
     api = AgentSessions(log, agents, producer="gateway")
     written = await api.post_tool_decision(sid, "call_refund", "approve")
-    assert [e.type for e in written] == ["ApprovalDecided", "StateChanged"]
+    assert [r.event.type for r in written] == ["ApprovalDecided", "StateChanged"]
+    assert written == await log.read_session_records(sid, written[0].event.version - 1), "with positions"
     worker = TurnWorker(log, agents, worker_id="worker-after-restart")
     await worker.poll_once()
     assert refunds == [{"order_id": "A-17", "amount": 40}], "run once, by the new worker"

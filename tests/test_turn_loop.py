@@ -733,8 +733,8 @@ async def test_redelivered_message_runs_no_second_turn(log: SqliteEventLog, reop
 async def test_two_queued_messages_are_answered_in_order_by_two_turns(log: SqliteEventLog) -> None:
     model = FunctionModel(lambda r: f"answer to {r.messages[-1].content}")
     h = await harness(log, model, system_prompt="S")
-    first = await h.api.post_user_message(h.sid, "one")
-    second = await h.api.post_user_message(h.sid, "two")
+    first = (await h.api.post_user_message(h.sid, "one")).event
+    second = (await h.api.post_user_message(h.sid, "two")).event
     assert model.requests == []
     state = await h.api.get_state(h.sid)
     assert [m.text for m in state.inbox] == ["one", "two"] and state.status == "IDLE"

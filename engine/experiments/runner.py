@@ -169,7 +169,7 @@ class ExperimentRunner:
             producer=self.producer,
         )
         submitted = await self.log.submit(manifest)
-        await self.log.sequenced(submitted, MANIFEST_WAIT_S)
+        await self.log.sequenced(submitted[0], MANIFEST_WAIT_S)
         return spec
 
     async def _check_from_turn(self, sessions: list[str], from_turn: int) -> None:
@@ -279,7 +279,7 @@ class ExperimentRunner:
             )
         if fork_at:
             model = api.agents.get(agent_id).model.name
-            forked = await SessionAdmin(self.log, producer=self.producer).fork(
+            forked = await SessionAdmin(self.log, producer=self.producer).fork_events(
                 recording.session_id,
                 fork_at,
                 new_session_id=rid,
@@ -287,7 +287,7 @@ class ExperimentRunner:
                 model=model,
                 unfinished="rest",
             )
-            await api.on_log(forked, "the replay")
+            await api.on_log(forked[0], "the replay")
             return
         await api.create_session(
             agent_id,

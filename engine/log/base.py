@@ -12,16 +12,22 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import AsyncGenerator, Iterable, Sequence
+from typing import TYPE_CHECKING, AsyncGenerator, Callable, Iterable, Protocol, Sequence
 
 import structlog
 
-from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError
+from ..errors import ConcurrencyError, DuplicateSubmissionError, LogError, TurnlogError
 from ..events import Event, SessionCreated, SessionForked, SnapshotTaken
 from .submissions import NEW_SESSIONS
 
+if TYPE_CHECKING:
+    from ..fold import SessionState
+
+PENDING = -1
+"""The offset of a submission that is not sequenced yet (``LogRecord.pending``)."""
 SESSIONS_PAGE = 1000
 """Sessions ``EventLog.sessions`` asks ``list_sessions`` for at a time."""
 log = structlog.get_logger("turnlog.log")
@@ -29,11 +35,18 @@ log = structlog.get_logger("turnlog.log")
 
 @dataclass(frozen=True, slots=True)
 class LogRecord:
-    """An event with its place on the log: the partition and the offset in it."""
+    """An event with its position on the log: its partition and offset."""
 
     partition: int
     offset: int
+    """``PENDING`` for a submission not sequenced yet (``EventLog.submit``)."""
     event: Event
+
+    @property
+    def pending(self) -> bool:
+        """A submission the log took but has not sequenced yet: its event has version 0 and no
+        position (on Kafka, from a process that does not own the partition)."""
+        return self.offset == PENDING
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +57,40 @@ class SessionSummary:
     partition: int
     version: int
     """Its last version: how many events it has."""
+
+
+History = Callable[[int], Sequence[Event]]
+"""A session's events after a version, as the admitting writer holds them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A submission taken: the session's next events it becomes (its own event among them,
+    keeping its event id)."""
+
+    events: list[Event]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A submission that cannot be taken, and why: its submitter gets ``error`` (on Kafka the
+    record goes to the dead-letter topic with it)."""
+
+    error: TurnlogError
+
+
+Admission = Admitted | Refused
+
+
+class AdmissionPolicy(Protocol):
+    """What a submitted event becomes on its session (``turnlog.engine.admission``): the
+    engine's rules, handed to the log by whoever builds the owner side (``EventLog.admit_with``)
+    so that a log never decides what a record means for a session."""
+
+    def admit(self, state: SessionState, event: Event, history: History) -> Admission:
+        """``event`` on the session folded as ``state`` (never changed); ``history(v)``: the
+        session's events after version ``v``."""
+        ...
 
 
 def murmur2(data: bytes) -> int:
@@ -94,6 +141,13 @@ def first_state_snapshot(events: Sequence[Event]) -> int | None:
     return next((e.version for e in events if holds_state(e)), None)
 
 
+def pending_record(event: Event, partitions: int) -> LogRecord:
+    """A submission taken but not sequenced yet, as ``EventLog.submit`` returns it."""
+    return LogRecord(
+        partition_for(event.session_id, partitions), PENDING, dataclasses.replace(event, version=0)
+    )
+
+
 def check_batch(events: Sequence[Event], expected_version: int) -> str:
     """Validate that a batch is one session's next versions; return the session id."""
     if not events:
@@ -116,6 +170,16 @@ class EventLog(abc.ABC):
     """A durable, partitioned, append-only log of session events."""
 
     partitions: int
+    admission: AdmissionPolicy | None = None
+    """The rules this log's owner admits submissions by (``admit_with``); only the Kafka owner
+    asks them (its inbox), the other backends' writers apply them themselves."""
+
+    def admit_with(self, policy: AdmissionPolicy) -> AdmissionPolicy:
+        """Hand the log the rules submissions are admitted by (``AgentSessions`` and
+        ``TurnWorker`` do); the first one handed over stays. Returns the one in force."""
+        if self.admission is None:
+            self.admission = policy
+        return self.admission
 
     @abc.abstractmethod
     async def append(
@@ -135,54 +199,58 @@ class EventLog(abc.ABC):
         handed in is acknowledged).
         """
 
-    async def submit(self, event: Event) -> Event:
-        """Append a producer's event (SessionCreated, UserMessageReceived) at the session's next
-        version, which the log assigns; durable when this returns. Returns the event as appended.
+    async def submit(self, event: Event) -> list[LogRecord]:
+        """Append a producer's event (``submissions.SUBMITTABLE``) at the session's next version,
+        which the log assigns; durable when this returns. Returns the records it became, with
+        their positions: the event itself (on Kafka, what the owner's admission policy made of
+        it: ``admit_with``), or, for a repeat, the record already on the log.
 
         A producer outside the session's writer cannot know that version, and must not lose it
         to another append: the log assigns it where it orders appends. The embedded log reads the
         session's head inside the write transaction that appends it (``_append_next``), so
         concurrent submissions get consecutive versions and none is refused; the Kafka log hands
-        the event to the partition's owner through its inbox topic (see docs/architecture.md),
-        and returns it with ``version == 0`` when this process does not own the partition.
+        the event to the partition's owner through its inbox topic (see docs/architecture.md).
+        From a Kafka process that does not own the partition (or whose own sequencer has not
+        sequenced it within 30 s) nothing is sequenced yet: it returns one pending record
+        (``LogRecord.pending``: the event with version 0, offset ``PENDING``), and the owner
+        sequences it later (``sequenced`` waits for it).
 
         Idempotent: an event the session already holds (the same event id, or a user message with
-        the same message id, ``turnlog.engine.log.submissions``) is not appended again; the event already
-        on the log is returned.
+        the same message id, ``turnlog.engine.log.submissions``) is not appended again; the record
+        already on the log is returned.
         """
         try:
             if isinstance(event, NEW_SESSIONS):  # a new session: version 1 or nothing
-                await self.append([event], expected_version=0)
-                return event
-            return await self._append_next(event)
+                return await self.append([event], expected_version=0)
+            return [await self._append_next(event)]
         except DuplicateSubmissionError as held:
             return await self._held_submission(held)
 
-    async def _append_next(self, event: Event) -> Event:
+    async def _append_next(self, event: Event) -> LogRecord:
         """Append ``event`` (a submission of an existing session) at the session's next version,
         read where the log orders its appends, so it never loses a version race: a writer that
-        appended first only moves it one version on. Returns the event as appended. Raises
+        appended first only moves it one version on. Returns its record. Raises
         SessionNotFoundError for a session with no events, DuplicateSubmissionError for a
         submission the session holds."""
         raise NotImplementedError(f"{type(self).__name__} sequences no submissions: implement _append_next")
 
-    async def _held_submission(self, held: DuplicateSubmissionError) -> Event:
-        """The event a repeated submission names, as the log holds it."""
+    async def _held_submission(self, held: DuplicateSubmissionError) -> list[LogRecord]:
+        """The record a repeated submission names, as the log holds it."""
         log.info("log.submission_repeated", session=held.session_id, key=held.key, version=held.version)
-        return (await self.read_session(held.session_id, held.version - 1))[0]
+        return (await self.read_session_records(held.session_id, held.version - 1))[:1]
 
-    async def sequenced(self, event: Event, timeout: float) -> Event | None:
-        """``event`` as the log holds it once sequenced (a submission returned with version 0:
-        on Kafka, from a process that does not own its partition), or None if it is not on the
-        log within ``timeout`` seconds. Raises ConcurrencyError if a session it would open was
-        opened by another event."""
-        if event.version > 0:
-            return event
+    async def sequenced(self, record: LogRecord, timeout: float) -> LogRecord | None:
+        """A submission's record once it is sequenced (a pending one: on Kafka, from a process
+        that does not own its partition), or None if it is not on the log within ``timeout``
+        seconds. Raises ConcurrencyError if a session it would open was opened by another event."""
+        if not record.pending:
+            return record
+        event = record.event
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             records = await self.read_session_records(event.session_id, event.basis_version)
-            found = next((r.event for r in records if r.event.event_id == event.event_id), None)
+            found = next((r for r in records if r.event.event_id == event.event_id), None)
             if found is not None:
                 return found
             first = records[0].event if records and records[0].event.version == 1 else None

@@ -31,10 +31,9 @@ class PendingAppend:
     )
 
 
-def take_group(part: PartitionIndex) -> list[PendingAppend]:
-    """Take the queued appends whose callers still wait, check each against the index and the
-    appends before it, fail the ones that conflict; return the ones to commit, in order."""
-    queued, part.appends = part.appends, []
+def take_group(part: PartitionIndex, queued: list[PendingAppend]) -> list[PendingAppend]:
+    """Of the ``queued`` appends, those whose callers still wait, each checked against the index
+    and the appends before it (the ones that conflict fail): the ones to commit, in order."""
     versions: dict[str, int] = {}
     group: list[PendingAppend] = []
     for append in queued:

@@ -1,269 +1,169 @@
-"""How a Kafka partition's owner takes inbox records: each becomes its session's next event
-(a force-finish request: the events that close the session; a cancel: the request and the drops
-of the messages waiting for a turn; a user message to a closed session: the message and its
-UserMessageDropped, since its sender may already have been answered 202),
-is recognised as a submission the session already holds (skipped: ``turnlog.engine.log.submissions``),
-or is refused with a reason (and goes to the dead-letter topic); an undecodable record moves the
-resting session it names to ERROR (``kafka_poison.poisoned``)."""
+"""How a Kafka partition's owner admits inbox records, one batch at a time.
+
+Each record is recognised as a submission its session already holds (skipped, its submitter
+answered with the event on the log: ``submissions``), refused by the log (it does not decode, or
+its type may not be submitted), or handed to the admission policy the owner was given
+(``EventLog.admit_with``: the engine's rules, ``turnlog.engine.admission``), which says what it
+becomes on its session or why it is refused. The policy sees the session as the log will hold it
+after the records admitted earlier in the batch. A refused record goes to the dead-letter topic;
+an undecodable one also moves the resting session it names to ERROR (``kafka_poison.poisoned``).
+
+Without a policy the owner takes only what needs no rule: a submission that opens a session with
+nothing to settle, or a message or a model call's usage for an open session, at the session's
+next version. Any other record (a close, cancel or decision request, a fork with unfinished work,
+a message to a closed session) waits in the inbox, with every record after it in its partition,
+until a policy is handed over: nothing is refused or reordered for want of one.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import copy
 import dataclasses
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from .. import codec
-from ..errors import (
-    ApprovalError,
-    ConcurrencyError,
-    EventError,
-    InputError,
-    LogError,
-    NotAwaitingBudgetError,
-    SessionClosedError,
-    SessionNotFoundError,
-)
-from ..events import (
-    ApprovalDecided,
-    AuxiliaryModelCall,
-    BudgetDecided,
-    CancelRequested,
-    Event,
-    SessionClosed,
-    SessionForked,
-    UserMessageReceived,
-)
-from ..fold import fold
-from .base import EventLog
+from ..errors import ConcurrencyError, EventError, LogError, SessionNotFoundError
+from ..events import AuxiliaryModelCall, Event, SessionForked, UserMessageReceived
+from ..fold import SessionState
+from .base import Admission, AdmissionPolicy, Admitted, History, LogRecord, Refused, check_batch
 from .kafka_index import PartitionIndex
-from .submissions import DECISIONS, NEW_SESSIONS, SUBMITTABLE, submission_keys
+from .submissions import NEW_SESSIONS, SUBMITTABLE, submission_keys
 
 log = structlog.get_logger("turnlog.kafka")
-AFTER_CLOSE = (UserMessageReceived, AuxiliaryModelCall)
-"""Submissions a closed session still takes: a message (dropped at once, its sender told why)
-and a model call's usage (it was made and paid for)."""
+PLAIN = (UserMessageReceived, AuxiliaryModelCall)
+"""Submissions to an open session the owner takes without a policy, at its next version."""
 
 
 @dataclass
-class Admission:
+class InboxAdmission:
     """What the owner makes of one inbox record."""
 
     events: list[Event] = field(default_factory=list)
-    """The session's next events (empty if the record is refused or repeats a submission)."""
+    """The session's next events (empty if the record is refused, repeats or waits)."""
+    at: int = 0
+    """Where ``events`` start in the batch's ``accepted``."""
     event_id: str | None = None
     """The submitted event's id, if the record decodes (to answer its submitter)."""
     refused: Exception | None = None
     """Why the record cannot be taken; it goes to the dead-letter topic."""
-    held: Event | None = None
-    """The event already on the log that this record repeats; nothing is written for it."""
+    repeat: LogRecord | None = None
+    """The record already on the log that this record repeats; nothing is written for it."""
+    repeat_at: int | None = None
+    """Where in ``accepted`` the event this record repeats is (admitted earlier in the batch)."""
+    waits: str = ""
+    """Why the record waits for an admission policy ("" if it does not)."""
 
 
-def admit(
-    part: PartitionIndex, msg: Any, versions: dict[str, int], pending: list[Event], writer_log: EventLog
-) -> Admission:
-    """The inbox record as the session's next events, the event it repeats, or why it cannot be
-    taken. ``versions`` holds the sessions' versions after ``pending``, the events admitted
-    earlier in this batch; ``writer_log`` is the log a close's writer is bound to (it never
-    commits)."""
-    try:
-        event = codec.decode(msg.value)
-    except EventError as exc:
-        return Admission(refused=exc)
-    if (held := _held(part, event, pending)) is not None:
-        log.info(
-            "kafka.inbox_repeat_skipped",
-            partition=part.partition,
-            offset=msg.offset,
-            session=event.session_id,
-            type=event.type,
-            held_version=held.version,
-        )
-        return Admission(event_id=event.event_id, held=held)
-    if (error := _refusal(part, event, versions, pending)) is not None:
-        return Admission(event_id=event.event_id, refused=error)
-    sid = event.session_id
-    earlier = [e for e in pending if e.session_id == sid]
-    if isinstance(event, SessionClosed):
-        admitted = _close(part, event, earlier, writer_log)
-    elif isinstance(event, DECISIONS):
+class InboxBatch:
+    """One batch of inbox records being admitted on a partition the owner indexes."""
+
+    def __init__(self, index: PartitionIndex, policy: AdmissionPolicy | None) -> None:
+        self.index = index
+        self.policy = policy
+        self.accepted: list[Event] = []
+        """The events admitted so far, in order: what the batch's transaction appends."""
+        self.versions: dict[str, int] = {}
+        """The versions the sessions touched by the batch are at after ``accepted``."""
+        self._pending: dict[str, list[Event]] = {}
+        """Each session's events in ``accepted``."""
+        self._at: dict[str, int] = {}
+        """Where each event of ``accepted`` is in it, by event id."""
+        self._folds: dict[str, SessionState] = {}
+
+    def admit(self, msg: Any) -> InboxAdmission:
+        """Admit one record (in offset order): its events are added to ``accepted``."""
         try:
-            admitted = _decided(part, event, earlier, writer_log)
-        except (ApprovalError, NotAwaitingBudgetError, InputError) as exc:  # decided meanwhile
-            return Admission(event_id=event.event_id, refused=exc)
-    elif isinstance(event, CancelRequested):
-        admitted = _cancelled(part, event, earlier, writer_log)
-    elif isinstance(event, UserMessageReceived) and _is_closed(part, sid, versions, pending):
-        admitted = _after_close(part, event, earlier, writer_log)
-    elif isinstance(event, SessionForked) and event.unfinished:
-        from ..admin import forked_with_settlement  # builds on the log package
+            event = codec.decode(msg.value)
+        except EventError as exc:
+            return InboxAdmission(refused=exc)
+        if not isinstance(event, SUBMITTABLE):
+            return InboxAdmission(
+                event_id=event.event_id, refused=LogError(f"{event.type} cannot be submitted")
+            )
+        if (repeat := self._repeat(event)) is not None:
+            log.info(
+                "kafka.inbox_repeat_skipped",
+                partition=self.index.partition,
+                offset=msg.offset,
+                session=event.session_id,
+                type=event.type,
+            )
+            if isinstance(repeat, LogRecord):
+                return InboxAdmission(event_id=event.event_id, repeat=repeat)
+            return InboxAdmission(event_id=event.event_id, repeat_at=repeat)
+        state = self.state(event.session_id)
+        if self.policy is not None:
+            admission: Admission | None = self.policy.admit(state, event, self.history(event.session_id))
+        else:
+            admission = plain(state, event)
+        if admission is None:
+            return InboxAdmission(event_id=event.event_id, waits=f"a {event.type} needs the admission rules")
+        if isinstance(admission, Refused):
+            return InboxAdmission(event_id=event.event_id, refused=admission.error)
+        check_batch(admission.events, state.version)  # a policy's bug fails the batch, read again
+        at = len(self.accepted)
+        self.add(admission.events)
+        return InboxAdmission(admission.events, at, event.event_id)
 
-        admitted = forked_with_settlement(writer_log, event)
-    else:
-        admitted = [dataclasses.replace(event, version=versions.get(sid, part.version(sid)) + 1)]
-    versions[sid] = admitted[-1].version
-    return Admission(admitted, event.event_id)
+    def add(self, events: list[Event]) -> None:
+        """Append ``events`` (one session's next ones) to the batch."""
+        sid = events[0].session_id
+        self._pending.setdefault(sid, []).extend(events)
+        self._at.update((e.event_id, len(self.accepted) + i) for i, e in enumerate(events))
+        self.accepted += events
+        self.versions[sid] = events[-1].version
+
+    def state(self, session_id: str) -> SessionState:
+        """The session as the log will hold it after the batch's events so far (the index's
+        fold, never changed; a copy of it once the batch added to the session)."""
+        base = self.index.states.get(session_id)
+        pending = self._pending.get(session_id)
+        if not pending:
+            return base if base is not None else SessionState(session_id)
+        folded = self._folds.get(session_id)
+        if folded is None:
+            folded = self._folds[session_id] = (
+                copy.deepcopy(base) if base is not None else SessionState(session_id)
+            )
+        for event in pending:
+            if event.version > folded.version:
+                folded.apply(event)
+        return folded
+
+    def history(self, session_id: str) -> History:
+        """The session's events after a version: the indexed ones, then the batch's."""
+
+        def after(version: int) -> list[Event]:
+            pending = [e for e in self._pending.get(session_id, ()) if e.version > version]
+            return [*self.index.session_after(session_id, version), *pending]
+
+        return after
+
+    def _repeat(self, event: Event) -> LogRecord | int | None:
+        """What already holds one of ``event``'s submission keys: its record on the log (the
+        partition index), or its place in ``accepted`` (admitted earlier in this batch)."""
+        if (held := self.index.held_submission(event)) is not None:
+            return self.index.session_records_after(event.session_id, held[1] - 1)[0]
+        keys = set(submission_keys(event))
+        pending = self._pending.get(event.session_id, ())
+        return next((self._at[e.event_id] for e in pending if keys & set(submission_keys(e))), None)
 
 
-def _held(part: PartitionIndex, event: Event, pending: list[Event]) -> Event | None:
-    """The event that already holds one of ``event``'s submission keys: on the log (the
-    partition index), or admitted earlier in this batch."""
-    if (held := part.held_submission(event)) is not None:
-        return part.session_after(event.session_id, held[1] - 1)[0]
-    keys = set(submission_keys(event))
-    return next(
-        (e for e in pending if e.session_id == event.session_id and keys & set(submission_keys(e))), None
-    )
-
-
-def _refusal(
-    part: PartitionIndex, event: Event, versions: dict[str, int], pending: list[Event]
-) -> Exception | None:
+def plain(state: SessionState, event: Event) -> Admission | None:
+    """What the owner takes without an admission policy (see the module doc); None for a
+    record that waits for one."""
     sid = event.session_id
-    current = versions.get(sid, part.version(sid))
-    if not isinstance(event, SUBMITTABLE):
-        return LogError(f"{event.type} cannot be submitted through the inbox")
     if isinstance(event, NEW_SESSIONS):
-        return ConcurrencyError(sid, 0, current) if current != 0 else None
-    if current == 0:
-        return SessionNotFoundError(sid)
-    if _is_closed(part, sid, versions, pending) and not isinstance(event, AFTER_CLOSE):
-        return SessionClosedError(sid, f"closed before this {event.type} was sequenced")
-    return None  # a cancel that finds nothing to stop or drop is written anyway: interrupts.add_cancel
-
-
-def _is_closed(part: PartitionIndex, sid: str, versions: dict[str, int], pending: list[Event]) -> bool:
-    return sid in part.closed or (
-        sid in versions and any(isinstance(e, SessionClosed) and e.session_id == sid for e in pending)
-    )
-
-
-def _close(
-    part: PartitionIndex, request: SessionClosed, earlier: list[Event], writer_log: EventLog
-) -> list[Event]:
-    """A force-finish request as the events ``AgentSessions.force_finish`` writes (one piece of
-    code: turn_records.add_force_finish); its SessionClosed keeps the request's event id."""
-    from ..snapshots import SnapshotEncoder  # these build on the log package
-    from ..turn_records import add_force_finish
-    from ..usage import find_open_call
-    from ..writer import SessionWriter
-
-    sid = request.session_id
-    events = [*part.session_after(sid, 0), *earlier]
-    state = fold(sid, events)
-    open_call = find_open_call(events, state)  # recorded with its tokens; unpriced here (no agents)
-    w = SessionWriter(writer_log, state, request.producer)
-    add_force_finish(
-        w,
-        request.reason,
-        request.actor,
-        SnapshotEncoder(cache_size=1),
-        event_id=request.event_id,
-        open_call=open_call,
-    )
-    return w.take_pending()
-
-
-def _decided(
-    part: PartitionIndex, decided: ApprovalDecided | BudgetDecided, earlier: list[Event], writer_log: EventLog
-) -> list[Event]:
-    """A submitted decision as the events ``AgentSessions.post_tool_decision`` /
-    ``post_budget_decision`` write (approvals.add_submitted_decision, add_budget_decision; a
-    stopped budget also ends the turn, with its snapshot), keeping the submitted event's id.
-    Raises what those raise when the turn no longer waits for it."""
-    from .. import snapshots  # these build on the log package
-    from ..budget import add_budget_decision
-    from ..tools.approvals import add_submitted_decision
-    from ..turn_records import add_turn_finished
-    from ..writer import SessionWriter
-
-    sid = decided.session_id
-    w = SessionWriter(writer_log, fold(sid, [*part.session_after(sid, 0), *earlier]), decided.producer)
-    if isinstance(decided, ApprovalDecided):
-        add_submitted_decision(w, decided)
-        return w.take_pending()
-    if decided.decision not in ("raise", "stop"):
-        raise InputError(f"a budget decision is 'raise' or 'stop', not {decided.decision!r}")
-    add_budget_decision(
-        w,
-        "raise" if decided.decision == "raise" else "stop",
-        extra_micros=decided.extra_micros,
-        note=decided.note,
-        actor=decided.actor,
-        event_id=decided.event_id,
-    )
-    if decided.decision == "stop":
-        add_turn_finished(w, "budget", snapshots.SnapshotEncoder(cache_size=1))
-    return w.take_pending()
-
-
-def _cancelled(
-    part: PartitionIndex, request: CancelRequested, earlier: list[Event], writer_log: EventLog
-) -> list[Event]:
-    """A submitted cancel as the events ``AgentSessions.cancel`` writes (interrupts.add_cancel:
-    the request, then a drop of every message waiting for a turn), keeping the request's id."""
-    from ..interrupts import add_cancel  # builds on the log package
-    from ..writer import SessionWriter
-
-    sid = request.session_id
-    w = SessionWriter(writer_log, fold(sid, [*part.session_after(sid, 0), *earlier]), request.producer)
-    add_cancel(w, request.reason, request.actor, event_id=request.event_id)
-    return w.take_pending()
-
-
-def _after_close(
-    part: PartitionIndex, message: UserMessageReceived, earlier: list[Event], writer_log: EventLog
-) -> list[Event]:
-    """A user message that reached a closed session: its submitter may have been answered
-    already (a process that does not own the partition answers once the inbox has it), so it
-    is taken, and dropped at once with the reason (turn_records.drop_waiting)."""
-    from ..turn_records import drop_waiting  # builds on the log package
-    from ..writer import SessionWriter
-
-    sid = message.session_id
-    state = fold(sid, [*part.session_after(sid, 0), *earlier])
-    received = dataclasses.replace(message, version=state.version + 1)
-    state.apply(received)
-    w = SessionWriter(writer_log, state, message.producer)
-    drop_waiting(w, "closed", f"the session was closed ({state.close_reason}) before this message arrived")
-    return [received, *w.take_pending()]
-
-
-@dataclass(eq=False)
-class InboxQueue:
-    """One inbox partition's fetched batches waiting to be sequenced, in fetch order, and the
-    task that sequences them in order (``KafkaEventLog._sequence_loop``): what waits when it
-    is free goes into its next transaction together.
-
-    A batch that must be read again seeks the inbox consumer back to its first record
-    (``rewound``); the batches fetched before that seek are stale and are dropped, up to the
-    batch the seek brings back, which starts at that same offset. A revoke drops them all."""
-
-    batches: deque[list[Any]] = field(default_factory=deque)
-    task: asyncio.Task[None] | None = None
-    rewound_to: int | None = None
-
-    def next(self) -> list[Any] | None:
-        """Every batch waiting, as one (they follow each other: one transaction sequences them
-        all, as many as arrived while the last one was committed), stale ones skipped; None
-        when none is waiting."""
-        while self.batches and self.rewound_to is not None:
-            if self.batches[0][0].offset == self.rewound_to:
-                self.rewound_to = None
-            else:
-                self.batches.popleft()
-        if not self.batches:
+        if state.exists:
+            return Refused(ConcurrencyError(sid, 0, state.version))
+        if isinstance(event, SessionForked) and event.unfinished:
             return None
-        taken = [message for batch in self.batches for message in batch]
-        self.batches.clear()
-        return taken
-
-    def rewound(self, offset: int) -> None:
-        self.rewound_to = offset
-
-    def clear(self) -> None:
-        self.batches.clear()
-        self.rewound_to = None
+        return Admitted([dataclasses.replace(event, version=1)])
+    if not state.exists:
+        return Refused(SessionNotFoundError(sid))
+    if isinstance(event, PLAIN) and not state.closed:
+        return Admitted([dataclasses.replace(event, version=state.version + 1)])
+    return None

@@ -14,24 +14,18 @@ their sessions' folds took (``taken``).
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 from ..errors import LogError, TurnlogError
 from ..events import Event, SessionClosed
 from ..fold import SessionState
 from ..states import RESTING
 from .base import LogRecord
-from .kafka_poison import Poison
+from .kafka_records import Poison, decode_record, poison_of
 from .kafka_sessions import SessionEntry, add_run
 from .submissions import submission_keys
-
-if TYPE_CHECKING:
-    from aiokafka import AIOKafkaProducer
-
-    from .kafka_appends import PendingAppend
 
 
 @dataclass
@@ -57,27 +51,10 @@ class PartitionIndex:
     """Where reading the partition from Kafka continues (past records and transaction markers)."""
     own_marker: bool = False
     """The owner's last transaction ended with events here: its commit marker is at next_offset."""
-    owned: bool = False
-    lost: str = ""
-    """Why this process last lost the partition (fenced), for the errors of appends after it."""
-    producer: AIOKafkaProducer | None = None
-    """The transactional producer whose id is this partition's: holding it fences older owners."""
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held by whoever appends to the partition (one Kafka transaction at a time)."""
-    acquiring: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held while taking ownership, so one process never runs two producers of one id."""
-    pending_commits: dict[str, int] = field(default_factory=dict)
-    """Consumer-group offsets on this partition to commit with its next transaction."""
-    appends: list[PendingAppend] = field(default_factory=list)
-    """Appends waiting for the partition's next transaction (group commit: kafka_appends)."""
-    committer: asyncio.Task[None] | None = None
-    """The task that commits queued appends, group by group, while any are queued."""
     runs: dict[str, list[list[int]]] = field(default_factory=dict)
     """Each session's records as runs of offsets (``kafka_sessions.SessionEntry.runs``)."""
     dirty: set[str] = field(default_factory=set)
     """Sessions changed since the owner last wrote their session index entries."""
-    indexed_at: float = 0.0
-    """When the owner last wrote the session index (event-loop time)."""
     unloaded: dict[str, SessionEntry] = field(default_factory=dict)
     """Sessions the session index names whose records are not read yet (``load``)."""
     base: int = 0
@@ -188,6 +165,17 @@ class PartitionIndex:
     def add_poison(self, poison: Poison, offset: int) -> None:
         self.poison.append(poison)
         self.next_offset = max(self.next_offset, offset + 1)
+
+    def add_consumed(self, msg: Any, entry: LogRecord | Poison | None = None) -> None:
+        """Add a consumed events-topic record (``entry``: already decoded) to the index, or to
+        its poison (kafka_poison)."""
+        if entry is None:
+            entry = decode_record(self.partition, msg)
+        if isinstance(entry, Poison):
+            self.add_poison(entry, msg.offset)
+            return
+        for record, reason in self.add([entry]):
+            self.add_poison(poison_of(msg, reason, record.event.session_id), record.offset)
 
     def _fold_in(self, event: Event) -> str | None:
         sid = event.session_id

@@ -12,41 +12,17 @@ reader leaves poison out.
 
 from __future__ import annotations
 
-import asyncio
-from typing import TYPE_CHECKING
-
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 
-from ..errors import LogError, LogUnavailableError
 from .base import LogRecord
 from .kafka_index import PartitionIndex
-from .kafka_poison import decode_record
+from .kafka_records import decode_record
 from .kafka_sessions import read_index
 from .kafka_topics import TopicNames
 
-if TYPE_CHECKING:
-    from .kafka import KafkaEventLog
-
-
-async def session_versions(log: KafkaEventLog, partition: int, timeout_s: float) -> dict[str, int]:
-    """Each session of ``partition`` with its last version."""
-    part: PartitionIndex = log._parts[partition]
-    if part.owned:
-        return owned_versions(part)
-    reader = log._reader
-    assert reader is not None, "call start() first"
-    async with log._reader_lock:
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await read_versions(reader, log.topics, partition, timeout_s)
-        except (KafkaError, TimeoutError, LogError) as exc:
-            raise LogUnavailableError(
-                f"listing the sessions of partition {partition} failed: {exc!r}"
-            ) from exc
-
 
 def owned_versions(part: PartitionIndex) -> dict[str, int]:
+    """Each session of a partition this process owns, with its last version, from its index."""
     versions = {sid: entry.version for sid, entry in part.unloaded.items()}
     versions.update((sid, events[-1].version) for sid, events in part.sessions.items() if events)
     return versions

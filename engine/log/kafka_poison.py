@@ -6,8 +6,8 @@ of order, a StateChanged from another state, a result for a call never requested
 never wedges a partition:
 
 * on the events topic every reader (owner or not) decides the same way, record by record in
-  offset order (``PartitionIndex.add``), and leaves a poison record out of its index, so the
-  projections and the owner see the same sessions;
+  offset order (``PartitionIndex.add_consumed``; ``kafka_records.Poison``), and leaves a poison
+  record out of its index, so the projections and the owner see the same sessions;
 * the owner copies each poison record to the dead-letter topic with the reason, and in the
   same transaction moves the session it names to ERROR with the reason (``poisoned``); a
   session whose turn is running gets its ERROR once the turn has ended. Inbox poison goes
@@ -21,76 +21,13 @@ first (``dead_letter_sources``), so nothing is dead-lettered twice.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from .. import codec
-from ..errors import EventError
 from ..events import Event, StateChanged
 from ..states import RESTING, Cause, SessionStatus
-from .base import LogRecord
-
-if TYPE_CHECKING:
-    from .kafka_index import PartitionIndex
-
-REASON_HEADER = "turnlog.reason"
-SOURCE_HEADER = "turnlog.source"
-
-
-@dataclass(frozen=True, slots=True)
-class Poison:
-    """A record the log could not take, as it goes to the dead-letter topic."""
-
-    source: str
-    """``topic/partition/offset`` of the record."""
-    session_id: str
-    """The session it names (its event's, else its key's); "" if neither."""
-    reason: str
-    key: bytes | None
-    value: bytes
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        return [(REASON_HEADER, self.reason.encode()), (SOURCE_HEADER, self.source.encode())]
-
-
-def source_of(msg: Any) -> str:
-    return f"{msg.topic}/{msg.partition}/{msg.offset}"
-
-
-def poison_of(msg: Any, reason: str, session_id: str | None = None) -> Poison:
-    """A consumed record as poison; the session is the key's unless named."""
-    if session_id is None:
-        session_id = msg.key.decode("utf-8", "replace") if msg.key else ""
-    return Poison(source_of(msg), session_id, reason, msg.key, msg.value or b"")
-
-
-def own_poison(topic: str, record: LogRecord, reason: str) -> Poison:
-    """A record this process appended that its index refused (as every reader will)."""
-    event = record.event
-    source = f"{topic}/{record.partition}/{record.offset}"
-    return Poison(source, event.session_id, reason, event.session_id.encode(), codec.encode(event))
-
-
-def decode_record(partition: int, msg: Any) -> LogRecord | Poison:
-    """A consumed events-topic record as a LogRecord, or as poison if it does not decode."""
-    try:
-        return LogRecord(partition, msg.offset, codec.decode(msg.value))
-    except EventError as exc:
-        return poison_of(msg, str(exc))
-
-
-def index_consumed(part: PartitionIndex, msg: Any, entry: LogRecord | Poison | None = None) -> None:
-    """Add a consumed events-topic record (``entry``: already decoded) to the partition's index,
-    or to its poison."""
-    if entry is None:
-        entry = decode_record(part.partition, msg)
-    if isinstance(entry, Poison):
-        part.add_poison(entry, msg.offset)
-        return
-    for record, reason in part.add([entry]):
-        part.add_poison(poison_of(msg, reason, record.event.session_id), record.offset)
+from .kafka_index import PartitionIndex
+from .kafka_records import SOURCE_HEADER, Poison
 
 
 def poisoned(

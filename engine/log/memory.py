@@ -84,15 +84,15 @@ class MemoryEventLog(EventLog):
         self._notify()
         return appended
 
-    async def _append_next(self, event: Event) -> Event:
+    async def _append_next(self, event: Event) -> LogRecord:
         """The session's head and the append are read and written with no await between: no
         other append can come in between them."""
         version = len(self._sessions.get(event.session_id, ()))
         if version == 0:
             raise SessionNotFoundError(event.session_id)
         sequenced = dataclasses.replace(event, version=version + 1)
-        await self.append([sequenced], expected_version=version)
-        return sequenced
+        (record,) = await self.append([sequenced], expected_version=version)
+        return record
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []

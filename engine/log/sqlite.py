@@ -191,13 +191,13 @@ class SqliteEventLog(EventLog):
             self.live.appended(session_id, events[-1].version, events[-1].type, committed=not behind)
         return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
 
-    async def _append_next(self, event: Event) -> Event:
+    async def _append_next(self, event: Event) -> LogRecord:
         """Sequenced in the write transaction (``sqlite_jobs.next_job``): concurrent submissions
         take consecutive versions."""
         partition = partition_for(event.session_id, self.partitions)
-        sequenced, _ = await self._write(next_job(event, partition, self.compress))
+        sequenced, positions = await self._write(next_job(event, partition, self.compress))
         self._notify()
-        return sequenced
+        return LogRecord(partition, positions[0], sequenced)
 
     def _raise_lost(self, session_id: str) -> None:
         """Raise the error a lost redoable append of the session left (``_lose``), once."""

@@ -1,0 +1,262 @@
+"""Reading a Kafka log's partitions into this process's indexes (``kafka_index``).
+
+One read_committed consumer per process serves every read, one partition at a time under its
+lock (``PartitionReader``): catching an index up to the partition's end, folding the sessions a
+takeover from the session index left unloaded (``kafka_sessions``), reading records from before
+an index's base, the dead-letter ledger and a partition's listing. Every read is bounded
+(``OPERATION_TIMEOUT_S``); a broker that does not answer becomes ``LogUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Iterable
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from ..errors import LogError, LogUnavailableError
+from .base import LogRecord
+from .kafka_index import PartitionIndex
+from .kafka_listing import read_versions
+from .kafka_poison import dead_letter_sources
+from .kafka_records import decode_record
+from .kafka_sessions import SessionEntry, read_index, read_runs
+from .kafka_topics import TopicNames
+
+log = structlog.get_logger("turnlog.kafka")
+OPERATION_TIMEOUT_S = 30.0
+"""A bound on one transaction or one catch-up read: past it the outcome counts as unknown."""
+
+
+def read_consumer(bootstrap: str, client_id: str) -> AIOKafkaConsumer:
+    """The process's reader: read_committed, assigned one partition at a time, never committing."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        isolation_level="read_committed",
+        fetch_max_wait_ms=20,  # a catch-up waits for an in-flight fetch: keep it short
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+
+
+class PartitionReader:
+    """The process's one consumer of the log's topics, shared by every read under its lock."""
+
+    def __init__(self, topics: TopicNames) -> None:
+        self.topics = topics
+        self.consumer: AIOKafkaConsumer | None = None
+        """Set by ``KafkaEventLog.start``; None before and after."""
+        self.lock = asyncio.Lock()
+
+    def _started(self) -> AIOKafkaConsumer:
+        assert self.consumer is not None, "call start() first"
+        return self.consumer
+
+    def _tp(self, partition: int) -> TopicPartition:
+        return TopicPartition(self.topics.events, partition)
+
+    async def end(self, partition: int) -> int:
+        """The events partition's end (its last committed record + 1, or past a marker)."""
+        tp = self._tp(partition)
+        try:
+            async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                return int((await self._started().end_offsets([tp]))[tp])
+        except (KafkaError, TimeoutError) as exc:
+            raise LogUnavailableError(f"reading partition {partition} failed: {exc!r}") from exc
+
+    async def catch_up(self, part: PartitionIndex, until: int | None = None) -> None:
+        """Read the partition from where the index stopped to its last committed record (or
+        nothing, if the index reached ``until`` while this waited for the reader)."""
+        consumer = self._started()
+        async with self.lock:
+            if until is not None and part.next_offset >= until:
+                return
+            try:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    await self._read_to_end(consumer, part)
+            except (KafkaError, TimeoutError) as exc:
+                raise LogUnavailableError(f"reading partition {part.partition} failed: {exc!r}") from exc
+
+    async def caught_up(self, part: PartitionIndex) -> PartitionIndex:
+        """``part`` (a partition this process does not own), caught up with everything committed
+        before this call. Concurrent readers share the catch-up: each asks the broker for the
+        partition's end outside the lock, and only one that finds the index short of it reads."""
+        end = await self.end(part.partition)
+        if part.next_offset < end:
+            await self.catch_up(part, until=end)
+        return part
+
+    async def _read_to_end(self, consumer: AIOKafkaConsumer, part: PartitionIndex) -> None:
+        tp = self._tp(part.partition)
+        end = (await consumer.end_offsets([tp]))[tp]
+        if part.own_marker and end == part.next_offset + 1:
+            part.add([], end)  # nothing after our own last transaction but its commit marker
+            part.own_marker = False
+            return
+        await self._read_until(consumer, part, end)
+        part.own_marker = False
+
+    async def _read_until(self, consumer: AIOKafkaConsumer, part: PartitionIndex, end: int) -> None:
+        """Index the partition from ``part.next_offset`` to ``end`` (the caller holds the lock);
+        a session the session index names is read first (``_load_locked``)."""
+        if part.next_offset >= end:
+            return
+        tp = self._tp(part.partition)
+        _assign(consumer, tp, part.next_offset)
+        while part.next_offset < end:
+            # short polls: a stretch of commit or abort markers returns no records, and the
+            # position moves past it with the fetch, not with the poll's timeout
+            batch = (await consumer.getmany(tp, timeout_ms=50, max_records=1000)).get(tp, [])
+            position = await consumer.position(tp)
+            decoded = [decode_record(part.partition, msg) for msg in batch]
+            if part.unloaded:
+                sids = {r.event.session_id for r in decoded if isinstance(r, LogRecord)}
+                if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:
+                    await self._load_locked(consumer, part, entries)
+                    consumer.seek(tp, position)
+            for msg, entry in zip(batch, decoded, strict=True):
+                part.add_consumed(msg, entry)
+            part.add([], position)
+        consumer.pause(tp)  # no background long polls between catch-ups
+
+    async def load(self, part: PartitionIndex, session_ids: Iterable[str]) -> None:
+        """Fold the sessions the session index names that this process has not read yet."""
+        wanted = {sid for sid in session_ids if sid in part.unloaded}
+        if not wanted:
+            return
+        consumer = self._started()
+        tp = self._tp(part.partition)
+        async with self.lock:
+            entries = {sid: part.unloaded[sid] for sid in wanted if sid in part.unloaded}
+            if not entries:
+                return
+            try:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    await self._load_locked(consumer, part, entries)
+            except (KafkaError, TimeoutError) as exc:
+                raise LogUnavailableError(
+                    f"reading sessions of partition {part.partition} failed: {exc!r}"
+                ) from exc
+            finally:
+                if tp in consumer.assignment():
+                    consumer.pause(tp)
+
+    async def _load_locked(
+        self, consumer: AIOKafkaConsumer, part: PartitionIndex, entries: dict[str, SessionEntry]
+    ) -> None:
+        """Read and fold ``entries``' sessions (the caller holds the lock)."""
+        if not entries:
+            return
+        for sid, msgs in (await read_runs(consumer, self._tp(part.partition), entries)).items():
+            decoded = (decode_record(part.partition, m) for m in msgs)
+            part.load(sid, [r for r in decoded if isinstance(r, LogRecord)])
+
+    async def from_session_index(self, part: PartitionIndex) -> bool:
+        """Start the partition's index at the session index's watermark, with its live sessions
+        folded (``kafka_sessions``); False if there is no usable index (read it all instead)."""
+        consumer = self._started()
+        p = part.partition
+        async with self.lock:
+            try:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    read = await self._start_from_index(consumer, part)
+            except (KafkaError, TimeoutError, LogError) as exc:
+                log.warning("kafka.session_index_failed", partition=p, error=repr(exc), then="full read")
+                part.reset()
+                return False
+        if read is None:
+            return False
+        sessions, live = read
+        log.info("kafka.session_index_read", partition=p, watermark=part.base, sessions=sessions, live=live)
+        return True
+
+    async def _start_from_index(
+        self, consumer: AIOKafkaConsumer, part: PartitionIndex
+    ) -> tuple[int, int] | None:
+        """``from_session_index``'s reads (the caller holds the lock): the sessions the index
+        names and how many were live, or None without a usable index."""
+        tp = self._tp(part.partition)
+        index = await read_index(
+            consumer, TopicPartition(self.topics.sessions, part.partition), OPERATION_TIMEOUT_S
+        )
+        end = (await consumer.end_offsets([tp]))[tp]
+        if index.watermark is None or index.watermark > end:
+            log.info("kafka.session_index_unused", partition=part.partition, watermark=index.watermark)
+            return None
+        part.unloaded = dict(index.entries)
+        part.next_offset = part.base = index.watermark
+        live = {sid: e for sid, e in index.entries.items() if e.live}
+        await self._load_locked(consumer, part, live)
+        if tp in consumer.assignment():
+            consumer.pause(tp)
+        return len(index.entries), len(live)
+
+    async def before_base(self, part: PartitionIndex, offset: int, limit: int) -> list[LogRecord]:
+        """Up to ``limit`` records from ``offset`` below ``part.base`` (a takeover from the session
+        index skipped them): read from Kafka, each kept if its session's fold took it (the
+        sessions they belong to are loaded first), so a consumer behind the watermark reads what
+        a full read would give it, at the cost of its range and of the sessions in it."""
+        consumer = self._started()
+        async with self.lock:
+            try:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    found = await self._read_before_base(consumer, part, offset, limit)
+            except (KafkaError, TimeoutError) as exc:
+                raise LogUnavailableError(f"reading partition {part.partition} failed: {exc!r}") from exc
+        return found[:limit]
+
+    async def _read_before_base(
+        self, consumer: AIOKafkaConsumer, part: PartitionIndex, offset: int, limit: int
+    ) -> list[LogRecord]:
+        tp = self._tp(part.partition)
+        _assign(consumer, tp, offset)
+        found: list[LogRecord] = []
+        position = offset
+        while position < part.base and len(found) < limit:
+            batch = (await consumer.getmany(tp, timeout_ms=50, max_records=limit)).get(tp, [])
+            position = await consumer.position(tp)
+            decoded = [decode_record(part.partition, m) for m in batch if m.offset < part.base]
+            records = [r for r in decoded if isinstance(r, LogRecord)]
+            sids = {r.event.session_id for r in records}
+            if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:
+                await self._load_locked(consumer, part, entries)
+                consumer.seek(tp, position)
+            found += [taken for r in records if (taken := part.taken(r)) is not None]
+        consumer.pause(tp)
+        return found
+
+    async def dead_sources(self, partition: int) -> set[str]:
+        """The sources of the partition's dead letters: the poison already handled."""
+        consumer = self._started()
+        async with self.lock:
+            try:
+                tp = TopicPartition(self.topics.dead_letter, partition)
+                return await dead_letter_sources(consumer, tp, OPERATION_TIMEOUT_S)
+            except (KafkaError, TimeoutError) as exc:
+                raise LogUnavailableError(
+                    f"reading dead letters of partition {partition} failed: {exc!r}"
+                ) from exc
+
+    async def listed_versions(self, partition: int) -> dict[str, int]:
+        """Each session of a partition this process does not own, with its last version, from
+        the session index and the events after its watermark (``kafka_listing``)."""
+        consumer = self._started()
+        async with self.lock:
+            try:
+                async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                    return await read_versions(consumer, self.topics, partition, OPERATION_TIMEOUT_S)
+            except (KafkaError, TimeoutError, LogError) as exc:
+                raise LogUnavailableError(
+                    f"listing the sessions of partition {partition} failed: {exc!r}"
+                ) from exc
+
+
+def _assign(consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
+    """Read ``tp`` alone (no prefetching of other partitions) from ``offset``."""
+    if consumer.assignment() != {tp}:
+        consumer.assign([tp])
+    consumer.resume(tp)
+    consumer.seek(tp, offset)

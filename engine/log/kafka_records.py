@@ -1,0 +1,76 @@
+"""What a Kafka log writes and reads as one record: an event's headers, and a consumed record as a
+``LogRecord`` or, if it cannot be taken, as ``Poison`` on its way to the dead-letter topic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import codec
+from ..errors import EventError
+from ..events import Event
+from .base import LogRecord
+
+REASON_HEADER = "turnlog.reason"
+SOURCE_HEADER = "turnlog.source"
+
+
+def event_headers(event: Event) -> list[tuple[str, bytes]]:
+    """An event record's headers: its schema fingerprint and type (readable without decoding)."""
+    return [
+        ("turnlog.schema", codec.schema_fingerprint(event.type)),
+        ("turnlog.type", event.type.encode()),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Poison:
+    """A record the log could not take, as it goes to the dead-letter topic."""
+
+    source: str
+    """``topic/partition/offset`` of the record."""
+    session_id: str
+    """The session it names (its event's, else its key's); "" if neither."""
+    reason: str
+    key: bytes | None
+    value: bytes
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(REASON_HEADER, self.reason.encode()), (SOURCE_HEADER, self.source.encode())]
+
+
+def source_of(msg: Any) -> str:
+    return f"{msg.topic}/{msg.partition}/{msg.offset}"
+
+
+def poison_of(msg: Any, reason: str, session_id: str | None = None) -> Poison:
+    """A consumed record as poison; the session is the key's unless named."""
+    if session_id is None:
+        session_id = msg.key.decode("utf-8", "replace") if msg.key else ""
+    return Poison(source_of(msg), session_id, reason, msg.key, msg.value or b"")
+
+
+def own_poison(topic: str, record: LogRecord, reason: str) -> Poison:
+    """A record this process appended that its index refused (as every reader will)."""
+    event = record.event
+    source = f"{topic}/{record.partition}/{record.offset}"
+    return Poison(source, event.session_id, reason, event.session_id.encode(), codec.encode(event))
+
+
+def decode_record(partition: int, msg: Any) -> LogRecord | Poison:
+    """A consumed events-topic record as a LogRecord, or as poison if it does not decode."""
+    try:
+        return LogRecord(partition, msg.offset, codec.decode(msg.value))
+    except EventError as exc:
+        return poison_of(msg, str(exc))
+
+
+def sessions_named(messages: list[Any]) -> set[str]:
+    """The sessions consumed records name (by key, and by event where it decodes)."""
+    found = {msg.key.decode("utf-8", "replace") for msg in messages if msg.key}
+    for msg in messages:
+        try:
+            found.add(codec.decode(msg.value or b"").session_id)
+        except EventError:
+            continue
+    return found
