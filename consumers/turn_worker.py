@@ -22,6 +22,7 @@ from turnlog.engine.admission import AdmissionRules, agent_prices
 from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.experiments.namespace import is_experiment_session
 from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.models.endpoints import Endpoints
 from turnlog.engine.stream import StreamItem
 from turnlog.engine.turn import Clock, TurnRunner
 
@@ -60,9 +61,11 @@ class TurnWorker:
         max_concurrent_turns: int = MAX_CONCURRENT_TURNS,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
         clock: Clock = ev.now_ms,
+        endpoints: Endpoints | None = None,
     ) -> None:
-        """``clock``: what a crashed tool call's starts are timed by (TurnRunner.clock)."""
-        self.runner = TurnRunner(event_log, agents.get, producer=worker_id, clock=clock)
+        """``clock``: what a crashed tool call's starts are timed by (TurnRunner.clock);
+        ``endpoints``: the process's model endpoints (TurnRunner.endpoints)."""
+        self.runner = TurnRunner(event_log, agents.get, producer=worker_id, clock=clock, endpoints=endpoints)
         event_log.admit_with(AdmissionRules(agent_prices(agents)))  # the owner admits submissions by them
         self.on_item = on_item
         self.consumer = KeyedConsumer(

@@ -44,10 +44,13 @@ from .log import (
 )
 from .messages import ChatMessage
 from .models.base import Model, ModelRequest, ModelResponse, TextDelta, Usage
+from .models.breaker import BreakerPolicy
+from .models.endpoints import Endpoints
+from .models.ratelimit import EndpointLimits
 from .models.scripted import FunctionModel, ScriptedModel, call, reply
 from .session import AgentSessions, SessionInfo
 from .states import TRANSITIONS, Cause, SessionStatus, check_transition
-from .stream import ModelDelta, ModelProgress, StreamItem
+from .stream import ModelDelta, ModelProgress, ModelWaiting, StreamItem
 from .tools import NOT_APPLIED, Tool, ToolOutcome, ToolRegistry, ToolStatus, tool
 from .turn import TurnRunner
 
@@ -57,10 +60,13 @@ __all__ = [
     "Agent",
     "AgentDirectory",
     "AgentSessions",
+    "BreakerPolicy",
     "Cause",
     "ChatMessage",
     "ConcurrencyError",
     "ConfigurationError",
+    "EndpointLimits",
+    "Endpoints",
     "EventEncodeError",
     "EventError",
     "EventLog",
@@ -76,6 +82,7 @@ __all__ = [
     "Model",
     "ModelDelta",
     "ModelProgress",
+    "ModelWaiting",
     "ModelError",
     "ModelRequest",
     "ModelResponse",

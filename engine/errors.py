@@ -222,6 +222,9 @@ class InvalidArgumentsError(InputError):
 class ModelError(TurnlogError):
     """A model call failed (transport, provider error, unusable output)."""
 
+    status: int | None = None
+    """The HTTP status the endpoint answered, when it answered one."""
+
 
 class ModelTimeoutError(ModelError):
     """A model call exceeded one of its time limits."""

@@ -4,7 +4,9 @@ fallback to another model, a correction the model got).
 
 Answer text goes out as ``ModelDelta`` and never enters the log; ``ModelProgress`` says, about once
 a second, how many chunks the model has produced so far (on llama.cpp one chunk is one token), also
-while it writes a tool call, which streams no text.
+while it writes a tool call, which streams no text; ``ModelWaiting`` says the call waits for its
+endpoint's client-side limits. A change of an endpoint's breaker that this call caused is recorded
+in its session (``ModelBreakerChanged``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,17 @@ from typing import AsyncIterator
 from . import events as ev
 from .agent import Agent
 from .errors import ModelError
-from .models.base import ModelCorrection, ModelRequest, ModelResponse, ModelSwitch, TextDelta
+from .models.base import (
+    BreakerChange,
+    EndpointWait,
+    ModelCorrection,
+    ModelRequest,
+    ModelResponse,
+    ModelSwitch,
+    TextDelta,
+)
 from .models.limits import stream_within
-from .stream import ModelDelta, ModelProgress, StreamItem
+from .stream import ModelDelta, ModelProgress, ModelWaiting, StreamItem
 from .usage import LiveCall
 from .writer import SessionWriter
 
@@ -78,6 +88,12 @@ async def stream_call(
                 record_switch(w, step, chunk)
             elif isinstance(chunk, ModelCorrection):
                 record_correction(w, step, chunk)
+            elif isinstance(chunk, EndpointWait):
+                yield ModelWaiting(
+                    session_id, turn_id, step, chunk.model, chunk.reason, chunk.ahead, not chunk.over
+                )
+            elif isinstance(chunk, BreakerChange):
+                record_breaker(w, step, chunk)
             else:
                 outcome.response = chunk
         if outcome.response is None and not live.stopped:
@@ -102,6 +118,23 @@ def record_switch(w: SessionWriter, step: int, switch: ModelSwitch) -> None:
         to_model=switch.to_model,
         reason=switch.reason,
         degraded=switch.degraded,
+        cause=switch.cause,
+        correlation_id=tid,
+    )
+
+
+def record_breaker(w: SessionWriter, step: int, change: BreakerChange) -> None:
+    """An endpoint's breaker changed because of this call: recorded in its session."""
+    tid = w.state.turn.turn_id if w.state.turn else ""
+    w.add(
+        ev.ModelBreakerChanged,
+        turn_id=tid,
+        step=step,
+        model=change.model,
+        endpoint=change.endpoint,
+        from_state=change.from_state,
+        to_state=change.to_state,
+        reason=change.reason,
         correlation_id=tid,
     )
 

@@ -30,6 +30,7 @@ from .errors import (
 from .fold import SessionState, fold
 from .log.base import EventLog, LogRecord
 from .messages import ChatMessage
+from .models.endpoints import Endpoints
 from .states import SessionStatus
 from .stream import StreamItem
 from .text import text_problem
@@ -71,11 +72,14 @@ class AgentSessions:
         producer: str = "api",
         spend_ledger: SpendLedger | None = None,
         clock: Clock = ev.now_ms,
+        endpoints: Endpoints | None = None,
     ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
-        self.runner = TurnRunner(log, agents.get, producer=producer, spend_ledger=spend_ledger, clock=clock)
+        self.runner = TurnRunner(
+            log, agents.get, producer=producer, spend_ledger=spend_ledger, clock=clock, endpoints=endpoints
+        )
         self.admission = AdmissionRules(agent_prices(agents))
         """What a request becomes on its session (engine.admission): applied here where this
         process appends, and by the log's owner to what others submit."""

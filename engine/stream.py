@@ -1,5 +1,6 @@
 """What a caller streaming a turn receives: every event as it is committed to the log, plus
-ephemeral model text deltas and progress notes that never enter the log or the fold (seed §5.2)."""
+ephemeral model text deltas, progress notes and waits that never enter the log or the fold
+(seed §5.2)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,27 @@ class ModelProgress:
     """Seconds since the call started."""
 
 
-StreamItem = Event | ModelDelta | ModelProgress
+@dataclass(frozen=True, slots=True)
+class ModelWaiting:
+    """A model call waits for its endpoint before its request goes out (the client-side limits,
+    a 429's reset), and again when the wait is over (``waiting`` false). The wait counts against
+    the call's first-token limit. Ephemeral, like ModelDelta."""
+
+    session_id: str
+    turn_id: str
+    step: int
+    model: str
+    reason: str
+    """Why, in words for the user: what holds the call."""
+    ahead: int = 0
+    """Calls of this process queued for the endpoint before this one."""
+    waiting: bool = True
+
+
+StreamItem = Event | ModelDelta | ModelProgress | ModelWaiting
 """What a turn streams to its caller: each event as it is committed, and between them the
-model's text as it arrives (``ModelDelta``) and its progress (``ModelProgress``)."""
+model's text as it arrives (``ModelDelta``), its progress (``ModelProgress``) and its waits for
+the endpoint's client-side limits (``ModelWaiting``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ from .log.base import EventLog
 from .messages import ChatMessage
 from .model_call import CallOutcome, LiveCalls, stream_call
 from .models.base import ModelRequest, ModelResponse
+from .models.endpoints import Endpoints
 from .states import Cause, SessionStatus
 from .stream import StreamItem
 from .tools import Tool, batch, guards, ledger, recovery
@@ -141,8 +142,12 @@ class TurnRunner:
         snapshots: bool = True,
         spend_ledger: SpendLedger | None = None,
         clock: Clock = ev.now_ms,
+        endpoints: Endpoints | None = None,
     ) -> None:
         self.log = log
+        self.endpoints = endpoints or Endpoints()
+        """The process's model endpoints (breakers, client-side limits), handed to the agents'
+        models with every request; give every runner of a process the same one."""
         self.agents = agents
         self.producer = producer
         self.snapshots = _snapshots.SnapshotEncoder(cache_size) if snapshots else None
@@ -152,7 +157,7 @@ class TurnRunner:
         self.clock = clock
         """Stamps tool starts and decides when a crashed call starts again or is given up
         (engine.tools.recovery); tests inject one that runs ahead of the wall clock."""
-        self.context = ContextManager(log, cache_size)
+        self.context = ContextManager(log, cache_size, self.endpoints)
         """Keeps every model step within the agent's context budgets (seed §3)."""
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
@@ -410,7 +415,7 @@ class TurnRunner:
         self._finish_turn(w, "budget")
 
     def _request(self, state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
-        return build_request(state, agent, closing)
+        return build_request(state, agent, closing, self.endpoints)
 
     def _record_call_failed(self, w: SessionWriter, agent: Agent, call: CallOutcome) -> None:
         """A call that failed: what was sent and what streamed before it did, estimated."""
@@ -679,7 +684,9 @@ def unique_call_ids(calls: tuple[ToolCallSpec, ...], turn: TurnProgress) -> tupl
     return tuple(unique)
 
 
-def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequest:
+def build_request(
+    state: SessionState, agent: Agent, closing: bool, endpoints: Endpoints | None = None
+) -> ModelRequest:
     """What a model step is sent: the system prompt, the history, and for a closing call (tools
     withdrawn) the note saying why. Pure, so the gateway can show what any past call was sent."""
     messages = assemble(state, agent)
@@ -690,7 +697,8 @@ def build_request(state: SessionState, agent: Agent, closing: bool) -> ModelRequ
         guard, reason = _stop_reason(turn, agent.max_tool_iterations)
         messages.append(ChatMessage.system(guards.closing_note(guard, reason, agent.max_tool_iterations)))
     tools = () if closing else builtins.session_tools(agent, state).specs()
-    return ModelRequest(messages, tools, state.session_id, state.turn.turn_id if state.turn else "")
+    turn_id = state.turn.turn_id if state.turn else ""
+    return ModelRequest(messages, tools, state.session_id, turn_id, endpoints=endpoints)
 
 
 def _gathered_summary(state: SessionState, opening: str) -> str:

@@ -46,7 +46,7 @@ from starlette.responses import Response, StreamingResponse
 
 from turnlog.engine import events as ev
 from turnlog.engine.errors import SessionNotFoundError
-from turnlog.engine.stream import ModelDelta
+from turnlog.engine.stream import ModelDelta, ModelWaiting
 
 from .bodies import json_body
 from .http import HttpError, principal_of
@@ -222,6 +222,8 @@ async def _events(
     stream: SessionStream, mapper: RunMapper, message_id: str, encoder: EventEncoder
 ) -> AsyncIterator[str]:
     async for message in stream.items():
+        if isinstance(message, ModelWaiting):
+            continue  # AG-UI has no wait event; the run's events and deltas follow it
         if isinstance(message, ModelDelta):
             out = mapper.on_delta(message)
         else:

@@ -137,7 +137,9 @@ PATHS: dict[str, dict[str, Any]] = {
                 "Each log event is sent as `event: <EventType>`, `id: <position>`, `data: <event JSON>`, "
                 "with a "
                 "`phase` (turn.start, turn.end, model.start, model.end, tool.start, tool.end) where it marks "
-                "one. Token deltas are sent as `event: delta` without an id and are not replayed."
+                "one. Token deltas are sent as `event: delta` without an id and are not replayed; a model "
+                "call waiting for its endpoint's client-side limits as `event: waiting` (`{turn_id, step, "
+                "model, reason, ahead, waiting}`, `waiting: false` when the wait is over), the same way."
             ),
             "operationId": "streamEvents",
             "parameters": [

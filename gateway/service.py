@@ -32,6 +32,7 @@ from turnlog.consumers.turn_worker import TurnWorker
 from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.errors import LogUnavailableError
 from turnlog.engine.log.base import EventLog
+from turnlog.engine.models.endpoints import Endpoints
 from turnlog.engine.session import AgentSessions
 from turnlog.engine.stream import LiveItem, StreamItem
 from turnlog.projections import queries
@@ -86,12 +87,16 @@ class Gateway:
         companions: Sequence[Companion] = (),
         live_publisher: LivePublisher | None = None,
         live_subscriber: LiveSubscriber | None = None,
+        endpoints: Endpoints | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
+        self.endpoints = endpoints or Endpoints()
+        """This process's model endpoints (breakers, client-side limits): its API and its worker
+        share them."""
         self.limits = self.config.limits
         self.log = event_log
         self.store = store
-        self.api = AgentSessions(event_log, agents, producer="gateway")
+        self.api = AgentSessions(event_log, agents, producer="gateway", endpoints=self.endpoints)
         self.hub = LiveHub()
         self.guard = Guard(keys, self.limits)
         self.streams = StreamCounter(self.limits.streams_per_user)
@@ -108,7 +113,9 @@ class Gateway:
         self.live_publisher = live_publisher
         self.live_subscriber = live_subscriber
         self.worker = (
-            TurnWorker(event_log, agents, worker_id="gateway-worker", on_item=self._on_item)
+            TurnWorker(
+                event_log, agents, worker_id="gateway-worker", on_item=self._on_item, endpoints=self.endpoints
+            )
             if self.config.run_worker
             else None
         )

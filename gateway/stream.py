@@ -9,9 +9,11 @@ The hub wakes the stream when this process's worker commits or streams something
 order with the deltas in between, and the stream reads the log up to each event it is told of, so
 deltas land between the ModelCallStarted and ModelCallFinished they belong to. A delta whose model
 call is already finished on the stream (the stream read ahead) is dropped: the complete text is in
-the AssistantMessage. Items of a worker in another process reach the hub through Kafka's live
-topic or the embedded log's channel (a ``Committed`` notice stands in for an event: read it from
-the log); a poll every ``poll_s`` catches up with writers whose items do not reach the hub at all.
+the AssistantMessage. A model call that waits for its endpoint's client-side limits goes out the
+same way, as ``event: waiting`` (``waiting: false`` when the wait is over). Items of a worker in
+another process reach the hub through Kafka's live topic or the embedded log's channel (a
+``Committed`` notice stands in for an event: read it from the log); a poll every ``poll_s``
+catches up with writers whose items do not reach the hub at all.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, AsyncIterator
 
 from turnlog.engine import events as ev
 from turnlog.engine.log.base import EventLog, LogRecord
-from turnlog.engine.stream import LiveItem, ModelDelta, ModelProgress
+from turnlog.engine.stream import LiveItem, ModelDelta, ModelProgress, ModelWaiting
 
 from .access import event_json
 from .hub import LiveHub
@@ -71,6 +73,19 @@ def delta_message(delta: ModelDelta) -> StreamMessage:
     return StreamMessage("delta", json.dumps(data))
 
 
+def waiting_message(wait: ModelWaiting) -> StreamMessage:
+    fields = ("turn_id", "step", "model", "reason", "ahead", "waiting")
+    return StreamMessage("waiting", json.dumps({name: getattr(wait, name) for name in fields}))
+
+
+Ephemeral = ModelDelta | ModelWaiting
+"""What a stream carries between the log's events and never replays."""
+
+
+def ephemeral_message(item: Ephemeral) -> StreamMessage:
+    return delta_message(item) if isinstance(item, ModelDelta) else waiting_message(item)
+
+
 class SessionStream:
     """Iterate to get a session's messages from ``after_position`` on, live, until cancelled."""
 
@@ -89,9 +104,9 @@ class SessionStream:
 
     async def __aiter__(self) -> AsyncIterator[StreamMessage]:
         async for item in self.items():
-            yield delta_message(item) if isinstance(item, ModelDelta) else event_message(item)
+            yield ephemeral_message(item) if isinstance(item, Ephemeral) else event_message(item)
 
-    async def items(self) -> AsyncIterator[LogRecord | ModelDelta]:
+    async def items(self) -> AsyncIterator[LogRecord | Ephemeral]:
         """The session's log records after ``after_position`` and live deltas, in order, forever."""
         if self._closed:
             return
@@ -120,8 +135,8 @@ class SessionStream:
             self.hub.unsubscribe(self.session_id, self._queue)
             self._queue = None
 
-    async def _on(self, item: LiveItem | None) -> list[LogRecord | ModelDelta]:
-        if isinstance(item, ModelDelta):
+    async def _on(self, item: LiveItem | None) -> list[LogRecord | Ephemeral]:
+        if isinstance(item, Ephemeral):
             step = (item.turn_id, item.step)
             if step not in self._open_steps:  # its ModelCallStarted is committed: read it first
                 out = await self._catch_up()
@@ -135,9 +150,9 @@ class SessionStream:
         # read the log only up to this event, so the deltas after it stay in their place
         return await self._catch_up(upto=item.version) if item.version > self._version else []
 
-    async def _catch_up(self, upto: int | None = None) -> list[LogRecord | ModelDelta]:
+    async def _catch_up(self, upto: int | None = None) -> list[LogRecord | Ephemeral]:
         records = await self.log.read_session_records(self.session_id, self._version)
-        out: list[LogRecord | ModelDelta] = []
+        out: list[LogRecord | Ephemeral] = []
         for record in records:
             if upto is not None and record.event.version > upto:
                 break

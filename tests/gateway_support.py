@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 import httpx
 import uvicorn
@@ -176,7 +176,7 @@ class RunningGateway:
 
 
 def build_gateway(
-    home: Path, limits: Limits | None = None, **config: Any
+    home: Path, limits: Limits | None = None, extra_agents: Sequence[Agent] = (), **config: Any
 ) -> tuple[Gateway, GatedModel, list[dict[str, Any]], LogisticsBackend]:
     model = GatedModel()
     refunds: list[dict[str, Any]] = []
@@ -189,6 +189,7 @@ def build_gateway(
             metered_agent(),
             build_agent(demo_model(), shop, SCRIPTED_TOOLS),
             small_agent(),
+            *extra_agents,
         ]
     )
     keys = KeyStore.from_plain({KEYS[u]: Principal(u, role) for u, role in PRINCIPALS.items()})
@@ -214,8 +215,10 @@ def _wait_until_accepting(port: int, thread: threading.Thread, timeout_s: float 
 
 
 @contextlib.contextmanager
-def serve_gateway(home: Path, limits: Limits | None = None, **config: Any) -> Iterator[RunningGateway]:
-    gw, model, refunds, shop = build_gateway(home, limits, **config)
+def serve_gateway(
+    home: Path, limits: Limits | None = None, extra_agents: Sequence[Agent] = (), **config: Any
+) -> Iterator[RunningGateway]:
+    gw, model, refunds, shop = build_gateway(home, limits, extra_agents, **config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -121,6 +121,33 @@ async def add_events_the_viewer_does_not_know(running: RunningGateway, sid: str)
         await log.close()
 
 
+async def add_an_outage(running: RunningGateway, sid: str) -> None:
+    """The breaker of the troubled agent's primary opening and a call it sent to the backup, as the
+    engine writes them (tests/test_model_outages.py makes them happen for real)."""
+    log = open_log(running.log_path)
+    try:
+        events = await log.read_session(sid)
+        turn_id = next(e.turn_id for e in events if isinstance(e, ev.TurnStarted))
+        v = events[-1].version
+        common: dict[str, Any] = {"session_id": sid, "turn_id": turn_id, "correlation_id": turn_id, "step": 2}
+        await log.append(
+            [
+                ev.ModelBreakerChanged(
+                    **common, version=v + 1, model="primary", endpoint="http://127.0.0.1:9/v1",
+                    from_state="closed", to_state="open", producer="gateway-worker",
+                    reason="5 of the 5 calls that ended within 30 s failed, the last with ModelError: 503",
+                ),
+                ev.ModelFallback(
+                    **common, version=v + 2, from_model="primary", to_model="backup", cause="breaker_open",
+                    reason="the breaker of primary at 127.0.0.1:9 is open (5 of the 5 calls failed)",
+                ),
+            ],
+            expected_version=v,
+        )  # fmt: skip
+    finally:
+        await log.close()
+
+
 async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) -> None:
     from playwright.async_api import expect
 
@@ -130,6 +157,7 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
         troubled = await one_turn(running, "alice", "Where is A-17, again?", agent="troubled")
         small = await one_turn(running, "alice", "And A-17 once more?", agent="small")
         await add_events_the_viewer_does_not_know(running, alice)
+        await add_an_outage(running, troubled)
         async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
             daily = (await client.get("/v1/admin/analytics/daily?days=1", headers=auth("root"))).json()
         async with viewer(running) as (page, errors):
@@ -216,8 +244,14 @@ async def test_the_viewer_lists_sessions_and_shows_a_timeline(tmp_path: Path) ->
             # fallbacks, retries and the guard stop of a troubled turn
             await page.locator(f'tr.session[data-session="{troubled}"]').click()
             await page.wait_for_selector('.turn [data-type="LoopGuardTriggered"]')
-            assert await page.locator('[data-type="ModelFallback"]').count() == 4
+            assert await page.locator('[data-type="ModelFallback"]').count() == 5
             assert "primary → backup" in await page.locator('[data-type="ModelFallback"]').first.inner_text()
+            assert "breaker open" not in await page.locator('[data-type="ModelFallback"]').first.inner_text()
+            skipped = await page.locator('[data-type="ModelFallback"]').last.inner_text()
+            assert "breaker open: the call went to the backup" in skipped and "is open (5 of the 5" in skipped
+            breaker = await page.locator('[data-type="ModelBreakerChanged"]').inner_text()
+            assert "breaker of primary (http://127.0.0.1:9/v1) at model call 2: closed → open" in breaker
+            assert "worker gateway-worker" in breaker and "5 of the 5 calls" in breaker
             assert await page.locator(".step.model .retries").count() == 4
             assert "guard stop: repeated_call" in await page.locator(".turn .guard-stop").inner_text()
             assert await page.locator('[data-type="ToolResultSuperseded"] pre.fields').count() == 1

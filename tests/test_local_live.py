@@ -20,7 +20,7 @@ import pytest
 from turnlog.engine import SqliteEventLog
 from turnlog.engine import events as ev
 from turnlog.engine.log.local_live import socket_dir
-from turnlog.engine.stream import Committed, LiveItem, ModelDelta
+from turnlog.engine.stream import Committed, LiveItem, ModelDelta, ModelWaiting
 
 DEADLINE_S = 30.0
 """How long a test waits for what the channel should deliver at once (a failure, not a measure)."""
@@ -98,6 +98,10 @@ async def test_a_held_append_is_announced_once_committed_and_its_deltas_follow(
     # read the file as another process would, on a thread with no hold to commit: the event is there
     assert committed_version(first.path, "s1") == 2
     assert await heard(items, 2) == [ModelDelta("s1", "t1", 0, "Hel"), ModelDelta("s1", "t1", 0, "lo")]
+    wait = ModelWaiting("s1", "t1", 1, "m", "2 calls are in flight to the endpoint", ahead=3)
+    first.live.publish(wait)  # type: ignore[union-attr]  # a call held by its endpoint's limits
+    first.live.publish(ModelWaiting("s1", "t1", 1, "m", "", waiting=False))  # type: ignore[union-attr]
+    assert await heard(items, 2) == [wait, ModelWaiting("s1", "t1", 1, "m", "", waiting=False)]
 
 
 def committed_version(path: Path, sid: str) -> int:

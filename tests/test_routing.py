@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bench.fault_server import FaultServer
 from tests.openai_server import FakeOpenAIServer, FakeReply, serve_openai
 from turnlog.engine import AgentSessions, SqliteEventLog
 from turnlog.engine import events as ev
@@ -121,6 +122,9 @@ def test_backup_from_the_routing_file_takes_over(tmp_path: Path) -> None:
         ({"models": {"a": {"model": "x"}}, "agents": {AGENT: {"model": "b"}}}, "not under models"),
         ({"models": {"a": {"model": "x"}}, "agents": {AGENT: {"model": "a", "candidate_share": 2}}},
          "between 0"),
+        ({"models": {"a": {"model": "x", "max_in_flight": 0}}}, "model 'a': endpoint limit max_in_flight"),
+        ({"models": {"a": {"model": "x", "breaker": {"failure": 3}}}}, "breaker must be an object with"),
+        ({"models": {"a": {"model": "x", "breaker": {"cooldown_s": 0}}}}, "cooldown_s"),
     ],
 )  # fmt: skip
 def test_bad_routing_files_say_what_is_wrong(data: dict[str, Any], problem: str) -> None:
@@ -133,3 +137,39 @@ def test_an_agent_missing_from_the_file_fails_at_start(tmp_path: Path) -> None:
     config.write_text(json.dumps({"models": {"a": {"model": "x"}}, "agents": {}}))
     with pytest.raises(ConfigurationError, match="no entry for agent 'support'"):
         RoutedModel(config, AGENT)
+
+
+async def test_limits_and_breaker_settings_come_from_the_routing_file_and_its_reloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNLOG_TEST_KEY", "k")
+    config = tmp_path / "routing.json"
+    async with FaultServer(lambda body: (f"from {body['model']}", [])) as server:
+
+        def routing(breaker: dict[str, Any]) -> dict[str, Any]:
+            main = {"base_url": server.base_url, "model": "main-model", "api_key_env": "TURNLOG_TEST_KEY"}
+            nxt = {"base_url": server.base_url, "model": "next-model", "api_key_env": "TURNLOG_TEST_KEY"}
+            main.update(max_in_flight=4, requests_per_minute=6000, breaker=breaker)
+            return {
+                "models": {"main": main, "next": nxt},
+                "agents": {AGENT: {"model": "main", "backup": "next"}},
+            }
+
+        _write(config, routing({"failures": 2, "cooldown_s": 60}))
+        model = RoutedModel(config, AGENT)
+        log = SqliteEventLog(tmp_path / "log.db", partitions=2)
+        api = AgentSessions(log, AgentDirectory([Agent.build(AGENT, model)]))
+        server.set("main-model", status=500)
+        asked = [await _ask(api, (await api.create_session(AGENT, "u")).session_id) for _ in range(3)]
+        opened = [e for e in asked[1] if isinstance(e, ev.ModelBreakerChanged)]
+        assert [(e.model, e.to_state) for e in opened] == [("main", "open")]  # after 2 failures, not 5
+        assert [e.cause for e in asked[2] if isinstance(e, ev.ModelFallback)] == ["breaker_open"]
+        assert server.count("main-model") == 2
+
+        _write(config, routing({"failures": 0}))  # the breaker turned off by a reload, live
+        server.clear("main-model")
+        again = await _ask(api, (await api.create_session(AGENT, "u")).session_id)
+        assert [e.text for e in again if isinstance(e, ev.AssistantMessage)] == ["from main-model"]
+        assert server.count("main-model") == 3
+        await model.aclose()
+        await log.close()

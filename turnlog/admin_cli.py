@@ -121,7 +121,10 @@ def _detail(e: ev.Event) -> str:
     if isinstance(e, ev.LoopGuardTriggered):
         return f"{e.guard}: {e.reason}"
     if isinstance(e, ev.ModelFallback):
-        return f"{e.from_model} -> {e.to_model}: {short(e.reason, 80)}"
+        cause = " (breaker open)" if e.cause == "breaker_open" else ""
+        return f"{e.from_model} -> {e.to_model}{cause}: {short(e.reason, 80)}"
+    if isinstance(e, ev.ModelBreakerChanged):
+        return f"{e.model} breaker {e.from_state} -> {e.to_state}: {short(e.reason, 80)}"
     if isinstance(e, ev.ModelCallFinished) and e.error:
         return f"{e.status}: {short(e.error, 120)}"
     return ""

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from turnlog.engine import events as ev
-from turnlog.engine.stream import ModelDelta, ModelProgress, StreamItem
+from turnlog.engine.stream import ModelDelta, ModelProgress, ModelWaiting, StreamItem
 
 STATUS_STYLE = {
     "success": "green",
@@ -53,10 +53,14 @@ class _StepStatus:
         self.step = step
         self.started = time.monotonic()
         self.chunks = 0
+        self.waiting = ""
+        """Why the call waits for its endpoint ("" once it is sent)."""
 
     def line(self) -> str:
         elapsed = duration((time.monotonic() - self.started) * 1000)
         made = f"{self.chunks} tokens so far" if self.chunks else "reading the prompt"
+        if self.waiting:
+            made = f"waiting: {self.waiting}"
         return f"model   step {self.step + 1} · {elapsed} · {made}"
 
     def __rich__(self) -> Text:
@@ -79,6 +83,9 @@ class LiveRenderer:
         if isinstance(item, ModelProgress):
             if self._status is not None:
                 self._status.chunks = item.chunks
+            return
+        if isinstance(item, ModelWaiting):
+            self._waiting(item)
             return
         if isinstance(item, ModelDelta):
             self._stop_live()
@@ -111,6 +118,15 @@ class LiveRenderer:
 
     def close(self) -> None:
         self._stop_live()
+
+    def _waiting(self, item: ModelWaiting) -> None:
+        """The live line says the call waits (and why); other consoles get one line per wait."""
+        if self._status is None:
+            return
+        self._status.waiting = item.reason if item.waiting else ""
+        if item.waiting and self._live is None:
+            ahead = f" · {item.ahead} calls ahead" if item.ahead else ""
+            self.console.print(f"[dim]model   waiting: {item.reason}{ahead}[/]", highlight=False)
 
     def _start_step(self, step: int) -> None:
         self._status = _StepStatus(step)
@@ -147,7 +163,9 @@ class LiveRenderer:
         if isinstance(e, ev.LoopGuardTriggered):
             return f"[yellow]guard[/]   {e.guard}: {e.reason}; the model answers without tools"
         if isinstance(e, ev.ModelFallback):
-            return f"[yellow]fallback[/] {e.from_model} → {e.to_model}: {short(e.reason, 200)}"
+            return f"[yellow]fallback[/] {e.from_model} → {e.to_model}{_cause(e)}: {short(e.reason, 200)}"
+        if isinstance(e, ev.ModelBreakerChanged):
+            return f"[yellow]breaker[/]  {breaker_change(e)}"
         if isinstance(e, ev.ApprovalRequested):
             return (
                 f"[yellow]approve?[/] {e.tool_name} {short(e.arguments_json, 200)} ({e.sensitivity}) "
@@ -161,6 +179,14 @@ class LiveRenderer:
                 f"{e.model_calls} model calls · tokens {e.input_tokens} in / {e.output_tokens} out"
             )
         return None
+
+
+def _cause(e: ev.ModelFallback) -> str:
+    return " (breaker open)" if e.cause == "breaker_open" else ""
+
+
+def breaker_change(e: ev.ModelBreakerChanged) -> str:
+    return f"{e.model} at {e.endpoint}: {e.from_state} → {e.to_state} ({short(e.reason, 200)})"
 
 
 def model_finished(e: ev.ModelCallFinished) -> str:
@@ -274,6 +300,9 @@ def event_notes(events: list[ev.Event]) -> list[str]:
             notes.append(f"v{e.version} guard · {e.guard}: {e.reason}")
         elif isinstance(e, ev.ModelFallback):
             notes.append(
-                f"v{e.version} fallback · step {e.step + 1}: {e.from_model} → {e.to_model}: {e.reason}"
+                f"v{e.version} fallback · step {e.step + 1}: {e.from_model} → {e.to_model}{_cause(e)}: "
+                f"{e.reason}"
             )
+        elif isinstance(e, ev.ModelBreakerChanged):
+            notes.append(f"v{e.version} breaker · step {e.step + 1}: {breaker_change(e)}")
     return notes

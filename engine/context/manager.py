@@ -21,6 +21,7 @@ from .. import usage
 from ..log.base import EventLog
 from ..messages import SUMMARY_HEADER, summary_message
 from ..models.base import Model, ModelRequest
+from ..models.endpoints import Endpoints
 from ..tools import ToolRegistry
 from . import archive, builtins, compaction, memory
 from .assemble import system_blocks, turn_blocks
@@ -46,8 +47,10 @@ class HistorySize:
 
 
 class ContextManager:
-    def __init__(self, log: EventLog, cache_size: int = 1024) -> None:
+    def __init__(self, log: EventLog, cache_size: int = 1024, endpoints: Endpoints | None = None) -> None:
         self.log = log
+        self.endpoints = endpoints
+        """The process's model endpoints, for the summariser's calls."""
         self.tally = TokenTally(cache_size)
         self._trim_indexes: OrderedDict[str, compaction.TrimIndex] = OrderedDict()
         """Each session's trim candidates, read once per message (bounded like the tally)."""
@@ -210,6 +213,7 @@ class ContextManager:
             max_chars=room * 4,  # about 4 characters a token
             first_token_s=agent.first_token_timeout_s,
             response_s=agent.model_timeout_s,
+            endpoints=self.endpoints,
         )
         turn_id = w.state.turn.turn_id if w.state.turn else ""
         summary_tokens = message_tokens(agent.model.token_counter, summary_message(summary.text, 0))

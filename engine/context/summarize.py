@@ -16,6 +16,7 @@ from typing import Sequence
 
 from ..messages import SUMMARY_HEADER, ChatMessage, calls_text
 from ..models.base import Model, ModelRequest, ModelResponse, TextDelta, Usage
+from ..models.endpoints import Endpoints
 from ..models.limits import stream_within
 
 EXTRACTIVE = "extractive"
@@ -86,12 +87,16 @@ async def summarize(
     max_chars: int,
     first_token_s: float,
     response_s: float,
+    endpoints: Endpoints | None = None,
 ) -> Summary:
     """A summary of ``messages`` by ``model``; the extractive one if there is no model or it fails."""
     if model is None:
         return Summary(extractive_summary(messages, max_chars), EXTRACTIVE)
     request = ModelRequest(
-        [ChatMessage.system(PROMPT), ChatMessage.user(transcript(messages))], session_id="", turn_id=""
+        [ChatMessage.system(PROMPT), ChatMessage.user(transcript(messages))],
+        session_id="",
+        turn_id="",
+        endpoints=endpoints,
     )
     sent = await model.estimate_input_tokens(request)
     started = time.perf_counter()

@@ -23,6 +23,7 @@ from .envelope import E, Event, new_id, now_ms, quick_init
 from .model import (
     AssistantMessage,
     AuxiliaryModelCall,
+    ModelBreakerChanged,
     ModelCallFinished,
     ModelCallStarted,
     ModelCorrected,
@@ -67,6 +68,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ModelCallFinished,
         AuxiliaryModelCall,
         ModelFallback,
+        ModelBreakerChanged,
         ModelCorrected,
         AssistantMessage,
         ToolCallRequested,
@@ -114,6 +116,7 @@ __all__ = [
     "LoopGuardTriggered",
     "MemoriesRetrieved",
     "MemoryNoted",
+    "ModelBreakerChanged",
     "ModelCallFinished",
     "ModelCallStarted",
     "ModelCorrected",

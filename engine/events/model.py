@@ -85,7 +85,29 @@ class ModelFallback(Event):
     """Why the previous model was left: its error, or which time limit it hit."""
     degraded: bool = False
     """The next model is the rule-based responder: the user is told the service is degraded."""
+    cause: str = "failed"
+    """failed: the model failed or hit a time limit | breaker_open: its endpoint's circuit breaker
+    is open, so the model was not called, or the call was handed over while it waited for its
+    first token (engine.models.breaker)."""
     type: ClassVar[str] = "ModelFallback"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelBreakerChanged(Event):
+    """A model endpoint's circuit breaker changed state in the process that wrote it (its
+    ``producer``); recorded in the session of the call that caused the change: the failure that
+    opened it, the oldest call that stalled, the probe that closed or reopened it."""
+
+    turn_id: str
+    step: int
+    model: str
+    endpoint: str
+    """The endpoint's base URL (with ``model``'s provider name: the breaker's key)."""
+    from_state: str
+    to_state: str
+    """closed | open | half_open."""
+    reason: str
+    type: ClassVar[str] = "ModelBreakerChanged"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

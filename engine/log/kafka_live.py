@@ -11,8 +11,9 @@ items loses deltas, never events (streams read events from the log), and publish
 blocks or fails a turn (a full queue or a broker error drops live items, logged).
 
 Records: key = session id; header ``turnlog.live`` = ``event`` (Avro single-object value,
-``turnlog.engine.codec``), ``notice`` (JSON ``{"version", "type"}``) or ``delta`` (JSON ``{"turn_id",
-"step", "text"}``); header ``turnlog.origin`` = the publishing process, so a process that also
+``turnlog.engine.codec``), ``notice`` (JSON ``{"version", "type"}``), ``delta`` (JSON
+``{"turn_id", "step", "text"}``) or ``waiting`` (a model call waiting for its endpoint, JSON of
+its fields); header ``turnlog.origin`` = the publishing process, so a process that also
 publishes can skip its own items.
 """
 
@@ -30,7 +31,7 @@ from aiokafka.errors import KafkaError
 from .. import codec
 from ..errors import EventError
 from ..events import Event, SessionForked, SnapshotTaken
-from ..stream import Committed, LiveItem, ModelDelta, ModelProgress, StreamItem
+from ..stream import Committed, LiveItem, ModelDelta, ModelProgress, ModelWaiting, StreamItem
 from .base import partition_for
 from .kafka_topics import TopicNames
 
@@ -42,10 +43,16 @@ QUEUE_SIZE = 10_000
 """Live items waiting to be sent; past it new ones are dropped (a stream reads events from the log)."""
 
 
-def encode(item: Event | ModelDelta) -> tuple[bytes, bytes]:
+Published = Event | ModelDelta | ModelWaiting
+
+
+def encode(item: Published) -> tuple[bytes, bytes]:
     """The record kind and value of one live item (``ModelProgress`` is never published)."""
     if isinstance(item, ModelDelta):
         return b"delta", json.dumps({"turn_id": item.turn_id, "step": item.step, "text": item.text}).encode()
+    if isinstance(item, ModelWaiting):
+        fields = ("turn_id", "step", "model", "reason", "ahead", "waiting")
+        return b"waiting", json.dumps({name: getattr(item, name) for name in fields}).encode()
     if isinstance(item, HEAVY):
         return b"notice", json.dumps({"version": item.version, "type": item.type}).encode()
     return b"event", codec.encode(item)
@@ -61,6 +68,16 @@ def decode(session_id: str, kind: bytes, value: bytes) -> LiveItem:
         return ModelDelta(session_id, str(body["turn_id"]), int(body["step"]), str(body["text"]))
     if kind == b"notice":
         return Committed(session_id, int(body["version"]), str(body["type"]))
+    if kind == b"waiting":
+        return ModelWaiting(
+            session_id,
+            str(body["turn_id"]),
+            int(body["step"]),
+            str(body["model"]),
+            str(body["reason"]),
+            int(body["ahead"]),
+            bool(body["waiting"]),
+        )
     raise ValueError(f"unknown live item kind {kind!r}")
 
 
@@ -74,7 +91,7 @@ class KafkaLivePublisher:
         self.topics = topics
         self.partitions = partitions
         self.origin = origin.encode()
-        self._queue: asyncio.Queue[Event | ModelDelta] = asyncio.Queue(QUEUE_SIZE)
+        self._queue: asyncio.Queue[Published] = asyncio.Queue(QUEUE_SIZE)
         self._producer: AIOKafkaProducer | None = None
         self._sender: asyncio.Task[None] | None = None
         self.dropped = 0

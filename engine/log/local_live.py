@@ -14,7 +14,9 @@ connection and is removed. A line of JSON per message:
   a reader woken by it reads what it announces. A listener's waits for appends wake at once
   (``on_append``) and its event streams hear a ``Committed`` notice;
 * ``delta``: a token delta a turn worker streamed. Deltas queue behind an announcement that
-  waits for its COMMIT, so they never overtake the events they follow.
+  waits for its COMMIT, so they never overtake the events they follow;
+* ``waiting``: a model call of a turn worker waiting for its endpoint's client-side limits (and
+  the end of that wait), queued like a delta.
 
 Nothing here is a source of truth: a peer that is missing, gone, or too slow (its unsent bytes
 past ``MAX_BUFFER``) loses live items, never events (streams read the log, and poll it), and
@@ -37,7 +39,7 @@ from typing import Any, AsyncIterator, Callable
 
 import structlog
 
-from ..stream import Committed, LiveItem, ModelDelta, StreamItem
+from ..stream import Committed, LiveItem, ModelDelta, ModelWaiting, StreamItem
 
 log = structlog.get_logger("turnlog.live")
 MAX_SOCKET_PATH = 100
@@ -116,10 +118,14 @@ class LocalLive:
         self._send(_line(message), hold=not committed)
 
     def publish(self, item: StreamItem) -> None:
-        """A turn worker's stream item (its ``on_item``): deltas go out; events are announced by
-        the log itself when committed, progress notes stay local."""
+        """A turn worker's stream item (its ``on_item``): deltas and waits go out; events are
+        announced by the log itself when committed, progress notes stay local."""
         if isinstance(item, ModelDelta):
             message = {"k": "delta", "s": item.session_id, "u": item.turn_id, "n": item.step, "x": item.text}
+            self._send(_line(message))
+        elif isinstance(item, ModelWaiting):
+            message = {"k": "waiting", "s": item.session_id, "u": item.turn_id, "n": item.step}
+            message.update(m=item.model, r=item.reason, a=item.ahead, w=item.waiting)
             self._send(_line(message))
 
     def release(self) -> None:
@@ -205,6 +211,8 @@ class LocalLive:
                 self._deliver(
                     ModelDelta(str(message["s"]), str(message["u"]), int(message["n"]), str(message["x"]))
                 )
+            elif kind == "waiting":
+                self._deliver(_waiting(message))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("live.item_skipped", error=repr(exc))
 
@@ -244,6 +252,18 @@ class LocalLive:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._server = None
+
+
+def _waiting(message: dict[str, Any]) -> ModelWaiting:
+    return ModelWaiting(
+        str(message["s"]),
+        str(message["u"]),
+        int(message["n"]),
+        str(message["m"]),
+        str(message["r"]),
+        int(message["a"]),
+        bool(message["w"]),
+    )
 
 
 def _line(message: dict[str, Any]) -> bytes:

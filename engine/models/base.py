@@ -1,10 +1,10 @@
 """The model interface: one async streaming method.
 
 A model turns a ModelRequest into a stream of ModelChunks: any number of TextDelta (and, from a
-fallback chain, ModelSwitch; from a wrapper that corrects the model, ModelCorrection), then
-exactly one ModelResponse (the complete message). Only the
-ModelResponse is ever written to history; a stream that breaks before it is a failed call and
-leaves no trace in the conversation.
+fallback chain, ModelSwitch and BreakerChange; from a wrapper that corrects the model,
+ModelCorrection; from an endpoint's client-side limiter, EndpointWait), then exactly one
+ModelResponse (the complete message). Only the ModelResponse is ever written to history; a
+stream that breaks before it is a failed call and leaves no trace in the conversation.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
+from .breaker import BreakerChange
 from .tokens import shared_counter
 
 if TYPE_CHECKING:
+    from .endpoints import Endpoint, Endpoints
     from .tokens import TokenCounter
 
 
@@ -37,6 +39,9 @@ class ModelRequest:
     before the first one. Empty: none."""
     max_output_tokens: int | None = None
     """A tighter cap on this answer's length than the model's own, if any."""
+    endpoints: Endpoints | None = field(default=None, compare=False, repr=False)
+    """The process's per-endpoint state (breakers, client-side limits), shared by every call the
+    process makes; the turn runner that owns it sets it. None: a model keeps a registry of its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,21 @@ class ModelSwitch:
     reason: str
     degraded: bool = False
     """The next model is the rule-based responder."""
+    cause: str = "failed"
+    """``failed``: the model failed or hit a time limit; ``breaker_open``: its endpoint's breaker
+    is open (the model was not called, or the call was handed over while it waited)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointWait:
+    """The call waits for its endpoint before its request goes out (client-side limits, a 429's
+    reset): ``over`` once the wait ends and the request is sent. Never a first token."""
+
+    model: str
+    reason: str
+    ahead: int = 0
+    """Calls queued before this one."""
+    over: bool = False
 
 
 class CorrectionKind(StrEnum):
@@ -112,7 +132,7 @@ class ModelCorrection:
     dropped: tuple[ToolCallSpec, ...] = ()
 
 
-ModelChunk = TextDelta | ModelSwitch | ModelCorrection | ModelResponse
+ModelChunk = TextDelta | ModelSwitch | BreakerChange | EndpointWait | ModelCorrection | ModelResponse
 
 
 class Model(abc.ABC):
@@ -127,6 +147,12 @@ class Model(abc.ABC):
     """Tokens the model accepts in one request, if known; a fallback refits the request to it."""
     timeout_hint: str = ""
     """What to do when a call of this model runs out of time (added to the timeout's message)."""
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        """Where this model's calls go, with the limits and breaker settings there; None for a
+        model that calls no endpoint (scripted, rule-based): no breaker then."""
+        return None
 
     @abc.abstractmethod
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:

@@ -7,16 +7,34 @@ of failing the whole call. Every hand-over is streamed as a ``ModelSwitch`` with
 the engine records it as a ``ModelFallback`` event. When the next model has a smaller context
 window, the request is refitted to it first: the oldest exchanges go, whole, never a tool call
 without its result.
+
+Which model a call starts with is the endpoints' breakers' decision (engine.models.breaker): a
+model whose endpoint's breaker is open is passed over (a ``ModelSwitch`` with cause
+``breaker_open``, the model never called), and a call waiting on an endpoint whose breaker
+opens is handed to the next model the same way. The breakers are the request's ``endpoints``
+(the process's), or this chain's own when the request carries none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import AsyncIterator, Sequence
+from typing import AsyncGenerator, AsyncIterator, Sequence
 
 from ..errors import ConfigurationError, ContextLengthError, ModelError
 from ..messages import ChatMessage
-from .base import Model, ModelChunk, ModelRequest, ModelSwitch, TextDelta
+from .base import (
+    EndpointWait,
+    Model,
+    ModelChunk,
+    ModelCorrection,
+    ModelRequest,
+    ModelResponse,
+    ModelSwitch,
+    TextDelta,
+)
+from .breaker import Attempt, BreakerOpenError
+from .endpoints import Endpoints
 from .limits import stream_within
 from .tokens import TokenCounter
 
@@ -24,6 +42,8 @@ DEFAULT_FIRST_TOKEN_S = 15.0
 DEFAULT_RESPONSE_S = 120.0
 REPLY_RESERVE_TOKENS = 1024
 """Room kept free in a smaller window for the answer."""
+FAILED = "failed"
+BREAKER_OPEN = "breaker_open"
 
 
 class FallbackModel(Model):
@@ -37,7 +57,10 @@ class FallbackModel(Model):
         *,
         first_token_s: float = DEFAULT_FIRST_TOKEN_S,
         response_s: float = DEFAULT_RESPONSE_S,
+        endpoints: Endpoints | None = None,
     ) -> None:
+        self.endpoints = endpoints or Endpoints()
+        """The breakers used when a request carries no registry of its own."""
         self.chain: list[Model] = [m for m in (primary, backup, degraded) if m is not None]
         self.context_window = primary.context_window
         """Budgets follow the primary; a backup with a smaller window gets the request refitted."""
@@ -63,19 +86,75 @@ class FallbackModel(Model):
         return await self.chain[0].estimate_input_tokens(request)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        endpoints = request.endpoints or self.endpoints
         for position, model in enumerate(self.chain):
+            following = self.chain[position + 1] if position + 1 < len(self.chain) else None
+            attempt = _admit(endpoints, model, movable=following is not None)
+            if isinstance(attempt, str):
+                assert following is not None
+                reason = f"{attempt}; the call starts on {following.name}"
+                yield ModelSwitch(
+                    model.name, following.name, reason, following is self.degraded, BREAKER_OPEN
+                )
+                yield TextDelta("")  # the chain is alive: the switch counts as output
+                continue
             try:
-                fitted = await refit(request, model)
-                async for chunk in stream_within(model, fitted, self.first_token_s, self.response_s):
-                    yield chunk
+                async with contextlib.aclosing(self._call(model, request, attempt)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
                 return
             except ModelError as exc:
-                if position == len(self.chain) - 1 or isinstance(exc, ContextLengthError):
+                if attempt is not None:
+                    attempt.breaker.failed(attempt, exc)
+                    for change in attempt.take_reports():
+                        yield change
+                if following is None or isinstance(exc, ContextLengthError):
                     raise  # a too-long context is the engine's to compact, not a reason to switch
-                following = self.chain[position + 1]
-                degraded = following is self.degraded
-                yield ModelSwitch(model.name, following.name, f"{type(exc).__name__}: {exc}", degraded)
+                cause = BREAKER_OPEN if isinstance(exc, BreakerOpenError) else FAILED
+                reason = f"{type(exc).__name__}: {exc}"
+                yield ModelSwitch(model.name, following.name, reason, following is self.degraded, cause)
                 yield TextDelta("")  # the chain is alive: the switch counts as output
+            finally:
+                if attempt is not None and not attempt.settled:
+                    attempt.breaker.released(attempt)  # cancelled: it tells nothing about the endpoint
+
+    async def _call(
+        self, model: Model, request: ModelRequest, attempt: Attempt | None
+    ) -> AsyncGenerator[ModelChunk, None]:
+        """One model's stream within its limits, followed by its endpoint's breaker."""
+        fitted = await refit(request, model)  # a request too long for it tells nothing of the endpoint
+        if attempt is not None:
+            attempt.breaker.sent(attempt)
+        limited = stream_within(model, fitted, self.first_token_s, self.response_s, attempt)
+        async with contextlib.aclosing(limited) as chunks:
+            async for chunk in chunks:
+                if attempt is not None:
+                    _follow(attempt, chunk)
+                    if isinstance(chunk, ModelResponse):
+                        attempt.breaker.succeeded(attempt)
+                        for change in attempt.take_reports():
+                            yield change
+                yield chunk
+
+
+def _follow(attempt: Attempt, chunk: ModelChunk) -> None:
+    """Tell the endpoint's breaker how the call goes: queued by the limiter, sent, first token."""
+    if attempt.answered:
+        return
+    if isinstance(chunk, EndpointWait):
+        (attempt.breaker.sent if chunk.over else attempt.breaker.queued)(attempt)
+    elif isinstance(chunk, (TextDelta, ModelResponse, ModelCorrection)):
+        attempt.breaker.answered(attempt)
+
+
+def _admit(endpoints: Endpoints, model: Model, *, movable: bool) -> Attempt | str | None:
+    """The call's attempt on the model's endpoint, or why its breaker turns it away (None: the
+    model has no endpoint). The chain's last model is never turned away, only counted."""
+    endpoint = model.endpoint
+    if endpoint is None:
+        return None
+    breaker = endpoints.breaker(endpoint)
+    return breaker.admit(model.name) if movable else breaker.track(model.name)
 
 
 async def refit(request: ModelRequest, model: Model) -> ModelRequest:

@@ -11,10 +11,17 @@ Two rules shape the code:
   a server error mid-answer, a stream that ends before the model finished) the call raises
   ModelError and yields no ModelResponse, so a half-streamed answer never reaches history.
 * Every failure is a ModelError whose message names the endpoint and the model and says what
-  to check, because the person reading it is usually configuring a server URL. Retries and
-  overall time limits belong to the engine, so the SDK's own retries default to 0. The one
-  resend here is not a retry of a failed call: a request the server closed the connection on
-  before answering (a kept-alive connection it had just timed out) is sent again, once.
+  to check (engine.models.openai_errors), because the person reading it is usually configuring
+  a server URL. Retries and overall time limits belong to the engine, so the SDK's own retries
+  default to 0. The one resend here is not a retry of a failed call: a request the server
+  closed the connection on before answering (a kept-alive connection it had just timed out) is
+  sent again, once.
+
+Calls go through the endpoint's client-side limiter (engine.models.ratelimit): ``limits`` caps
+calls in flight, requests and tokens per minute, and a 429 whose reset is at most
+``limits.max_retry_wait_s`` away holds the endpoint until then and queues the call again: the
+server did not take the request, so this is not a retry of a failed call either. The limiter
+and the endpoint's breaker live in the request's ``endpoints`` (the process's registry).
 
 The SDK sends the request and maps HTTP errors; the stream's server-sent events are read as
 plain JSON (``with_streaming_response``), not built into the SDK's typed chunk objects: that
@@ -30,26 +37,19 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Sequence
 
-import aiohttp
 import openai
 
-from ..errors import ContextLengthError, ModelError
+from ..errors import ModelError
 from ..events import ToolCallSpec
 from ..messages import ChatMessage
-from .base import Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from .base import EndpointWait, Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
+from .breaker import BreakerPolicy
+from .endpoints import Endpoint, Endpoints
+from .openai_errors import EXCERPT_CHARS, closed_before_answering, endpoint_error, excerpt
+from .ratelimit import EndpointLimits, Limiter, Ticket, reset_after
 from .tokens import ServerTokenCounter, TiktokenCounter, TokenCounter, count_chat_tokens, encoding_name_for
-
-_EXCERPT_CHARS = 300
-
-_STATUS_HINTS = {
-    400: "the server rejected the request; check the model supports tools and the message format",
-    401: "check the API key",
-    403: "check the API key's permissions for this model",
-    404: "check the model name and that the base URL ends in /v1",
-    429: "the server is rate limiting; retry later or lower the load",
-}
 
 
 def to_openai_message(message: ChatMessage) -> dict[str, Any]:
@@ -149,7 +149,13 @@ class OpenAICompatibleModel(Model):
         temperature: float | None = None,
         max_tokens: int | None = None,
         token_counter: TokenCounter | None = None,
+        limits: EndpointLimits | None = None,
+        breaker: BreakerPolicy | None = None,
+        endpoints: Endpoints | None = None,
     ) -> None:
+        """``limits``: what this process may send the endpoint (none by default); ``breaker``:
+        when its circuit breaker opens (engine.models.breaker); ``endpoints``: the registry used
+        when a request carries none (by default one of the model's own)."""
         self.name = model
         self.provider_model = model
         """The model name sent to the endpoint; ``name`` is what turnlog records (a router renames it)."""
@@ -166,10 +172,22 @@ class OpenAICompatibleModel(Model):
             max_retries=max_retries,
             http_client=openai.DefaultAioHttpClient(timeout=request_timeout_s),
         )
+        self.endpoints = endpoints or Endpoints()
+        self._endpoint = Endpoint(
+            self.base_url, model, limits or EndpointLimits(), breaker or BreakerPolicy()
+        )
 
     @property
     def base_url(self) -> str:
         return str(self._client.base_url).rstrip("/")
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint
+
+    @property
+    def limits(self) -> EndpointLimits:
+        return self._endpoint.limits
 
     async def aclose(self) -> None:
         """Close the HTTP client if this model created it; a client passed in stays open."""
@@ -190,7 +208,68 @@ class OpenAICompatibleModel(Model):
         return count_chat_tokens(counter, request.messages, request.tools)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        opened, response = await self._send(request)
+        limiter = (request.endpoints or self.endpoints).limiter(self._endpoint)
+        cost = await self._cost(request)
+        ticket: Ticket | None = None
+        used: int | None = None
+        try:
+            for requeue in range(1 + _REQUEUES_ON_429):
+                ticket = limiter.admit_now(request.session_id, cost)
+                if ticket is None:
+                    self._refuse_long_hold(limiter)
+                    yield EndpointWait(self.name, limiter.waiting_for(cost), limiter.queued)
+                    ticket = await limiter.admit(request.session_id, cost)
+                    yield EndpointWait(self.name, "", over=True)
+                try:
+                    opened, response = await self._send(request)
+                    break
+                except _RateLimited as limited:
+                    wait = limited.wait_s
+                    if wait is not None:  # every call waits for the reset, or fails over if it is too far
+                        limiter.hold(wait, f"the endpoint answered 429 ({limited.excerpt})")
+                    limiter.release(ticket, 0)  # after the hold: no queued call goes out before it
+                    ticket = None
+                    if wait is None or wait > self.limits.max_retry_wait_s or requeue == _REQUEUES_ON_429:
+                        raise limited.error from None
+            answer = None
+            reading = self._read(opened, response, request)
+            try:
+                async for chunk in reading:
+                    if isinstance(chunk, ModelResponse):
+                        answer = chunk
+                    else:
+                        yield chunk
+            finally:
+                await reading.aclose()  # a call given up mid-stream closes its response now
+            assert answer is not None
+            used = answer.usage.input_tokens + answer.usage.output_tokens
+        finally:
+            if ticket is not None:
+                limiter.release(ticket, used)
+        yield answer
+
+    async def _cost(self, request: ModelRequest) -> int:
+        """What the request counts against a tokens-per-minute limit: its input, estimated, and
+        its answer cap (as providers count it); 0 without such a limit."""
+        if self.limits.tokens_per_minute is None:
+            return 0
+        caps = [n for n in (self.max_tokens, request.max_output_tokens) if n is not None]
+        return await self.estimate_input_tokens(request) + (min(caps) if caps else 0)
+
+    def _refuse_long_hold(self, limiter: Limiter) -> None:
+        """A 429 asked for a wait longer than the limits allow: fail over now, not after it."""
+        left = limiter.held_until - limiter.clock.now()
+        if left > self.limits.max_retry_wait_s:
+            raise ModelError(
+                f"model endpoint {self.base_url} asked to wait {left:.1f} s before more calls of model "
+                f"{self.name!r} ({limiter.hold_reason}), longer than its limits' max_retry_wait_s of "
+                f"{self.limits.max_retry_wait_s:g} s; the call goes to the next model"
+            )
+
+    async def _read(
+        self, opened: Any, response: Any, request: ModelRequest
+    ) -> AsyncGenerator[TextDelta | ModelResponse, None]:
+        """The answer's text as it streams, then the complete response."""
         state = _StreamState()
         try:
             chunks = _chunks(response.iter_lines()).__aiter__()
@@ -227,9 +306,12 @@ class OpenAICompatibleModel(Model):
             try:
                 return opened, await opened.__aenter__()
             except Exception as exc:
-                if attempt < _RESENDS_ON_CLOSE and _closed_before_answering(exc):
+                if attempt < _RESENDS_ON_CLOSE and closed_before_answering(exc):
                     continue
-                raise self._error(exc, streaming=False) from exc
+                error = self._error(exc, streaming=False)
+                if isinstance(exc, openai.APIStatusError) and exc.status_code == 429:
+                    raise _RateLimited(reset_after(exc.response.headers), error, excerpt(exc)) from exc
+                raise error from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _open(self, request: ModelRequest) -> Any:
@@ -273,54 +355,37 @@ class OpenAICompatibleModel(Model):
         usage = state.usage or self._estimate_usage(request, text, calls)
         return ModelResponse(text, calls, usage, state.finish_reason, state.model or self.provider_model)
 
+    def _error(self, exc: Exception, *, streaming: bool) -> ModelError:
+        return endpoint_error(
+            exc, where=self.base_url, model=self.name, timeout_s=self.request_timeout_s, streaming=streaming
+        )
+
     def _estimate_usage(self, request: ModelRequest, text: str, calls: tuple[ToolCallSpec, ...]) -> Usage:
         """Counted locally when the server reports no usage (provider numbers are preferred)."""
         counter = self.token_counter
         produced = text + "".join(c.name + c.arguments_json for c in calls)
         return Usage(count_chat_tokens(counter, request.messages, request.tools), counter.count(produced))
 
-    def _error(self, exc: Exception, *, streaming: bool) -> ModelError:
-        """A ModelError that says which endpoint and model failed, and what to check."""
-        where, model = self.base_url, self.name
-        if isinstance(exc, openai.APIStatusError):
-            hint = _STATUS_HINTS.get(exc.status_code, "the server failed; check its logs")
-            if _is_context_length(exc):
-                return ContextLengthError(
-                    f"model endpoint {where} refused the request as too long for model {model!r}: "
-                    f"{_excerpt(exc)}; the history is compacted and the call made once more"
-                )
-            return ModelError(
-                f"model endpoint {where} answered {exc.status_code} for model {model!r}: "
-                f"{_excerpt(exc)}; {hint}"
-            )
-        refused = _refused(exc)
-        if _timed_out(exc) and refused is None:
-            return ModelError(
-                f"model endpoint {where} did not answer within {self.request_timeout_s:g} s for model "
-                f"{model!r}; check the server is not overloaded or raise request_timeout_s"
-            )
-        reason = _reason(exc)
-        if streaming:
-            return ModelError(
-                f"the stream from model endpoint {where} for model {model!r} broke before the answer "
-                f"was complete: {reason}; the partial answer was discarded"
-            )
-        if _closed_before_answering(exc):
-            return ModelError(
-                f"model endpoint {where} closed the connection before answering for model {model!r}, "
-                f"also when the request was sent again ({reason}); check the server's log: it may have "
-                "crashed on the request, or something between turnlog and the server cut it"
-            )
-        if isinstance(exc, openai.APIConnectionError):
-            return ModelError(
-                f"cannot reach the model endpoint {where}: {refused or reason}; "
-                "check TURNLOG_BASE_URL and that the server is running"
-            )
-        return ModelError(f"calling model endpoint {where} for model {model!r} failed: {reason}")
-
 
 class _StreamedError(Exception):
     """The server sent an error object as an event of the stream (after its 200)."""
+
+
+_RESENDS_ON_CLOSE = 1
+
+
+class _RateLimited(Exception):
+    """A 429: the server did not take the request; ``wait_s`` is the reset its headers name."""
+
+    def __init__(self, wait_s: float | None, error: ModelError, excerpt: str) -> None:
+        super().__init__(str(error))
+        self.wait_s = wait_s
+        self.error = error
+        self.excerpt = excerpt
+
+
+_REQUEUES_ON_429 = 3
+"""A call queued again after a 429 at most this often (each waits for the reset it was given)."""
 
 
 async def _events(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -354,78 +419,5 @@ def _chunk(event: str) -> dict[str, Any]:
     error = chunk.get("error")
     if error:
         message = error.get("message") if isinstance(error, dict) else None
-        raise _StreamedError(str(message or error)[:_EXCERPT_CHARS])
+        raise _StreamedError(str(message or error)[:EXCERPT_CHARS])
     return chunk
-
-
-def _refused(exc: BaseException) -> str | None:
-    """The refused connection behind ``exc``, if one is (the aiohttp transport reports a refused
-    connection as a connect timeout)."""
-    for seen in _chain(exc):
-        os_error = getattr(seen, "os_error", None)
-        for candidate in (seen, os_error):
-            if isinstance(candidate, ConnectionRefusedError):
-                return f"{type(candidate).__name__}: {candidate}"
-    return None
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the exceptions it was raised from (the SDK and its transport wrap them)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        yield seen
-        seen = seen.__cause__ or seen.__context__
-
-
-def _timed_out(exc: BaseException) -> bool:
-    """A time limit ran out. The aiohttp transport maps every connection error (a server closing
-    the connection too) to a connect timeout and the SDK that to APITimeoutError, so where aiohttp
-    raised, its own error decides; the SDK's default (httpx) transport raises timeouts as such."""
-    chain = list(_chain(exc))
-    if any(isinstance(e, aiohttp.ClientError) for e in chain):
-        return any(isinstance(e, TimeoutError) for e in chain)  # aiohttp's timeouts are TimeoutErrors
-    return any(
-        isinstance(e, (TimeoutError, openai.APITimeoutError))
-        or any(cls.__name__ == "TimeoutException" for cls in type(e).__mro__)
-        for e in chain
-    )
-
-
-def _closed_before_answering(exc: BaseException) -> bool:
-    """The server closed the connection (or reset it) before the response's headers: no answer,
-    and no sign the server processed the request. A refused connection is not this."""
-    return any(
-        isinstance(e, (aiohttp.ServerDisconnectedError, ConnectionResetError, BrokenPipeError))
-        or type(e).__name__ == "RemoteProtocolError"  # the SDK's default (httpx) transport
-        for e in _chain(exc)
-    )
-
-
-_RESENDS_ON_CLOSE = 1
-
-
-def _reason(exc: BaseException) -> str:
-    """The most specific description in an exception chain (the SDK wraps transport errors)."""
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(exc, openai.APIConnectionError) and cause is not None:
-        exc = cause
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _is_context_length(exc: openai.APIStatusError) -> bool:
-    """OpenAI says ``context_length_exceeded``; other servers only say it in words."""
-    if exc.code == "context_length_exceeded":
-        return True
-    text = _excerpt(exc).lower()
-    return exc.status_code in (400, 413) and any(p in text for p in _CONTEXT_LENGTH_PHRASES)
-
-
-_CONTEXT_LENGTH_PHRASES = ("maximum context length", "context length", "context window", "too many tokens")
-
-
-def _excerpt(exc: openai.APIStatusError) -> str:
-    body = exc.body
-    message = body.get("message") if isinstance(body, dict) else None
-    text = str(message) if message else str(body if body is not None else exc.message)
-    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."

@@ -38,7 +38,9 @@ from ..events import ToolCallSpec
 from ..messages import ChatMessage
 from ..tools.guards import canonical_arguments
 from .base import (
+    BreakerChange,
     CorrectionKind,
+    EndpointWait,
     Model,
     ModelChunk,
     ModelCorrection,
@@ -48,6 +50,7 @@ from .base import (
     TextDelta,
     Usage,
 )
+from .endpoints import Endpoint
 from .prompt_text import (
     ANSWER_NOW_REQUEST,
     ANSWER_STOPS,
@@ -129,6 +132,10 @@ class PromptToolsModel(Model):
         await self.inner.aclose()
 
     @property
+    def endpoint(self) -> Endpoint | None:
+        return self.inner.endpoint
+
+    @property
     def token_counter(self) -> TokenCounter:
         return self.inner.token_counter
 
@@ -152,7 +159,7 @@ class PromptToolsModel(Model):
             async for item in self._attempt(request, step):
                 if isinstance(item, _Attempt):
                     attempt = item
-                elif isinstance(item, (ModelSwitch, ModelCorrection)):
+                elif isinstance(item, (ModelSwitch, ModelCorrection, BreakerChange, EndpointWait)):
                     yield item
                 else:
                     yield TextDelta(gate.feed(item.text))  # "" while a call is held back: a heartbeat
@@ -243,9 +250,11 @@ class PromptToolsModel(Model):
 
     async def _attempt(
         self, request: ModelRequest, step: _Step
-    ) -> AsyncIterator[TextDelta | ModelSwitch | _Attempt]:
+    ) -> AsyncIterator[TextDelta | ModelSwitch | BreakerChange | EndpointWait | _Attempt]:
         stop, cap = (ANSWER_STOPS, self.answer_tokens) if step.answer_only else ((), None)
-        inner_request = ModelRequest(step.messages, (), request.session_id, request.turn_id, stop, cap)
+        inner_request = ModelRequest(
+            step.messages, (), request.session_id, request.turn_id, stop, cap, endpoints=request.endpoints
+        )
         cut = _SecondTool(step.known) if self.one_tool_per_step and not step.answer_only else None
         text = ""
         chunks = self.inner.stream(inner_request)
@@ -258,7 +267,7 @@ class PromptToolsModel(Model):
                     if at is not None:  # stop the model: what follows waits for the first tool's results
                         yield _Attempt(text[:at], await self._usage(step, text[:at]), "tool_calls", "", text)
                         return
-                elif isinstance(chunk, ModelSwitch):
+                elif isinstance(chunk, (ModelSwitch, BreakerChange, EndpointWait)):
                     yield chunk
                 elif isinstance(chunk, ModelResponse):
                     yield _Attempt(chunk.text, chunk.usage, chunk.finish_reason, chunk.model)

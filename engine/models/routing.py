@@ -3,11 +3,19 @@
 A routing file (JSON) names the models and, per agent, its model, its backup, and optionally a
 candidate model that gets a share of sessions (gray release)::
 
-    {"models": {"main":  {"base_url": "http://...", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"},
+    {"models": {"main":  {"base_url": "http://...", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY",
+                          "requests_per_minute": 500, "tokens_per_minute": 200000, "max_in_flight": 64,
+                          "breaker": {"failures": 5, "cooldown_s": 10}},
                 "small": {"base_url": "http://...", "model": "qwen2.5", "native_tools": false,
                           "context_window": 8192}},
      "agents": {"logistics-assistant": {"model": "main", "backup": "small",
                                         "candidate": "small", "candidate_share": 0.1}}}
+
+A model's client-side limits (``max_in_flight``, ``requests_per_minute``, ``tokens_per_minute``,
+``max_retry_wait_s``: engine.models.ratelimit) and its breaker's settings (``breaker``:
+engine.models.breaker.BreakerPolicy) apply to its endpoint; a reload changes them in the running
+process. The breakers and limiters are the ones of the registry given to ``RoutedModel`` (or
+the request's): shared with every other model of the process that calls the same endpoint.
 
 ``RoutedModel`` is the agent's Model. On each call it checks the file (one ``stat``) and reloads it
 when it changed; a file that no longer parses is reported and the last good routing stays in force.
@@ -19,6 +27,7 @@ on the model-call events.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,7 +39,10 @@ import structlog
 
 from ..errors import ConfigurationError
 from .base import Model, ModelChunk, ModelRequest
+from .breaker import BreakerPolicy
+from .endpoints import Endpoints
 from .fallback import FallbackModel
+from .ratelimit import DEFAULT_RETRY_WAIT_S, EndpointLimits
 
 log = structlog.get_logger("turnlog.routing")
 
@@ -47,6 +59,17 @@ class ModelSpec:
     context_window: int | None = None
     first_token_timeout_s: float | None = None
     response_timeout_s: float | None = None
+    max_in_flight: int | None = None
+    requests_per_minute: float | None = None
+    tokens_per_minute: int | None = None
+    max_retry_wait_s: float = DEFAULT_RETRY_WAIT_S
+    breaker: BreakerPolicy = BreakerPolicy()
+
+    @property
+    def limits(self) -> EndpointLimits:
+        return EndpointLimits(
+            self.max_in_flight, self.requests_per_minute, self.tokens_per_minute, self.max_retry_wait_s
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +115,22 @@ def _spec(name: str, entry: Any, source: str) -> ModelSpec:
         raise ConfigurationError(
             f"{source}: model {name!r} has unknown settings {sorted(unknown)}; known: {sorted(known)}"
         )
-    return ModelSpec(name=name, **entry)
+    settings = dict(entry)
+    try:
+        if "breaker" in settings:
+            settings["breaker"] = _breaker(settings["breaker"])
+        spec = ModelSpec(name=name, **settings)
+        spec.limits  # noqa: B018 - checks the limits now, not on the first call
+    except (TypeError, ConfigurationError) as exc:
+        raise ConfigurationError(f"{source}: model {name!r}: {exc}") from None
+    return spec
+
+
+def _breaker(entry: Any) -> BreakerPolicy:
+    known = set(BreakerPolicy.__dataclass_fields__)
+    if not isinstance(entry, dict) or set(entry) - known:
+        raise ConfigurationError(f"breaker must be an object with some of {sorted(known)}, not {entry!r}")
+    return BreakerPolicy(**entry)
 
 
 def _route(agent: str, entry: Any, models: Mapping[str, ModelSpec], source: str) -> AgentRoute:
@@ -128,7 +166,9 @@ def build_model(spec: ModelSpec) -> Model:
     from .prompt_tools import PromptToolsModel
 
     api_key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
-    adapter = OpenAICompatibleModel(spec.model, base_url=spec.base_url, api_key=api_key)
+    adapter = OpenAICompatibleModel(
+        spec.model, base_url=spec.base_url, api_key=api_key, limits=spec.limits, breaker=spec.breaker
+    )
     adapter.name = spec.name
     model: Model = adapter if spec.native_tools else PromptToolsModel(adapter)
     model.context_window = spec.context_window
@@ -147,8 +187,11 @@ class RoutedModel(Model):
         *,
         degraded: Model | None = None,
         factory: Callable[[ModelSpec], Model] = build_model,
+        endpoints: Endpoints | None = None,
     ) -> None:
         self.path = path
+        self.endpoints = endpoints or Endpoints()
+        """The breakers and limiters used when a request carries no registry of its own."""
         self.agent_id = agent_id
         self.degraded = degraded
         self.factory = factory
@@ -188,6 +231,8 @@ class RoutedModel(Model):
         primary = self._model(self._primary(request))
         backup = self._model(route.backup) if route.backup and route.backup != primary.name else None
         chain = FallbackModel(primary, backup, self.degraded)
+        if request.endpoints is None:
+            request = dataclasses.replace(request, endpoints=self.endpoints)
         async for chunk in chain.stream(request):
             yield chunk
 

@@ -1,8 +1,11 @@
 """Prometheus metrics derived from the event stream (seed §7.4).
 
 Counters and histograms are fed by the observability consumer (log events) and by the live hub
-(time to first token, which only the token stream shows). Gauges that describe "now" (sessions by
-state, consumer lag) are read from the projections and the log when /metrics is scraped.
+(time to first token and calls waiting for an endpoint's client-side limits, which only the live
+stream shows). Gauges that describe "now" (sessions by state, consumer lag) are read from the
+projections and the log when /metrics is scraped; a breaker's state is the last change any
+worker recorded on the log (``ModelBreakerChanged``, labelled by the worker that wrote it), so
+one gateway sees every worker's breakers.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from prometheus_client import (
 )
 
 from turnlog.engine import events as ev
-from turnlog.engine.stream import ModelDelta, StreamItem
+from turnlog.engine.stream import ModelDelta, ModelWaiting, StreamItem
 
 LagSource = Callable[[], Awaitable[dict[tuple[str, int], int]]]
 StateSource = Callable[[], dict[str, int]]
@@ -37,6 +40,7 @@ class GatewayMetrics:
         self.registry = registry or CollectorRegistry()
         self._tool_and_turn_metrics(self.registry)
         self._model_metrics(self.registry)
+        self._outage_metrics(self.registry)
         self._context_and_state_metrics(self.registry)
         self._first_token_wait: dict[tuple[str, str, int], tuple[float, str]] = {}
         self._session_models: dict[str, str] = {}
@@ -84,6 +88,33 @@ class GatewayMetrics:
             registry=r,
         )
 
+    def _outage_metrics(self, r: CollectorRegistry) -> None:
+        self.model_switches = Counter(
+            "turnlog_model_switches",
+            "Calls a model handed to the next of its chain, by cause: failed (an error or a time "
+            "limit) or breaker_open (its endpoint's breaker is open).",
+            ["model", "cause"],
+            registry=r,
+        )
+        self.breaker_changes = Counter(
+            "turnlog_model_breaker_changes",
+            "State changes of model endpoints' circuit breakers, by the state entered.",
+            ["model", "to_state"],
+            registry=r,
+        )
+        self.breaker_open = Gauge(
+            "turnlog_model_breaker_open",
+            "1 while a worker's breaker of a model endpoint is open or half-open, else 0.",
+            ["model", "endpoint", "worker"],
+            registry=r,
+        )
+        self.endpoint_waits = Counter(
+            "turnlog_model_endpoint_waits",
+            "Model calls that waited for their endpoint's client-side limits or a 429's reset.",
+            ["model"],
+            registry=r,
+        )
+
     def _context_and_state_metrics(self, r: CollectorRegistry) -> None:
         self.context_compactions = Counter(
             "turnlog_context_compactions",
@@ -122,6 +153,8 @@ class GatewayMetrics:
                 self.ttft.labels(started[1]).observe(time.monotonic() - started[0])
         elif isinstance(item, ev.ModelCallFinished):
             self._first_token_wait.pop((item.session_id, item.turn_id, item.step), None)
+        elif isinstance(item, ModelWaiting) and item.waiting:
+            self.endpoint_waits.labels(item.model).inc()
 
     # -- from the log -----------------------------------------------------------------------------
 
@@ -147,6 +180,16 @@ class GatewayMetrics:
             self._session_models.pop(event.session_id, None)
         elif isinstance(event, (ev.ContextTrimmed, ev.HistorySummarized)):
             self._on_compaction(event)
+        elif isinstance(event, (ev.ModelFallback, ev.ModelBreakerChanged)):
+            self._on_outage(event)
+
+    def _on_outage(self, event: ev.ModelFallback | ev.ModelBreakerChanged) -> None:
+        if isinstance(event, ev.ModelFallback):
+            self.model_switches.labels(event.from_model, event.cause).inc()
+            return
+        self.breaker_changes.labels(event.model, event.to_state).inc()
+        opened = 0 if event.to_state == "closed" else 1
+        self.breaker_open.labels(event.model, event.endpoint, event.producer).set(opened)
 
     def _on_compaction(self, event: ev.ContextTrimmed | ev.HistorySummarized) -> None:
         if isinstance(event, ev.HistorySummarized):
