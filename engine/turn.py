@@ -17,8 +17,7 @@ import datetime as dt
 import json
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 import structlog
 
@@ -28,7 +27,6 @@ from . import snapshots as _snapshots
 from .agent import Agent
 from .budget import BudgetStop, SpendLedger, check_budget, end_for_budget, pause_for_budget
 from .context import builtins
-from .context.assemble import assemble
 from .context.manager import ContextManager
 from .errors import (
     ConcurrencyError,
@@ -37,95 +35,37 @@ from .errors import (
     SnapshotFormatError,
 )
 from .events import ToolCallSpec
-from .fold import SessionState, ToolCallProgress, TurnProgress, fold
+from .fold import SessionState, TurnProgress, fold
 from .log.base import EventLog
-from .messages import ChatMessage
 from .model_call import CallOutcome, LiveCalls, stream_call
 from .models.base import ModelRequest, ModelResponse
 from .models.endpoints import Endpoints
 from .states import Cause, SessionStatus
+from .steps import (
+    CallModel,
+    Done,
+    DropWaiting,
+    RunTools,
+    StartTurn,
+    Step,
+    Stop,
+    build_request,
+    ended_by_final_tool,
+    next_step,
+    stop_reason,
+)
 from .stream import StreamItem
-from .tools import Tool, batch, guards, ledger, recovery
-from .tools import execute as tool_exec
-from .turn_records import add_tool_finished, add_turn_finished, drop_waiting
+from .tool_step import Clock, ToolStep, key_of
+from .tools import recovery
+from .turn_records import add_turn_finished, drop_waiting
 from .writer import SessionWriter
 
 S = SessionStatus
-Clock = Callable[[], int]
-"""Now, in ms since the epoch: what the crash rule's times are read against (engine.tools.recovery)."""
 MessageCheck = Callable[[SessionState, str], None]
 """Accepts a new user message for a session or raises (too large, session closed...)."""
 log = structlog.get_logger("turnlog.turn")
-Runnable = list[tuple[ToolCallProgress, int, Tool, dict[str, Any]]]
-"""A tool batch's calls to run: (call, attempts made before this run, tool, arguments)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StartTurn:
-    message_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallModel:
-    closing: bool
-    """True once the tool loop is over (a loop guard stopped it, or one of the agent's
-    ``final_tools`` succeeded): the model is called without tools, to answer."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunTools:
-    calls: tuple[ToolCallProgress, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class DropWaiting:
-    """The session is closed and messages still wait in its inbox (they arrived after the
-    close): each is dropped with the reason, so none is left unanswered and unexplained."""
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    pass
-
-
-Stop = interrupts.Stop
-Step = StartTurn | CallModel | RunTools | Stop | DropWaiting | Done
 REFOLDS = 8
 """Times a run folds again after a conflicting event slipped in, before giving up."""
-START_NOTICE_S = 0.1
-"""A tool batch whose starts need not be committed before it runs (needs_commit_before) has
-them committed once it has run this long: a fast batch goes out in one commit with its results,
-a slow one is seen running (streams, ``show``, a cancel) while it runs."""
-
-
-def next_step(state: SessionState, agent: Agent) -> Step:
-    """What the folded state calls for next; pure."""
-    turn = state.turn
-    if turn is None:
-        if state.inbox:
-            return DropWaiting() if state.closed else StartTurn(state.inbox[0].message_id)
-        return Done()
-    stop = interrupts.stop_for(state, agent)
-    if stop is not None:  # also while paused: a cancel or an interrupting message ends the wait
-        return stop
-    if state.status is S.PAUSED_FOR_USER:  # a tool call waits for the user's approval
-        return Done()
-    pending = turn.unfinished_calls()
-    if pending:
-        return RunTools(tuple(pending))
-    closing = (
-        bool(turn.guard) or turn.iterations >= agent.max_tool_iterations or bool(final_tool_ran(turn, agent))
-    )
-    return CallModel(closing=closing)
-
-
-def final_tool_ran(turn: TurnProgress, agent: Agent) -> str:
-    """The first of the agent's ``final_tools`` that succeeded in this turn, or ""."""
-    if not agent.final_tools:
-        return ""
-    return next(
-        (r.tool_name for r in turn.history if r.status == "success" and r.tool_name in agent.final_tools), ""
-    )
 
 
 class TurnRunner:
@@ -157,6 +97,8 @@ class TurnRunner:
         self.clock = clock
         """Stamps tool starts and decides when a crashed call starts again or is given up
         (engine.tools.recovery); tests inject one that runs ahead of the wall clock."""
+        self.tools = ToolStep(log, clock, self.snapshots)
+        """Runs the tool steps of this runner's turns."""
         self.context = ContextManager(log, cache_size, self.endpoints)
         """Keeps every model step within the agent's context budgets (seed §3)."""
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
@@ -281,18 +223,14 @@ class TurnRunner:
         if isinstance(step, Stop):
             open_call = await usage.open_model_call(self.log, w.state)
             calls = w.state.turn.tool_calls.values() if w.state.turn else ()
-            known = await recovery.stopped_outcomes(
-                calls, builtins.session_tools(agent, w.state), self._key_of(w)
-            )
+            known = await recovery.stopped_outcomes(calls, builtins.session_tools(agent, w.state), key_of(w))
             interrupts.stop_turn(
                 w, step, agent.model.name, self.snapshots,
                 open_call=open_call, prices=agent.prices, known=known,
             )  # fmt: skip
             return
         steps = (
-            self._run_tools(step, w, agent)
-            if isinstance(step, RunTools)
-            else self._call_model(step, w, agent)
+            self.tools.run(step, w, agent) if isinstance(step, RunTools) else self._call_model(step, w, agent)
         )
         async for item in steps:
             yield item
@@ -462,8 +400,8 @@ class TurnRunner:
         tid = turn.turn_id
         calls = () if closing else unique_call_ids(response.tool_calls, turn)
         text = response.text
-        guard, reason = _stop_reason(turn, agent.max_tool_iterations)
-        stopped = closing and not _ended_by_final_tool(turn, agent)
+        guard, reason = stop_reason(turn, agent.max_tool_iterations)
+        stopped = closing and not ended_by_final_tool(turn, agent)
         unanswered = not calls and not text.strip()
         if unanswered:  # the engine answers from the results rather than leave the user nothing
             opening = f"I stopped to avoid a loop ({reason})" if stopped else "The model wrote no answer"
@@ -509,165 +447,9 @@ class TurnRunner:
     def _finish_turn(self, w: SessionWriter, reason: str) -> None:
         add_turn_finished(w, reason, self.snapshots)
 
-    async def _run_tools(self, step: RunTools, w: SessionWriter, agent: Agent) -> AsyncIterator[StreamItem]:
-        turn = w.state.turn
-        assert turn is not None
-        tid = turn.turn_id
-        origin = w.state.origin_calls.get(turn.message_id, ())  # a fork's: what its origin started
-        now = self.clock()
-        registry = builtins.session_tools(agent, w.state)
-        plan = batch.plan_batch(step.calls, registry, turn.history, origin, now_ms=now)
-        if plan.paced_until is not None:  # a crashed call's next start is not due: wait, decide again
-            await recovery.pause(plan.paced_until - now, w.state.session_id)
-            return
-        if plan.approvals and plan.trip is None:
-            batch.request_approvals(w, tid, plan.approvals)
-            return
-        await recovery.settle(plan.prepared, self._key_of(w))
-        runnable: Runnable = []  # the fold updates each `call` as events are added
-        results: dict[str, tuple[int, tool_exec.ToolOutcome]] = {}  # call_id -> (prior attempts, outcome)
-        w.mark_boundary()
-        for call in step.calls:
-            prepared = plan.prepared[call.call_id]
-            if isinstance(prepared, tool_exec.ToolOutcome):  # rejected, declined, interrupted: nothing to run
-                results[call.call_id] = (call.attempts, prepared)
-            else:
-                assert isinstance(prepared, tuple), prepared  # settled: nothing paced or to consult
-                key = ledger.idempotency_key(w.state.session_id, tid, call.call_id)
-                runnable.append((call, call.attempts, prepared[0], ledger.with_key(*prepared, key)))
-                w.add(
-                    ev.ToolCallStarted,
-                    turn_id=tid,
-                    call_id=call.call_id,
-                    tool_name=call.tool_name,
-                    attempt=call.attempts + 1,
-                    idempotency_key=key,
-                    correlation_id=tid,
-                    time_ms=self.clock(),
-                )
-        commit_first = needs_commit_before(runnable, w.recovered)
-        if commit_first:
-            for event in await w.commit():
-                yield event
-            if interrupts.stop_for(w.state, agent) is not None:
-                return  # a stop slipped in before the tools could start: the next step is Stop
-        outcomes: list[tool_exec.ToolOutcome] = []
-        async for item in self._execute(w, agent, runnable, commit_first, outcomes):
-            yield item
-        if len(outcomes) < len(runnable):
-            return  # a stop slipped in while the tools ran: the next step is Stop
-        for (call, prior, _, _), outcome in zip(runnable, outcomes, strict=True):
-            results[call.call_id] = (prior, outcome)
-        for call in step.calls:  # results go back in the order the model asked for them
-            prior, outcome = results[call.call_id]
-            add_tool_finished(w, tid, call, outcome, attempts=prior + outcome.attempts)
-            if outcome.status is tool_exec.ToolStatus.SUCCESS:
-                builtins.events_for(w, agent, tid, call.call_id, call.tool_name, call.arguments_json)
-        batch.after_batch(w, tid, len(step.calls), plan.trip, agent.max_tool_iterations)
-        w.transition(S.PROCESSING, Cause.TOOL_RESULT, correlation_id=tid)
-        if self.snapshots is not None:
-            _snapshots.take(w, self.snapshots, correlation_id=tid, step=True)
-        # nothing since the last commit that cannot run again if lost: the next model call need
-        # not wait for the COMMIT of what it follows (it is made again, and so is the batch)
-        w.redoable_pending = not commit_first and bool(runnable)
-
-    def _key_of(self, w: SessionWriter) -> Callable[[str], str]:
-        """A call's idempotency key in the writer's running turn, by call id."""
-        sid, tid = w.state.session_id, w.state.turn.turn_id if w.state.turn else ""
-        return lambda call_id: ledger.idempotency_key(sid, tid, call_id)
-
-    async def _execute(
-        self,
-        w: SessionWriter,
-        agent: Agent,
-        runnable: Runnable,
-        commit_first: bool,
-        outcomes: list[tool_exec.ToolOutcome],
-    ) -> AsyncIterator[StreamItem]:
-        """Run the batch into ``outcomes``. A batch whose starts were not committed first has
-        them committed once it has run ``START_NOTICE_S``, while it runs; if a stop slipped in
-        then, its tools (all idempotent) are cancelled and ``outcomes`` stays empty."""
-        scope = builtins.session_scope(self.log, w.state)
-        try:
-            if commit_first or not runnable:
-                outcomes.extend(await _run_calls(runnable))
-                return
-            work = asyncio.ensure_future(_run_calls(runnable))
-            try:
-                await asyncio.sleep(0)  # a batch that does not wait finishes here: no timer needed
-                if not work.done() and not await _finishes_within(work, START_NOTICE_S):
-                    for event in await w.commit():  # a slow batch: every stream shows it running
-                        yield event
-                    if interrupts.stop_for(w.state, agent) is not None:
-                        return
-                outcomes.extend(await work)
-            finally:
-                if not work.done():
-                    work.cancel()
-        finally:
-            builtins.end_scope(scope)
-
-
-async def _run_calls(runnable: Runnable) -> list[tool_exec.ToolOutcome]:
-    if len(runnable) == 1:  # no task per call when there is nothing to run concurrently
-        return [await tool_exec.execute(runnable[0][2], runnable[0][3])]
-    return list(await asyncio.gather(*(tool_exec.execute(t, args) for _, _, t, args in runnable)))
-
-
-async def _finishes_within(work: asyncio.Future[Any], seconds: float) -> bool:
-    """Whether ``work`` is done within ``seconds`` (it goes on either way). A timer and a
-    done-callback on one future: ``asyncio.wait`` costs twice as much, on every tool step."""
-    loop = asyncio.get_running_loop()
-    woken: asyncio.Future[None] = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not woken.done():
-            woken.set_result(None)
-
-    timer = loop.call_later(seconds, wake)
-    work.add_done_callback(wake)
-    try:
-        await woken
-    finally:
-        timer.cancel()
-        work.remove_done_callback(wake)
-    return work.done()
-
-
-def needs_commit_before(runnable: Runnable, recovered: bool) -> bool:
-    """Whether a tool batch's starts must be on the log before it runs (the ledger's rule).
-
-    Not when every call is a first start of an idempotent tool without a key: if the worker
-    dies mid-batch, its successor finds the model call that asked for the batch unanswered,
-    records it interrupted and asks again, and the tools run again, which they allow. The
-    answer, the starts and the results then go out in one commit with the next model call; a
-    batch still running after ``START_NOTICE_S`` has its answer and starts committed then.
-    A keyed tool needs its start on the log: a re-asked model may name new calls, so new keys,
-    and the key's exactly-once promise would break. A re-run (attempt > 1) and every batch of
-    a run that found a stopped worker's call (``recovered``) are committed first, so a tool
-    that kills its worker meets the crash rule (engine.tools.recovery) instead of a crash
-    loop. A batch with nothing to run has no side effect to commit before."""
-    if recovered:
-        return bool(runnable)
-    return any(not t.idempotent or t.takes_idempotency_key or prior for _, prior, t, _ in runnable)
-
 
 def _failure_reason(error: Exception | None) -> str:
     return f"{type(error).__name__}: {error}" if error else "no response"
-
-
-def _ended_by_final_tool(turn: TurnProgress, agent: Agent) -> bool:
-    """The tool loop is over because a final tool succeeded, not because a guard stopped it."""
-    return (
-        not turn.guard and turn.iterations < agent.max_tool_iterations and bool(final_tool_ran(turn, agent))
-    )
-
-
-def _stop_reason(turn: TurnProgress, cap: int) -> tuple[str, str]:
-    """The guard that stopped the loop and why (logs written before guard events: the cap)."""
-    if turn.guard:
-        return turn.guard, turn.guard_reason
-    return str(guards.Guard.ITERATION_CAP), f"the turn used its maximum of {cap} tool steps"
 
 
 def unique_call_ids(calls: tuple[ToolCallSpec, ...], turn: TurnProgress) -> tuple[ToolCallSpec, ...]:
@@ -682,23 +464,6 @@ def unique_call_ids(calls: tuple[ToolCallSpec, ...], turn: TurnProgress) -> tupl
         used.add(call_id)
         unique.append(call if call_id == call.call_id else dataclasses.replace(call, call_id=call_id))
     return tuple(unique)
-
-
-def build_request(
-    state: SessionState, agent: Agent, closing: bool, endpoints: Endpoints | None = None
-) -> ModelRequest:
-    """What a model step is sent: the system prompt, the history, and for a closing call (tools
-    withdrawn) the note saying why. Pure, so the gateway can show what any past call was sent."""
-    messages = assemble(state, agent)
-    turn = state.turn
-    if closing and turn is not None and _ended_by_final_tool(turn, agent):
-        messages.append(ChatMessage.system(guards.final_note(final_tool_ran(turn, agent))))
-    elif closing and turn is not None:
-        guard, reason = _stop_reason(turn, agent.max_tool_iterations)
-        messages.append(ChatMessage.system(guards.closing_note(guard, reason, agent.max_tool_iterations)))
-    tools = () if closing else builtins.session_tools(agent, state).specs()
-    turn_id = state.turn.turn_id if state.turn else ""
-    return ModelRequest(messages, tools, state.session_id, turn_id, endpoints=endpoints)
 
 
 def _gathered_summary(state: SessionState, opening: str) -> str:

@@ -42,7 +42,7 @@ class SessionWriter:
         """Index in the pending batch where a step's side-effect starts begin (mark_boundary)."""
         self.recovered = False
         """This run met a model call a stopped worker left unanswered: from then on every tool
-        batch is committed before it runs (engine.turn.needs_commit_before)."""
+        batch is committed before it runs (engine.tool_step.needs_commit_before)."""
         self.redoable_pending = False
         """What is pending was all recorded by work that can be redone if it is lost (an
         idempotent tool batch that needed no commit before it, and the model answer that asked

@@ -13,16 +13,6 @@ from tests.test_import_graph import turnlog_modules
 
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
-WAITING_FOR_THE_LEAD = (
-    "engine/turn.py",
-    "engine/model_call.py",
-)
-"""Modules being changed on other branches now; the lead splits them after merging and then
-empties this. Nothing else may be added."""
-
-
-def _allowed(rel: str) -> bool:
-    return any(Path(rel).match(pattern) for pattern in WAITING_FOR_THE_LEAD)
 
 
 def long_functions(tree: ast.Module, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int, int]]:
@@ -52,7 +42,7 @@ def test_no_product_module_over_500_lines() -> None:
     long = {
         rel: n
         for rel, path in _product_files().items()
-        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES and not _allowed(rel)
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert not long, f"split these by concern (at most {MAX_MODULE_LINES} lines each): {long}"
 
@@ -61,7 +51,6 @@ def test_no_product_function_over_60_lines() -> None:
     long = {
         f"{rel}:{line} {name}": n
         for rel, path in _product_files().items()
-        if not _allowed(rel)
         for name, line, n in long_functions(ast.parse(path.read_text()))
     }
     assert not long, f"split these functions (at most {MAX_FUNCTION_LINES} lines each): {long}"
@@ -83,11 +72,3 @@ def test_the_measure_counts_decorators_docstrings_and_nested_functions() -> None
     )
     assert long_functions(ast.parse(source), limit=4) == [("A.f", 2, 6)]
     assert long_functions(ast.parse(source), limit=1) == [("A.f", 2, 6), ("A.f.inner", 5, 2), ("g", 8, 2)]
-
-
-def test_the_allowance_names_only_the_modules_waiting_for_the_lead() -> None:
-    files = _product_files()
-    assert _allowed("engine/turn.py")
-    assert not _allowed("engine/log/sqlite.py") and not _allowed("engine/turn_records.py")
-    for pattern in WAITING_FOR_THE_LEAD:
-        assert any(Path(rel).match(pattern) for rel in files), f"{pattern} names no module: remove it"

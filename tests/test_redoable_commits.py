@@ -2,7 +2,7 @@
 
 After a tool batch that needed no commit before it (idempotent tools, first starts), the
 commit before the next model call is *redoable*: lost, the model is asked again and the tools
-run again (engine.turn.needs_commit_before). It returns without waiting for its COMMIT, which
+run again (engine.tool_step.needs_commit_before). It returns without waiting for its COMMIT, which
 the turn's end (or the hold's timer) shares (engine.log.sqlite_commit): a K-step turn costs two
 COMMITs, so two fsyncs in ``power`` durability, instead of K + 2. A tool with a side effect
 keeps every commit of its turn waiting for its own COMMIT.
