@@ -35,6 +35,7 @@ from .session import (
     CancelRequested,
     SessionClosed,
     SessionCreated,
+    SessionErased,
     SessionForked,
     SnapshotTaken,
     StateChanged,
@@ -90,6 +91,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TaskStateChanged,
         BudgetExceeded,
         BudgetDecided,
+        SessionErased,
     )
 }
 
@@ -120,6 +122,7 @@ __all__ = [
     "ModelFallback",
     "SessionClosed",
     "SessionCreated",
+    "SessionErased",
     "SessionForked",
     "SnapshotTaken",
     "StateChanged",
