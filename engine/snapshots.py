@@ -126,6 +126,10 @@ class SnapshotEncoder:
         text = encode_state(state, entry.parts[skip:], base=base, skip=skip, previous=previous, kept=kept)
         return Encoded(text, base)
 
+    def forget(self, session_id: str) -> None:
+        """Drop what is cached of the session (its messages, encoded): it was erased."""
+        self._cache.pop(session_id, None)
+
     def restore_point_ok(self, state: SessionState, version: int) -> bool:
         """Whether the snapshot of ``state`` at ``version`` may be a restore point: this encoder
         wrote one holding this fold fewer than ``FULL_EVERY`` versions before, and the messages

@@ -93,3 +93,19 @@ def rotate_master_key(
         return crypto_cli.rotate(console, side)
 
     run(work())
+
+
+@commands.command(name="open-logs")
+def open_logs(home: HomeOption = None, kafka: KafkaOption = None) -> None:
+    """Read the gateway's JSON log lines on stdin and print them with each sampled context
+    (`turn.context`, sealed with its session's key) opened: [erased] once the session is erased."""
+    import sys
+
+    from . import crypto_cli
+
+    side = ReadSide(home_dir(home), kafka)
+
+    async def work() -> int:
+        return crypto_cli.open_logs(side, sys.stdin, sys.stdout)
+
+    run(work())

@@ -3,8 +3,10 @@ with its content encrypted) and `turnlog rotate-master-key`."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Iterable, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -103,6 +105,26 @@ async def _events_in(log: EventLog) -> bool:
 def _cipher(log: EventLog) -> ContentCipher | None:
     sealer = getattr(getattr(log, "records", None), "sealer", None)
     return sealer if isinstance(sealer, ContentCipher) else None
+
+
+def open_logs(side: ReadSide, lines: Iterable[str], out: TextIO) -> int:
+    """The gateway's JSON log lines with each sampled context's sealed messages opened (``[erased]``
+    for an erased session); other lines as they are."""
+    from turnlog.engine.log.sealing import RecordCodec
+    from turnlog.gateway.observe.logs import open_context
+
+    cipher = embedded_cipher(side.home / "log.db") if side.kafka is None else configured_cipher(side.home)
+    records = RecordCodec(cipher)
+    for line in lines:
+        try:
+            parsed = json.loads(line)
+        except json.JSONDecodeError:
+            out.write(line)
+            continue
+        out.write(json.dumps(open_context(parsed, records), ensure_ascii=False) + "\n")
+    if cipher is not None:
+        cipher.close()
+    return 0
 
 
 def rotate(console: Console, side: ReadSide) -> int:
