@@ -15,6 +15,7 @@ import structlog
 
 from turnlog.engine.crypto.keystore import ErasureRecord
 from turnlog.engine.erasure import Eraser, ErasureStep, MemoryForgetter
+from turnlog.engine.erasure.eraser import BATCH
 from turnlog.engine.errors import ConfigurationError
 from turnlog.engine.log.base import EventLog
 from turnlog.engine.session import AgentSessions
@@ -26,7 +27,9 @@ log = structlog.get_logger("turnlog.erasure")
 ATTEMPTS = 10
 
 
-def open_eraser(api: AgentSessions, store: ProjectionStore, *, memory: bool = True) -> Eraser | None:
+def open_eraser(
+    api: AgentSessions, store: ProjectionStore, *, memory: bool = True, batch: int = BATCH
+) -> Eraser | None:
     """The eraser of a deployment: its API's log and cipher, its projections, and the memory
     stores its agents hold (``memory``); None when the log encrypts nothing (nothing to erase)."""
     try:
@@ -41,7 +44,7 @@ def open_eraser(api: AgentSessions, store: ProjectionStore, *, memory: bool = Tr
     async def projected(user_id: str) -> list[str]:
         return session_ids_of(store, user_id)
 
-    return Eraser(api, cipher, steps, find_sessions=projected)
+    return Eraser(api, cipher, steps, find_sessions=projected, batch=batch)
 
 
 class ProjectionScrubber:

@@ -39,6 +39,12 @@ def erase(
     postgres: PostgresOption = None,
     schema: SchemaOption = "public",
     agents: AgentsOption = None,
+    batch: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Sessions per key-store transaction (what a crash makes the next run redo)."
+        ),
+    ] = 200,
 ) -> None:
     """Erase a user's (or one session's) content for good: destroy their keys (the log then reads
     [erased]), stop a running turn, scrub the projections and long-term memories. Metadata stays.
@@ -53,7 +59,7 @@ def erase(
             "--kafka and --postgres go together: the log on Kafka, the projections in PostgreSQL"
         )
     side = ReadSide(home_dir(home), kafka, topic, partitions, postgres, schema)
-    run(erase_cli.run(console, side, agents=agents, user=user, session=session, reason=reason))
+    run(erase_cli.run(console, side, agents=agents, user=user, session=session, reason=reason, batch=batch))
 
 
 @commands.command(name="migrate-encrypt")

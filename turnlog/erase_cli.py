@@ -26,6 +26,7 @@ async def run(
     user: str | None,
     session: str | None,
     reason: str,
+    batch: int,
 ) -> int:
     """Resume pending erasures, then erase ``user`` or ``session`` (if given); print what was done."""
     directory = deployed_agents(agents, AgentContext(side.home, ModelSettings.from_env(), "erase"))
@@ -34,7 +35,7 @@ async def run(
         api = AgentSessions(log, directory, producer="cli")
         if side.kafka is None:
             await Projector(log, store).catch_up()  # the user's sessions the projections know, too
-        eraser = open_eraser(api, store)
+        eraser = open_eraser(api, store, batch=batch)
         if eraser is None:
             raise ConfigurationError(
                 "this log does not encrypt content, so nothing can be erased: set TURNLOG_KEYSTORE "

@@ -98,6 +98,7 @@ class Eraser:
         *,
         find_sessions: SessionFinder | None = None,
         clock: Callable[[], int] = now_ms,
+        batch: int = BATCH,
     ) -> None:
         self.api = api
         self.cipher = cipher
@@ -105,6 +106,10 @@ class Eraser:
         self.steps = list(steps)
         self.find_sessions = find_sessions
         self.clock = clock
+        if batch < 1:
+            raise ConfigurationError(f"an erasure's batch is at least 1 session, not {batch}")
+        self.batch = batch
+        """Sessions per key-store transaction: the work a crash can make the next process redo."""
         self._lock = asyncio.Lock()
 
     @staticmethod
@@ -173,8 +178,8 @@ class Eraser:
     async def _run(self, record: ErasureRecord, *, resumed: bool) -> ErasureReport:
         todo = self.keys.erasure_sessions(record.erasure_id, done=False)
         erased_now = 0
-        for i in range(0, len(todo), BATCH):
-            batch = todo[i : i + BATCH]
+        for i in range(0, len(todo), self.batch):
+            batch = todo[i : i + self.batch]
             await self._on_logs(record, batch)
             destroyed = self.keys.destroy(batch, record.erasure_id, self.clock())
             erased_now += len(destroyed)
