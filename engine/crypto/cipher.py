@@ -13,7 +13,6 @@ sessions were erased since it last asked.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -32,7 +31,7 @@ from ..events import (
     UserMessageReceived,
     now_ms,
 )
-from .fields import CONTENT_FIELDS, ERASED, ERASED_TEXT, scrubbed
+from .fields import CONTENT_FIELDS, ERASED, ERASED_TEXT, replaced, scrubbed
 from .keystore import DataKey, KeyStore
 from .master import KEY_BYTES, MasterKeys
 from .sealed import PREFIX, associated, open_sealed, seal
@@ -81,7 +80,7 @@ class ContentCipher:
                 )
             else:
                 changes[name] = seal(aead, value, aad(event, name))
-        return dataclasses.replace(event, **changes) if changes else event
+        return replaced(event, changes) if changes else event
 
     def open(self, event: Event) -> Event:
         """``event`` with its sealed values opened (erased if its key is gone); plaintext from a
@@ -106,7 +105,7 @@ class ContentCipher:
                     if aead is None
                     else open_sealed(aead, value, self._aad(event, name), _where(event, name))  # type: ignore[arg-type]
                 )
-        return dataclasses.replace(event, **changes) if changes else event
+        return replaced(event, changes) if changes else event
 
     def _open_calls(
         self, event: Event, name: str, calls: tuple[ToolCallSpec, ...], aead: AESGCM | None

@@ -16,7 +16,7 @@ reads its items), and a snapshot's state ``[erased]`` (its loader then folds the
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from ..events import Event, ToolCallSpec
 
@@ -105,6 +105,35 @@ CONTENT_FIELDS: dict[str, tuple[tuple[str, Shape], ...]] = {
 """``CONTENT`` as tuples, for the per-event loops of the codec path."""
 
 
+def replaced(event: Event, changes: dict[str, Any]) -> Event:
+    """``event`` with the content fields in ``changes`` replaced: ``dataclasses.replace`` for the
+    codec path, made per event type, at about a third of its cost (it runs for every event a
+    persisting log writes or reads)."""
+    copy = _COPIES.get(type(event))
+    if copy is None:
+        copy = _COPIES[type(event)] = _copier(type(event))
+    return copy(event, changes)
+
+
+_COPIES: dict[type[Event], Callable[[Event, dict[str, Any]], Event]] = {}
+
+
+def _copier(cls: type[Event]) -> Callable[[Event, dict[str, Any]], Event]:
+    """A function that copies a slotted frozen event, taking the content fields from ``changes``
+    when there (the others are copied as they are), through the slots' descriptors."""
+    content = set(CONTENT.get(cls.type, {}))
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    lines = ["def copy(e, ch):", "    n = _new(_cls)"]
+    for f in dataclasses.fields(cls):
+        scope[f"_set_{f.name}"] = getattr(cls, f.name).__set__
+        value = f"ch.get({f.name!r}, e.{f.name})" if f.name in content else f"e.{f.name}"
+        lines.append(f"    _set_{f.name}(n, {value})")
+    lines.append("    return n")
+    exec(compile("\n".join(lines) + "\n", f"<{cls.__name__} copy>", "exec"), scope)
+    copy: Callable[[Event, dict[str, Any]], Event] = scope["copy"]
+    return copy
+
+
 def is_erased(value: str | None) -> bool:
     """Whether a content value reads as erased (its key was destroyed)."""
     return value in (ERASED_TEXT, ERASED_OBJECT)
@@ -129,7 +158,7 @@ def scrubbed(event: Event) -> Event:
                 changes[name] = erased_calls(value)
         elif value:  # "" and None stay: they hold nothing
             changes[name] = ERASED[shape]
-    return dataclasses.replace(event, **changes) if changes else event
+    return replaced(event, changes) if changes else event
 
 
 def content_values(event: Event) -> list[str]:
