@@ -215,3 +215,15 @@ def _exercise(cipher: ContentCipher) -> None:
     keys.finish_erasure("r1", 9)
     assert keys.pending_erasures() == [] and keys.erasure("r1").state == "done"  # type: ignore[union-attr]
     keys.purge()
+
+
+def test_a_large_value_is_compressed_before_it_is_sealed(tmp_path: Path) -> None:
+    cipher = ContentCipher(SqliteKeyStore(tmp_path / "k.db"), random_master())
+    state = '{"m": [' + ",".join(f'["user", "where is order A-{i}?"]' for i in range(200)) + "]}"
+    event = ev.SnapshotTaken(
+        session_id=SID, version=9, state_format=6, status="IDLE", last_tool="", turns=1, input_tokens=0,
+        output_tokens=0, message_count=200, keyframe_version=0, state_json=state,
+    )  # fmt: skip
+    sealed = cipher.seal(event)
+    assert len(sealed.state_json) < len(state) / 3  # JSON compresses; its ciphertext would not
+    assert cipher.open(sealed) == event

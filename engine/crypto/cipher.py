@@ -67,7 +67,7 @@ class ContentCipher:
         aead = self._aeads.get(event.session_id) or self._write_key(event)
         if aead is None:
             return scrubbed(event)
-        aad = self._aad
+        head = f"{event.session_id}\x1f{event.event_id}\x1f{event.type}.".encode()  # the AAD's start
         changes: dict[str, Any] = {}
         for name, shape in fields:
             value = getattr(event, name)
@@ -75,11 +75,13 @@ class ContentCipher:
                 continue
             if shape == "calls":
                 changes[name] = tuple(
-                    ToolCallSpec(c.call_id, c.name, seal(aead, c.arguments_json, aad(event, f"{name}.{i}")))
+                    ToolCallSpec(
+                        c.call_id, c.name, seal(aead, c.arguments_json, head + f"{name}.{i}".encode())
+                    )
                     for i, c in enumerate(value)
                 )
             else:
-                changes[name] = seal(aead, value, aad(event, name))
+                changes[name] = seal(aead, value, head + name.encode())
         return replaced(event, changes) if changes else event
 
     def open(self, event: Event) -> Event:

@@ -12,20 +12,36 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import threading
+from binascii import b2a_base64
 
+import zstandard
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import MalformedEventError
 
 PREFIX = "tlenc1:"
-"""The marker and the format's version: 1 is AES-256-GCM, 12-byte nonce, 16-byte tag."""
+"""The marker and the format's version: 1 is AES-256-GCM, 12-byte nonce, 16-byte tag, over the
+value's UTF-8 or, from ``COMPRESS_FROM`` bytes, its zstd frame when that is shorter."""
+COMPRESS_FROM = 512
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 NONCE = 12
 _NONCES_PER_READ = 256
 _nonces: list[bytes] = []
 """Random nonces read ahead: one ``os.urandom`` call serves 256 values (``list.pop`` is
 atomic, so threads share it); a forked child starts with none (it would repeat the parent's)."""
 os.register_at_fork(after_in_child=_nonces.clear)
+
+
+class _PerThread(threading.local):
+    """zstd (de)compressors are not safe to share between threads: one of each per thread."""
+
+    compressor: zstandard.ZstdCompressor | None = None
+    decompressor: zstandard.ZstdDecompressor | None = None
+
+
+_zstd = _PerThread()
 
 
 def _nonce() -> bytes:
@@ -43,8 +59,32 @@ def associated(session_id: str, event_id: str, field: str) -> bytes:
 
 
 def seal(key: AESGCM, text: str, aad: bytes) -> str:
+    data = text.encode()
+    if len(data) >= COMPRESS_FROM:
+        data = _compressed(data)
     nonce = _nonce()
-    return PREFIX + base64.b64encode(nonce + key.encrypt(nonce, text.encode(), aad)).decode("ascii")
+    return PREFIX + b2a_base64(nonce + key.encrypt(nonce, data, aad), newline=False).decode("ascii")
+
+
+def _compressed(data: bytes) -> bytes:
+    """``data`` as a zstd frame if that is a quarter shorter: ciphertext does not compress, so a
+    large value (a snapshot's state, a long tool result) is compressed before it is encrypted,
+    or the log would store it whole. UTF-8 never starts with the frame's magic (``28 b5 2f fd``:
+    0xb5 cannot start a character), so ``open_sealed`` tells the two apart."""
+    compressor = _zstd.compressor
+    if compressor is None:
+        compressor = _zstd.compressor = zstandard.ZstdCompressor(level=3, write_checksum=False)
+    packed = compressor.compress(data)
+    return packed if len(packed) * 4 < len(data) * 3 else data
+
+
+def _plain(data: bytes) -> str:
+    if data[:4] != ZSTD_MAGIC:
+        return data.decode()
+    decompressor = _zstd.decompressor
+    if decompressor is None:
+        decompressor = _zstd.decompressor = zstandard.ZstdDecompressor()
+    return decompressor.decompress(data).decode()
 
 
 def is_sealed(value: str) -> bool:
@@ -56,8 +96,8 @@ def open_sealed(key: AESGCM, value: str, aad: bytes, where: str) -> str:
     or was not sealed for this session, event and field."""
     try:
         raw = base64.b64decode(value[len(PREFIX) :], validate=True)
-        return key.decrypt(raw[:NONCE], raw[NONCE:], aad).decode()
-    except (binascii.Error, InvalidTag, ValueError) as exc:
+        return _plain(key.decrypt(raw[:NONCE], raw[NONCE:], aad))
+    except (binascii.Error, InvalidTag, ValueError, zstandard.ZstdError) as exc:
         raise MalformedEventError(
             f"{where}: the encrypted value does not open with its session's key "
             f"({type(exc).__name__}): it is damaged, or was copied from another event or field"
