@@ -354,11 +354,8 @@ async def versions_after(log: SqliteEventLog, session_id: str, after: int) -> li
 
 WRITER = """
 import asyncio, sys
-import structlog
 from turnlog.engine import events as ev
 from turnlog.engine.log import SqliteEventLog
-
-structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout is the versions
 
 async def main():
     log = SqliteEventLog(sys.argv[1], partitions=4)

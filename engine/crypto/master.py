@@ -8,7 +8,7 @@ data keys (``rotation.rotate``) without touching the log. Where it comes from, f
   earlier ones, comma-separated, while a rotation is under way);
 * ``TURNLOG_MASTER_KEY_FILE``: a file holding it, one key a line, the current one first;
 * the default file the deployment names (the embedded log's: ``master.key`` beside it), made
-  on first use with mode 0600 (the path is logged once).
+  on first use with mode 0600 (the path is said once, on stderr).
 
 A key file that another process rotated is read again when a row names a key it lacks.
 """
@@ -19,18 +19,17 @@ import base64
 import binascii
 import hashlib
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import ConfigurationError, KeyStoreError
 
 KEY_BYTES = 32
-log = structlog.get_logger("turnlog.crypto")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +153,11 @@ def _create(path: Path) -> None:
         os.link(tmp, path)  # fails if another process made it first: theirs stays
     except FileExistsError:
         pass
-    else:
-        log.warning(
-            "crypto.master_key_created",
-            path=str(path),
-            note="back it up apart from the log: without it the log's content cannot be read",
+    else:  # said on stderr, once, whatever the logging setup: like ssh-keygen's, it must be seen
+        print(
+            f"turnlog: made a master key at {path} (mode 0600); back it up apart from the log and "
+            "its key store: without it the content cannot be read",
+            file=sys.stderr,
         )
     finally:
         tmp.unlink(missing_ok=True)
