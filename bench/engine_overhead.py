@@ -115,6 +115,7 @@ def open_log(persistence: str, path: Path | None) -> SqliteEventLog:
         return SqliteEventLog(":memory:")
     assert path is not None
     durability, _, plain = persistence.partition("-")
+    plain = plain == "plain"
     return SqliteEventLog(path, durability=durability, encrypt=not plain)  # type: ignore[arg-type]
 
 

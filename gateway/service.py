@@ -161,7 +161,7 @@ class Gateway:
         runners += [companion.run() for companion in self.companions]
         if self.live_subscriber is not None:
             runners.append(self._hear(self.live_subscriber))
-        if self.eraser is not None and self.worker is not None:  # erasures need the log's owner side
+        if self.eraser is not None:
             runners.append(self._resume_erasures(self.eraser))
         self._tasks = [asyncio.create_task(r) for r in runners]
         if self.worker is not None:

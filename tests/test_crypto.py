@@ -227,3 +227,19 @@ def test_a_large_value_is_compressed_before_it_is_sealed(tmp_path: Path) -> None
     sealed = cipher.seal(event)
     assert len(sealed.state_json) < len(state) / 3  # JSON compresses; its ciphertext would not
     assert cipher.open(sealed) == event
+
+
+def test_a_field_equal_to_its_twin_is_sealed_once(tmp_path: Path) -> None:
+    cipher = ContentCipher(SqliteKeyStore(tmp_path / "k.db"), random_master())
+    result = '{"order_id": "A-17", "status": "delayed"}'
+    cipher.seal(ev.SessionCreated(session_id=SID, version=1, agent_id="a", user_id="u"))
+    finished = ev.ToolCallFinished(
+        session_id=SID, version=2, turn_id="t", call_id="c", tool_name="lookup", status="success",
+        content=result, output_json=result,
+    )  # fmt: skip
+    sealed = cipher.seal(finished)
+    assert sealed.content.startswith(PREFIX) and sealed.output_json == PREFIX + "=content"
+    assert cipher.open(sealed) == finished
+    cipher.keys.destroy([SID], "e", 1)
+    cipher.forget(SID)
+    assert (cipher.open(sealed).content, cipher.open(sealed).output_json) == (ERASED_TEXT, ERASED_OBJECT)

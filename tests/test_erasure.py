@@ -309,6 +309,18 @@ def alice_strings(m: str) -> list[str]:
     ]  # fmt: skip
 
 
+async def another_process(d: Deployment) -> EventLog:
+    """The log as a process of its own opens it: another connection, another cipher (its own
+    key cache) on the same key store."""
+    if d.backend == "sqlite":
+        return SqliteEventLog(d.home / "log.db", partitions=PARTITIONS, compress=False)
+    cipher = ContentCipher(d.cipher.keys, d.cipher.master)
+    bootstrap = need_service("TURNLOG_KAFKA_BOOTSTRAP")
+    other = KafkaEventLog(bootstrap, topic=d.topic, partitions=PARTITIONS, owner=False, sealer=cipher)
+    await other.start()
+    return other
+
+
 async def dead_letter(d: Deployment, sid: str, m: str) -> str:
     """A decision for a call that waits no more, from a process that owns nothing: the owner
     refuses it to the dead-letter topic (its value sealed as the inbox had it)."""
@@ -382,6 +394,8 @@ async def test_erasing_a_user_leaves_no_content_anywhere(
             assert [s for s in planted if s not in seen] == []
             assert (await d.raw([m]))[m], "the scan sees plaintext where it is (projections, memory)"
             before = await snapshot_of(d)
+            other = await another_process(d)  # its own caches: it read alice's content before
+            assert m in repr(await other.read_session(alice))
 
             erased = await client.delete(
                 "/v1/admin/users/alice", params={"reason": "GDPR Art. 17"}, headers=auth("root")
@@ -402,7 +416,13 @@ async def test_erasing_a_user_leaves_no_content_anywhere(
             assert [x.text for x in await d.memory.search("bob", "parcels left at the door")]
             assert await d.memory.search("alice", "parcels left at the door") == []
 
-            # the session still folds, replays and shows, with [erased] for content
+            # another process that had read the session reads it erased now (it dropped its keys
+            # and, on Kafka, scrubbed what its partition index held when it read the erasure)
+            assert m not in repr(await other.read_session(alice))
+            await other.close()
+            # the session still folds (the gateway's cached fold scrubbed too), replays and shows
+            cached = await d.gateway.api.get_state(alice)
+            assert {m.content for m in cached.messages if m.content} == {ERASED_TEXT}
             timeline = (await client.get(f"/v1/sessions/{alice}/timeline", headers=auth("alice"))).json()
             contents = [r["content"] for r in timeline["messages"] if r["content"]]
             assert contents and set(contents) == {ERASED_TEXT} and m not in json.dumps(timeline)

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Any
+from functools import partial
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -27,11 +27,11 @@ from ..events import (
     SessionCreated,
     SessionErased,
     SessionForked,
-    ToolCallSpec,
     UserMessageReceived,
     now_ms,
 )
-from .fields import CONTENT_FIELDS, ERASED, ERASED_TEXT, replaced, scrubbed
+from .compiled import Key, opener_of, sealer_of
+from .fields import CONTENT, ERASED_TEXT, scrubbed
 from .keystore import DataKey, KeyStore
 from .master import KEY_BYTES, MasterKeys
 from .sealed import PREFIX, associated, open_sealed, seal
@@ -59,75 +59,27 @@ class ContentCipher:
 
     def seal(self, event: Event) -> Event:
         """``event`` with its content encrypted (erased if its session's key is gone)."""
-        fields = CONTENT_FIELDS.get(event.type)
-        if not fields:
+        if event.type not in CONTENT:
             if type(event) is SessionErased:
                 self.forget(event.session_id)
             return event
         aead = self._aeads.get(event.session_id) or self._write_key(event)
         if aead is None:
             return scrubbed(event)
-        head = f"{event.session_id}\x1f{event.event_id}\x1f{event.type}.".encode()  # the AAD's start
-        changes: dict[str, Any] = {}
-        for name, shape in fields:
-            value = getattr(event, name)
-            if not value:
-                continue
-            if shape == "calls":
-                changes[name] = tuple(
-                    ToolCallSpec(
-                        c.call_id, c.name, seal(aead, c.arguments_json, head + f"{name}.{i}".encode())
-                    )
-                    for i, c in enumerate(value)
-                )
-            else:
-                changes[name] = seal(aead, value, head + name.encode())
-        return replaced(event, changes) if changes else event
+        return sealer_of(type(event))(event, aead)
 
     def open(self, event: Event) -> Event:
         """``event`` with its sealed values opened (erased if its key is gone); plaintext from a
         log written before encryption is left as it is."""
-        fields = CONTENT_FIELDS.get(event.type)
-        if not fields:
+        if event.type not in CONTENT:
             if type(event) is SessionErased:
                 self.forget(event.session_id)
             return event
-        changes: dict[str, Any] = {}
-        aead: AESGCM | None | bool = False  # looked up at the first sealed value
-        for name, shape in fields:
-            value = getattr(event, name)
-            if shape == "calls":
-                if any(c.arguments_json.startswith(PREFIX) for c in value):
-                    aead = self._read_key(event.session_id) if aead is False else aead
-                    changes[name] = self._open_calls(event, name, value, aead)  # type: ignore[arg-type]
-            elif value and value.startswith(PREFIX):
-                aead = self._read_key(event.session_id) if aead is False else aead
-                changes[name] = (
-                    ERASED[shape]
-                    if aead is None
-                    else open_sealed(aead, value, self._aad(event, name), _where(event, name))  # type: ignore[arg-type]
-                )
-        return replaced(event, changes) if changes else event
-
-    def _open_calls(
-        self, event: Event, name: str, calls: tuple[ToolCallSpec, ...], aead: AESGCM | None
-    ) -> tuple[ToolCallSpec, ...]:
-        opened = []
-        for i, c in enumerate(calls):
-            args = c.arguments_json
-            if args.startswith(PREFIX):
-                label = f"{name}.{i}"
-                args = (
-                    ERASED["calls"]
-                    if aead is None
-                    else open_sealed(aead, args, self._aad(event, label), _where(event, label))
-                )
-            opened.append(ToolCallSpec(c.call_id, c.name, args))
-        return tuple(opened)
-
-    @staticmethod
-    def _aad(event: Event, field: str) -> bytes:
-        return associated(event.session_id, event.event_id, f"{event.type}.{field}")
+        sid = event.session_id
+        key: Key = self._aeads.get(sid)
+        if key is None and sid not in self._erased:
+            key = partial(self._read_key, sid)  # looked up only if a value is sealed
+        return opener_of(type(event))(event, key)
 
     def erases(self, event: Event) -> bool:
         """Whether ``event`` erases its session (what was decoded of it must be scrubbed)."""

@@ -59,6 +59,14 @@ CONTENT: dict[str, dict[str, Shape]] = {
 }
 """Event type -> its content fields and their shapes."""
 
+TWINS: dict[str, dict[str, str]] = {
+    "ToolCallFinished": {"output_json": "content"},
+    "ToolInvoked": {"output_json": "content"},
+}
+"""A field that often holds the same text as an earlier content field of its event (a tool's
+JSON result is also what the model reads): sealed as a reference to it (``sealed.REF``), so the
+text is encrypted and stored once."""
+
 METADATA: dict[str, tuple[str, ...]] = {
     "SessionCreated": ("agent_id", "user_id", "role", "model"),
     "UserMessageReceived": ("message_id", "user_id"),

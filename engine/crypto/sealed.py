@@ -24,6 +24,8 @@ from ..errors import MalformedEventError
 PREFIX = "tlenc1:"
 """The marker and the format's version: 1 is AES-256-GCM, 12-byte nonce, 16-byte tag, over the
 value's UTF-8 or, from ``COMPRESS_FROM`` bytes, its zstd frame when that is shorter."""
+REF = PREFIX + "="
+"""``tlenc1:=<field>``: the same plaintext as the event's sealed ``<field>`` (fields.TWINS)."""
 COMPRESS_FROM = 512
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 NONCE = 12
