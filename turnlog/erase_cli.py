@@ -56,11 +56,15 @@ async def run(
 
 
 def _print(console: Console, report: ErasureReport, what: str) -> None:
-    done = "already erased" if report.sessions and not report.erased_now else f"{report.erased_now} now"
+    if not report.sessions:
+        console.print(f"nothing left to erase for {report.scope} {escape(report.subject)}", highlight=False)
+        return
+    done = "already erased" if not report.erased_now else f"{report.erased_now} now"
     console.print(
         f"{what} {report.scope} {escape(report.subject)}: {report.sessions} session(s) ({done}), "
         f"erasure {report.erasure_id}",
         highlight=False,
+        soft_wrap=True,
     )
     if report.unerasable:
         console.print(
