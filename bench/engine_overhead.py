@@ -9,6 +9,8 @@
    async tool, on SqliteEventLog ``:memory:``, ``durability="process"`` (synchronous=NORMAL)
    and ``durability="power"`` (synchronous=FULL: one fsync per commit). Reported: wall and CPU
    (``time.process_time``) microseconds per model step, commits and fsync-able appends per turn.
+   The file logs encrypt content by default (engine.crypto); ``process-plain`` / ``power-plain``
+   are the same logs with encryption off (``--persistence process process-plain``).
 2. growth: one session of 100 turns x 1 tool step (the peers' S3): mean ms per turn of turns
    1-10 vs 91-100, their ratio, and the least-squares slope of turn time against the history
    items at the start of the turn (microseconds per history item).
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import cProfile
 import gc
 import json
@@ -57,7 +60,9 @@ from turnlog.engine.events import AssistantMessage, ToolCallSpec  # noqa: E402
 from turnlog.engine.messages import turn_tool_results  # noqa: E402
 from turnlog.engine.models.base import Model, ModelChunk, ModelRequest, ModelResponse, Usage  # noqa: E402
 
-PERSISTENCE = ("memory", "process", "power")
+PERSISTENCE = ("memory", "process", "power", "process-plain", "power-plain")
+"""``-plain``: the same log with content encryption off (it is on by default: engine.crypto)."""
+DEFAULT_PERSISTENCE = ("memory", "process", "power")
 FINAL_TEXT = "done"
 AGENT_ID = "bench"
 WARMUP_TURNS = 2
@@ -109,12 +114,16 @@ def open_log(persistence: str, path: Path | None) -> SqliteEventLog:
     if persistence == "memory":
         return SqliteEventLog(":memory:")
     assert path is not None
-    return SqliteEventLog(path, durability=persistence)  # type: ignore[arg-type]
+    durability, _, plain = persistence.partition("-")
+    plain = plain == "plain"
+    return SqliteEventLog(path, durability=durability, encrypt=not plain)  # type: ignore[arg-type]
 
 
 def remove_db(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
+    keys = path.with_name(f"{path.stem}.keys.db")  # the key store beside an encrypted log
+    for base in (path, keys):
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(str(base) + suffix).unlink(missing_ok=True)
 
 
 def user_text(session: int, turn: int) -> str:
@@ -509,8 +518,8 @@ def main() -> None:
         "--persistence",
         nargs="+",
         choices=PERSISTENCE,
-        default=list(PERSISTENCE),
-        help="logs to measure (default: all three)",
+        default=list(DEFAULT_PERSISTENCE),
+        help="logs to measure (default: memory, process, power; -plain: encryption off)",
     )
     ap.add_argument("--sessions", type=int, default=20, help="overhead: sessions (default 20)")
     ap.add_argument("--turns", type=int, default=10, help="overhead: turns per session (default 10)")
@@ -546,6 +555,8 @@ def main() -> None:
         help="JSON output (default bench/results/latest.json); '-' = none",
     )
     a = ap.parse_args()
+    # the encrypted logs' master key: from the environment, not a key file left in --db-dir
+    os.environ.setdefault("TURNLOG_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
     if a.growth_turns < 20:
         ap.error("--growth-turns must be at least 20 (turns 1-10 vs the last 10)")
     a.db_dir.mkdir(parents=True, exist_ok=True)

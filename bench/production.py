@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -103,10 +104,12 @@ def gateway(args: argparse.Namespace) -> None:
     limits = Limits(requests_per_second=1e6, burst=1_000_000, streams_per_user=10_000)
     home = Path(args.home)
     if args.kafka:
-        log: Any = KafkaEventLog(args.kafka, topic=args.topic, partitions=PARTITIONS, owner=False)
+        log: Any = KafkaEventLog(
+            args.kafka, topic=args.topic, partitions=PARTITIONS, owner=False, sealer=_cipher(args)
+        )
         store: Any = PostgresProjectionStore(args.postgres, schema=args.schema)
     else:
-        log = SqliteEventLog(home / "log.db", partitions=PARTITIONS)
+        log = SqliteEventLog(home / "log.db", partitions=PARTITIONS, encrypt=args.encrypt)
         store = SqliteProjectionStore(home / "projections.db")
     config = GatewayConfig(limits=limits, run_worker=not args.kafka, log_sample_rate=0.0)
 
@@ -126,13 +129,23 @@ async def worker(args: argparse.Namespace) -> None:
     from turnlog.consumers import TurnWorker
     from turnlog.engine import AgentDirectory, KafkaEventLog
 
-    log = KafkaEventLog(args.kafka, topic=args.topic, partitions=PARTITIONS, client_id=args.id)
+    log = KafkaEventLog(
+        args.kafka, topic=args.topic, partitions=PARTITIONS, client_id=args.id, sealer=_cipher(args)
+    )
     await log.start()
     turn_worker = TurnWorker(log, AgentDirectory([bench_agent(args.model_url)]), worker_id=args.id)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, turn_worker.stop)
     await turn_worker.run()
     await log.close()
+
+
+def _cipher(args: argparse.Namespace) -> Any:
+    """The Kafka processes' content cipher when the case encrypts (TURNLOG_KEYSTORE, set by the
+    driver to a schema of the case's PostgreSQL), else None."""
+    from turnlog.engine.crypto.setup import configured_cipher
+
+    return configured_cipher() if args.encrypt else None
 
 
 async def model_floor(args: argparse.Namespace) -> None:
@@ -426,6 +439,8 @@ class Case:
     topic: str = ""
     schema: str = ""
     workers: int = 0
+    encrypt: bool = True
+    """Content encryption (the default); a ``-plain`` case turns it off, to compare."""
 
 
 async def create_sessions(client: httpx.AsyncClient, count: int) -> list[str]:
@@ -534,6 +549,10 @@ async def run_case(case: Case, model_url: str, args: argparse.Namespace) -> dict
     make_key(case.home)
     port = free_port()
     common = ["--model-url", model_url]
+    common += ["--encrypt"] if case.encrypt else []
+    if case.kafka and case.encrypt:  # the processes' key store: a schema of their own
+        os.environ["TURNLOG_KEYSTORE"] = str(case.postgres)
+        os.environ["TURNLOG_KEYSTORE_SCHEMA"] = f"{case.schema}_keys"
     gw_args = ["gateway", "--home", str(case.home), "--port", str(port), *common]
     if case.kafka:
         gw_args += ["--kafka", case.kafka, "--topic", case.topic, "--postgres", str(case.postgres)]
@@ -585,8 +604,9 @@ async def wait_owners(case: Case, timeout_s: float = 120.0) -> None:
 def cases(names: list[str], root: Path) -> list[Case]:
     out = []
     for name in names:
-        if name == "embedded":
-            out.append(Case(name, root / name))
+        encrypt = not name.endswith("-plain")
+        if name.startswith("embedded"):
+            out.append(Case(name, root / name, encrypt=encrypt))
             continue
         workers = int(name.split("-")[1])
         out.append(
@@ -598,6 +618,7 @@ def cases(names: list[str], root: Path) -> list[Case]:
                 topic=f"bench.prod.{uuid.uuid4().hex[:8]}",
                 schema=f"bench_{uuid.uuid4().hex[:8]}",
                 workers=workers,
+                encrypt=encrypt,
             )
         )
     return out
@@ -670,6 +691,7 @@ def main() -> None:
         p.add_argument("--model-url", required=True)
         p.add_argument("--kafka")
         p.add_argument("--topic", default="")
+        p.add_argument("--encrypt", action="store_true", help="content encryption (engine.crypto)")
     gw.add_argument("--home", required=True)
     gw.add_argument("--port", type=int, required=True)
     gw.add_argument("--postgres")
@@ -695,6 +717,7 @@ def main() -> None:
     elif args.command == "model-floor":
         asyncio.run(model_floor(args))
     else:
+        os.environ.setdefault("TURNLOG_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
         results = asyncio.run(run(args))
         load = os.getloadavg()
         from bench.engine_version import fingerprint

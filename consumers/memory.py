@@ -36,6 +36,7 @@ import structlog
 
 from turnlog.consumers.runner import GroupConsumer
 from turnlog.engine import usage
+from turnlog.engine.crypto.fields import ERASED_TEXT, is_erased
 from turnlog.engine.errors import InputError, LogUnavailableError, MemoryStoreError, ModelError
 from turnlog.engine.events import (
     AssistantMessage,
@@ -43,6 +44,7 @@ from turnlog.engine.events import (
     Event,
     MemoryNoted,
     SessionCreated,
+    SessionErased,
     SessionForked,
     TurnFinished,
     UserMessageReceived,
@@ -170,13 +172,15 @@ class MemoryConsumer:
         elif isinstance(event, UserMessageReceived):
             _remember(self._messages, (event.session_id, event.message_id), (event.version, event.user_id))
         if (
-            not isinstance(event, (MemoryNoted, TurnFinished))
+            not isinstance(event, (MemoryNoted, TurnFinished, SessionErased))
             or is_experiment_session(event.session_id)  # a replay never writes a user's memories
             or not await self._serves(event.session_id)
         ):
             return
         try:
-            if isinstance(event, MemoryNoted):
+            if isinstance(event, SessionErased):
+                await self._forget(event)
+            elif isinstance(event, MemoryNoted):
                 await self._note(event)
             elif event.reason == "answered" and self.extractor:
                 await self._extract(event)
@@ -196,7 +200,19 @@ class MemoryConsumer:
             _remember(self._agents, session_id, agent)
         return agent in self.agent_ids
 
+    async def _forget(self, erased: SessionErased) -> None:
+        """An erasure: the user's memories (or the session's) leave the store and its files.
+        The eraser does it too where it holds the store; this covers a store that only the
+        process running this consumer can open (an embedded one). Idempotent."""
+        user = erased.user_id if erased.scope == "user" and erased.user_id else None
+        deleted = await self.store.forget(user, sessions=() if user else (erased.session_id,))
+        if deleted:
+            await self.store.compact()
+            log.info("memory.erased", session_id=erased.session_id, scope=erased.scope, deleted=deleted)
+
     async def _note(self, event: MemoryNoted) -> None:
+        if is_erased(event.text):  # read again after its session was erased: nothing to keep
+            return
         try:
             await self.store.remember(
                 event.user_id, event.text, event.tag, source=event.session_id, time_ms=event.time_ms
@@ -214,7 +230,7 @@ class MemoryConsumer:
         if not user_id:
             user_id = await self._user_of(turn.session_id, events)
         text = transcript(events, turn)
-        if not user_id or not text:
+        if not user_id or not text or ERASED_TEXT in text:  # an erased turn: nothing to learn
             return
         answer = await self._ask(turn, text)
         if answer is None:

@@ -80,11 +80,12 @@ class TurnWorker:
         )
 
     def _wanted(self, record: LogRecord) -> bool:
-        """Whether a record gives this worker work; a cancel also stops its session's model call
-        in flight at once (it is read while the turn's handler still runs: the session's records
-        are handled in order), so the provider does not finish an answer nobody will use."""
+        """Whether a record gives this worker work; a cancel (or an erasure, which closed the
+        session in its commit) also stops its session's model call in flight at once (it is read
+        while the turn's handler still runs: the session's records are handled in order), so the
+        provider does not finish an answer nobody will use."""
         event = record.event
-        if isinstance(event, ev.CancelRequested):
+        if isinstance(event, (ev.CancelRequested, ev.SessionErased)):
             self.runner.interrupt(event.session_id, event.version)
         if is_experiment_session(event.session_id):
             return False  # replays run only in their experiment runner (tools answer from the recording)

@@ -26,7 +26,8 @@ from typing import AsyncIterator, Literal
 
 from . import events as ev
 from . import interrupts, snapshots
-from .errors import InputError, SessionNotFoundError, SnapshotNotFoundError
+from .crypto.cipher import is_erased_session
+from .errors import InputError, SessionErasedError, SessionNotFoundError, SnapshotNotFoundError
 from .fold import SessionState, fold
 from .log.base import EventLog, LogRecord
 from .states import Cause, SessionStatus
@@ -121,6 +122,8 @@ class SessionAdmin:
         """``fork``, returning the records of the SessionForked and of the events that settle
         the inherited unfinished work, appended together (one pending record where another
         process owns the fork's partition: ``EventLog.submit``)."""
+        if is_erased_session(self.log, session_id):
+            raise SessionErasedError(session_id)
         snapshot = await self._snapshot_at(session_id, version)
         origin = await snapshots.state_before(self.log, snapshot)  # refuses an unreadable one before we write
         pending = _unfinished_work(origin)

@@ -9,7 +9,7 @@ already have had its 202); a force-finish request is the whole close
 known); a cancel is the request and the drops of the messages waiting for a turn
 (``interrupts.add_cancel``); an approval or budget decision is the decision and what it moves;
 a fork that inherits unfinished work is the fork and its settlement
-(``admin.forked_with_settlement``).
+(``admin.forked_with_settlement``); an erasure of an open session is its close and the erasure.
 
 ``AgentSessions`` applies the rules where it appends itself, and hands them to its log
 (``EventLog.admit_with``), whose owner applies them to what other processes submit (the Kafka
@@ -42,6 +42,7 @@ from .events import (
     CancelRequested,
     Event,
     SessionClosed,
+    SessionErased,
     SessionForked,
     UserMessageReceived,
 )
@@ -58,9 +59,9 @@ from .writer import SessionWriter
 
 PriceLookup = Callable[[str], PriceTable | None]
 """An agent's price table by agent id (None: its calls are unpriced)."""
-AFTER_CLOSE = (UserMessageReceived, AuxiliaryModelCall)
-"""Submissions a closed session still takes: a message (dropped at once, its sender told why)
-and a model call's usage (it was made and paid for)."""
+AFTER_CLOSE = (UserMessageReceived, AuxiliaryModelCall, SessionErased)
+"""Submissions a closed session still takes: a message (dropped at once, its sender told why),
+a model call's usage (it was made and paid for) and an erasure."""
 DECLINED = (ApprovalError, NotAwaitingBudgetError, InputError)
 """What a rule raises for a request the session no longer waits for (decided meanwhile)."""
 
@@ -89,6 +90,8 @@ class AdmissionRules:
             return forked_with_settlement(dataclasses.replace(event, version=1))
         if isinstance(event, SessionClosed):
             return self._closed(state, event, history)
+        if isinstance(event, SessionErased):
+            return self._erased(state, event, history)
         if isinstance(event, DECISIONS):
             return _decided(state, event)
         if isinstance(event, CancelRequested):
@@ -116,6 +119,21 @@ class AdmissionRules:
             prices=prices,
         )
         return w.take_pending()
+
+    def _erased(self, state: SessionState, erased: SessionErased, history: History) -> list[Event]:
+        """An erasure: an open session is force-finished first (its running turn stopped, its
+        waiting messages dropped, reason ``erased``), in the same commit."""
+        closing: list[Event] = []
+        if not state.closed:
+            request = SessionClosed(
+                session_id=state.session_id,
+                version=0,
+                reason="erased",
+                actor=erased.actor,
+                producer=erased.producer,
+            )
+            closing = self._closed(state, request, history)
+        return [*closing, dataclasses.replace(erased, version=state.version + len(closing) + 1)]
 
 
 def agent_prices(agents: AgentDirectory) -> PriceLookup:

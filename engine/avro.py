@@ -34,6 +34,8 @@ import keyword
 import struct
 from typing import Any, Callable, NoReturn
 
+from .crypto.sealed import PREFIX
+
 Writer = Callable[[bytearray, Any], None]
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 _ERRORS = (TypeError, ValueError, OverflowError, AttributeError)
@@ -64,6 +66,9 @@ _STRINGS: dict[str, bytes] = {}
 from event to event (its session, turn and call ids, producer, state and tool names), and a hit
 is one dict lookup instead of the encode, the length and its varint. Emptied when full, so
 one-off strings (event ids) cost a lookup and a store, and the memory stays bounded."""
+SEALED = PREFIX
+"""An encrypted content value (engine.crypto.sealed) is never kept: its random nonce makes every
+one unique, and keeping them would push the strings that do repeat out of ``_STRINGS``."""
 _LONGS: dict[int, bytes] = {}
 """Longs the inline forms do not cover (negative, or 8192 and more) as written, by value: the
 events of one append share their ``time_ms`` (six bytes). Emptied when full."""
@@ -96,7 +101,7 @@ def _string(s: Any) -> bytes:
     except UnicodeEncodeError as x:
         raise _surrogate(s, x) from None
     written = _unsigned(len(data) << 1) + data
-    if len(written) <= STRING_KEPT_BYTES and type(s) is str:
+    if len(written) <= STRING_KEPT_BYTES and type(s) is str and not s.startswith(SEALED):
         _keep(_STRINGS, s, written)
     return written
 

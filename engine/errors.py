@@ -20,6 +20,7 @@
     │   ├── NotAwaitingBudgetError no turn waits for a budget decision
     │   ├── SnapshotNotFoundError no snapshot at the version an admin named
     │   ├── NoTurnRunningError    a cancel with no running turn to stop
+    │   ├── SessionErasedError    the session's content was erased: it cannot be forked
     │   └── TurnWaitTimeoutError  a producer's wait for a message's turn ran out (engine.client)
     ├── InputError                a caller's input is unusable (too large, empty)
     │   ├── MessageTooLargeError
@@ -28,6 +29,7 @@
     │   ├── ModelTimeoutError
     │   └── ContextLengthError    the provider refused the request as too long
     ├── MemoryStoreError          the long-term memory store or its embedder failed
+    ├── KeyStoreError             the content keys cannot be read, made or destroyed
     ├── ExportError               an analytics export cannot write its output directory
     └── ToolFailure               raised *by a tool* to report a business error to the model
 
@@ -176,6 +178,18 @@ class NoTurnRunningError(SessionError):
         self.session_id = session_id
 
 
+class SessionErasedError(SessionError):
+    """The session's content was erased (its data key destroyed): it folds and replays with
+    ``[erased]`` in place of content, but nothing can start from its state."""
+
+    def __init__(self, session_id: str, what: str = "forked") -> None:
+        super().__init__(
+            f"session {session_id} was erased: its content is gone, so it cannot be {what}; "
+            "start a new session instead"
+        )
+        self.session_id = session_id
+
+
 class TurnWaitTimeoutError(SessionError):
     """A producer waited for a message's turn longer than it allowed (``SessionClient``)."""
 
@@ -245,6 +259,11 @@ class ContextLengthError(ModelError):
 
 class MemoryStoreError(TurnlogError):
     """The long-term memory store (Qdrant) or its embedder refused or failed an operation."""
+
+
+class KeyStoreError(TurnlogError):
+    """The content keys (engine.crypto) cannot be read, made, unwrapped or destroyed: the key
+    store is unreachable or damaged, or this process lacks the master key that wrapped a key."""
 
 
 class ExportError(TurnlogError):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import events as ev
+from .crypto.fields import ERASED_OBJECT, ERASED_TEXT, erased_calls
 from .errors import OutOfOrderError
 from .messages import ChatMessage, summary_message
 from .progress import InboundMessage, ToolCallProgress, TurnProgress
@@ -292,6 +293,32 @@ def _budget_decided(s: SessionState, e: ev.BudgetDecided) -> None:
     turn.budget_allowance_micros += e.extra_micros
 
 
+def _erased(s: SessionState, e: ev.SessionErased) -> None:
+    """The session's content is gone: a fold made before the erasure keeps none of it (what a
+    fold from the log gives now has it erased at each event). Its user stays (metadata)."""
+    s.user_id = s.user_id or e.user_id
+    s.messages = [_erased_message(m) for m in s.messages]
+    for waiting in s.inbox:
+        waiting.text = ERASED_TEXT
+    s.task_state = {"erased": True} if s.task_state else {}
+    s.origin_calls = {}
+    if s.turn is not None:
+        turn = s.turn
+        turn.last_answer = ERASED_TEXT if turn.last_answer else turn.last_answer
+        turn.memories = turn.recalled = ""
+        turn.history = [
+            dataclasses.replace(r, arguments_json=ERASED_OBJECT, result=ERASED_TEXT) for r in turn.history
+        ]
+        for call in turn.tool_calls.values():
+            call.arguments_json, call.approval_note = ERASED_OBJECT, ""
+
+
+def _erased_message(m: ChatMessage) -> ChatMessage:
+    return dataclasses.replace(
+        m, content=ERASED_TEXT if m.content else "", tool_calls=erased_calls(m.tool_calls)
+    )
+
+
 def _turn(s: SessionState, e: ev.Event) -> TurnProgress:
     if s.turn is None:
         raise OutOfOrderError(f"session {s.session_id}: {e.type} v{e.version} outside a turn")
@@ -335,6 +362,7 @@ _HANDLERS: dict[type[ev.Event], Callable[[SessionState, Any], None]] = {
     ev.TaskStateChanged: _task_state,
     ev.BudgetExceeded: _budget_exceeded,
     ev.BudgetDecided: _budget_decided,
+    ev.SessionErased: _erased,
 }
 
 
@@ -356,7 +384,10 @@ def restore_fork(state: SessionState, forked: ev.SessionForked) -> None:
     waiting messages version 0. A fork is open even if its origin was closed.
     """
     where = f"session {forked.session_id} v{forked.version} (fork of {forked.origin_session_id})"
-    origin = state_from(decode(forked.state_json, forked.state_format, where=where))
+    if forked.state_json == ERASED_TEXT:  # an erased fork: nothing of its origin's state is left
+        origin = SessionState(forked.session_id)
+    else:
+        origin = state_from(decode(forked.state_json, forked.state_format, where=where))
     for f in dataclasses.fields(SessionState):
         if f.name not in ("session_id", "version"):
             setattr(state, f.name, getattr(origin, f.name))

@@ -22,10 +22,12 @@ from .agent import AgentDirectory
 from .budget import BudgetDecision, SpendLedger, add_budget_decision
 from .errors import (
     ConcurrencyError,
+    DuplicateSubmissionError,
     InputError,
     LogUnavailableError,
     MessageTooLargeError,
     SessionClosedError,
+    SessionNotFoundError,
 )
 from .fold import SessionState, fold
 from .log.base import EventLog, LogRecord
@@ -467,6 +469,21 @@ class AgentSessions:
             f"{self.log.partition_of(session_id)} has not applied it within {REQUEST_WAIT_S:g} s; "
             "it will when a worker owns the partition. Check that turn workers are running."
         )
+
+    async def record_erasure(self, erased: ev.SessionErased) -> None:
+        """Put an erasure on the session's log (engine.erasure): an open session is force-finished
+        in the same commit, its running turn stopped (on Kafka by the partition's owner, from the
+        inbox). Idempotent by the event's id: a repeat finds it on the log and does nothing."""
+        sid = erased.session_id
+        try:
+            if self._owns(sid):
+                await self._admit(sid, lambda _state: erased)
+                return
+            if not (await self.runner.reload(sid)).exists:
+                raise SessionNotFoundError(sid)
+            await self.on_log((await self.log.submit(erased))[0], "the erasure")
+        except DuplicateSubmissionError:
+            return  # recorded by an earlier attempt
 
 
 def _info(state: SessionState) -> SessionInfo:

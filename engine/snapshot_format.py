@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .crypto.fields import ERASED_TEXT
 from .errors import SnapshotFormatError
 from .events import ToolCallSpec
 from .messages import ChatMessage
@@ -143,6 +144,8 @@ def decode(
     ``base_version`` when given (checked), and from format 5 that snapshot's turn
     (``base_turn``) when it keeps some of its history. ``where`` names the record in errors.
     Format 1 messages get ref 0 (engine.snapshots.load_latest gives them theirs)."""
+    if text == ERASED_TEXT:
+        raise SnapshotFormatError(f"{where}: the snapshot's content was erased (its session's key is gone)")
     layout = READS.get(state_format)
     if layout is None:
         raise SnapshotFormatError(

@@ -23,6 +23,7 @@ from operator import attrgetter
 from typing import Any, Sequence
 
 from . import events as ev
+from .crypto.fields import ERASED_TEXT
 from .errors import SnapshotFormatError
 from .fold import SessionState, TurnProgress, fold, state_from
 from .log.base import EventLog
@@ -124,6 +125,10 @@ class SnapshotEncoder:
         entry.history_count = 0 if entry.history is None else len(entry.history)
         text = encode_state(state, entry.parts[skip:], base=base, skip=skip, previous=previous, kept=kept)
         return Encoded(text, base)
+
+    def forget(self, session_id: str) -> None:
+        """Drop what is cached of the session (its messages, encoded): it was erased."""
+        self._cache.pop(session_id, None)
 
     def restore_point_ok(self, state: SessionState, version: int) -> bool:
         """Whether the snapshot of ``state`` at ``version`` may be a restore point: this encoder
@@ -233,6 +238,14 @@ def decode_state(
     )
 
 
+def forked_state(forked: ev.SessionForked) -> SessionState:
+    """The origin's state a fork started from; an empty one once the fork is erased."""
+    if forked.state_json == ERASED_TEXT:
+        return SessionState(forked.session_id)
+    where = f"session {forked.session_id} v{forked.version}"
+    return decode_state(forked.state_json, forked.state_format, where=where)
+
+
 def restore(snapshot: ev.SnapshotTaken, *chain: ev.SnapshotTaken | None) -> SessionState:
     """The session's state as of ``snapshot.version - 1``; fold the snapshot event and what
     follows it on top. A delta snapshot needs the snapshots it builds on, oldest first: its
@@ -321,8 +334,8 @@ async def state_before(log: EventLog, snapshot: ev.SnapshotTaken) -> SessionStat
 async def load_latest(log: EventLog, session_id: str) -> SessionState | None:
     """The state of the session's newest snapshot (an index lookup and a range read), or None."""
     snapshot = await log.latest_snapshot(session_id)
-    if not isinstance(snapshot, ev.SnapshotTaken):
-        return None
+    if not isinstance(snapshot, ev.SnapshotTaken) or snapshot.state_json == ERASED_TEXT:
+        return None  # none, or erased (engine.crypto): fold the events
     chain = await chain_of(log, snapshot)
     state = restore(snapshot, *chain)
     formats = {snapshot.state_format, *(link.state_format for link in chain)}

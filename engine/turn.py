@@ -121,8 +121,15 @@ class TurnRunner:
         state = fold(session_id, newer, state)
         if not state.exists:
             raise SessionNotFoundError(session_id)
+        if any(type(e) is ev.SessionErased for e in newer):  # the fold scrubbed itself: so do the caches
+            self._erased(session_id)
         self.remember(state)
         return state
+
+    def _erased(self, session_id: str) -> None:
+        self.context.forget(session_id)
+        if self.snapshots is not None:
+            self.snapshots.forget(session_id)
 
     def remember(self, state: SessionState) -> None:
         """Cache ``state``, a fold of the session's events as the log holds them (a session

@@ -1,5 +1,6 @@
 """Admin routes (the admin role only): every user's sessions, force-finish, a session's snapshots,
-a fork from one of them, a read-only replay, the analytics and the metrics."""
+a fork from one of them, a read-only replay, erasure of a user or a session, the analytics and
+the metrics."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from turnlog.engine.admin import SessionAdmin, Unfinished
+from turnlog.engine.erasure import Eraser
 from turnlog.engine.fold import SessionState, fold
 from turnlog.projections import queries
 
@@ -112,6 +114,30 @@ class AdminRoutes:
             {"session_id": state.session_id, "steps": steps, "next_after_version": next_after}
         )
 
+    async def erase_user(self, request: Request) -> Response:
+        """Erase every session of a user (engine.erasure): their content is gone from the log's
+        reading, the projections and long-term memory; metadata stays. Idempotent."""
+        user_id = request.path_params["user_id"]
+        report = await self._eraser().erase_user(user_id, _reason(request), actor=principal_of(request).user)
+        return JSONResponse(dataclasses.asdict(report))
+
+    async def erase_session(self, request: Request) -> Response:
+        """Erase one session (any user's: an admin route). Idempotent."""
+        session_id = request.path_params["session_id"]
+        eraser = self._eraser()
+        report = await eraser.erase_session(session_id, _reason(request), actor=principal_of(request).user)
+        return JSONResponse(dataclasses.asdict(report))
+
+    def _eraser(self) -> Eraser:
+        if self.gw.eraser is None:
+            raise HttpError(
+                409,
+                "erasure_unavailable",
+                "this deployment's log does not encrypt content, so nothing can be erased: on Kafka set "
+                "TURNLOG_KEYSTORE (a PostgreSQL DSN) and a master key in every process",
+            )
+        return self.gw.eraser
+
     async def analytics(self, request: Request) -> Response:
         days = int_param(request, "days", 30, 1, 3660)
         await self.gw.catch_up_analytics()
@@ -120,6 +146,14 @@ class AdminRoutes:
     async def metrics(self, request: Request) -> Response:
         body, content_type = await self.gw.metrics.render()
         return Response(body, media_type=content_type)
+
+
+def _reason(request: Request) -> str:
+    """Why (``?reason=``, at most 500 characters; recorded on the log as metadata: no personal data)."""
+    reason = request.query_params.get("reason", "") or "erased by an admin"
+    if len(reason) > 500 or "\x00" in reason:
+        raise HttpError(422, "invalid_input", "'reason' is at most 500 characters, without NUL")
+    return reason
 
 
 def state_summary(state: SessionState) -> dict[str, Any]:

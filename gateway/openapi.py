@@ -37,6 +37,13 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
 EXPERIMENT_ID = {"name": "experiment_id", "in": "path", "required": True, "schema": {"type": "string"}}
+REASON = {
+    "name": "reason",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "maxLength": 500},
+    "description": "why, recorded on the log as metadata (put no personal data in it)",
+}
 
 
 def _limit(default: int, high: int) -> dict[str, Any]:
@@ -237,6 +244,31 @@ PATHS: dict[str, dict[str, Any]] = {
                 ),
             ],
             "responses": {"200": _json(ref("SessionList"), "sessions"), **_errors(403, 422)},
+        }
+    },
+    "/v1/admin/users/{user_id}": {
+        "delete": {
+            "summary": "Erase a user: the content of every session of theirs, for good (admin)",
+            "description": "Destroys the sessions' keys (their content reads `[erased]` everywhere: log, "
+            "projections, viewer, exports), deletes their long-term memories, stops a running turn first. "
+            "Metadata (tokens, costs, states) stays. Durable and idempotent: a repeat answers erased_now 0.",
+            "operationId": "eraseUser",
+            "parameters": [
+                {"name": "user_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                REASON,
+            ],
+            "responses": {"200": _json(ref("Erasure"), "the erasure, done"), **_errors(403, 409, 422, 503)},
+        }
+    },
+    "/v1/admin/sessions/{session_id}": {
+        "delete": {
+            "summary": "Erase one session's content, for good (admin)",
+            "operationId": "eraseSession",
+            "parameters": [SESSION_ID, REASON],
+            "responses": {
+                "200": _json(ref("Erasure"), "the erasure, done"),
+                **_errors(403, 404, 409, 422, 503),
+            },
         }
     },
     "/v1/admin/sessions/{session_id}/finish": {

@@ -463,4 +463,21 @@ SCHEMAS: dict[str, Any] = {
             "messages": {"type": "array", "items": {"type": "object"}},
         },
     },
+    "Erasure": {
+        "type": "object",
+        "required": ["erasure_id", "scope", "subject", "state", "sessions", "erased_now", "unerasable"],
+        "properties": {
+            "erasure_id": {"type": "string"},
+            "scope": {"type": "string", "enum": ["user", "session"]},
+            "subject": {"type": "string", "description": "the user id or the session id"},
+            "state": {"type": "string", "enum": ["done"]},
+            "sessions": {"type": "integer", "description": "sessions the erasure covers"},
+            "erased_now": {"type": "integer", "description": "of them, erased by this call (0: done before)"},
+            "unerasable": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "sessions written before encryption: their log records keep plaintext",
+            },
+        },
+    },
 }

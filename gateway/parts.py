@@ -13,6 +13,7 @@ from typing import Any, Coroutine, Protocol
 
 from turnlog.consumers.analytics import AnalyticsConsumer
 from turnlog.consumers.health import Readiness
+from turnlog.engine.erasure import Eraser
 from turnlog.engine.log.base import EventLog
 from turnlog.engine.session import AgentSessions
 from turnlog.projections.store import ProjectionStore
@@ -38,6 +39,8 @@ class GatewayParts(Protocol):
     analytics: AnalyticsConsumer
     metrics: GatewayMetrics
     readiness: Readiness
+    eraser: Eraser | None
+    """Erases users' and sessions' content; None when the log encrypts nothing."""
 
     async def projection(self, session_id: str, version: int) -> dict[str, object] | None:
         """The session's projection row, at ``version`` or later if the projector gets there."""

@@ -81,6 +81,12 @@ class Routes:
                 wrap(admin.sessions, admin=True, query=("limit", "user", "state", "agent")),
                 methods=["GET"],
             ),
+            Route(session, wrap(admin.erase_session, admin=True, query=("reason",)), methods=["DELETE"]),
+            Route(
+                "/v1/admin/users/{user_id}",
+                wrap(admin.erase_user, admin=True, query=("reason",)),
+                methods=["DELETE"],
+            ),
             Route(f"{session}/finish", wrap(admin.force_finish, admin=True), methods=["POST"]),
             Route(f"{session}/snapshots", wrap(admin.snapshots, admin=True), methods=["GET"]),
             Route(f"{session}/fork", wrap(admin.fork, admin=True), methods=["POST"]),

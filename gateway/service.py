@@ -30,12 +30,14 @@ from turnlog.consumers.projector import Projector
 from turnlog.consumers.turn_worker import GROUP as WORKER_GROUP
 from turnlog.consumers.turn_worker import TurnWorker
 from turnlog.engine.agent import AgentDirectory
+from turnlog.engine.erasure import Eraser
 from turnlog.engine.errors import LogUnavailableError
 from turnlog.engine.log.base import EventLog
 from turnlog.engine.models.endpoints import Endpoints
 from turnlog.engine.session import AgentSessions
 from turnlog.engine.stream import LiveItem, StreamItem
 from turnlog.projections import queries
+from turnlog.projections.erasure import open_eraser
 from turnlog.projections.store import ProjectionStore
 
 from .auth import KeyStore
@@ -121,6 +123,8 @@ class Gateway:
         )
         self.companions = list(companions) if self.worker is not None else []
         self.readiness = self._readiness()
+        self.eraser = open_eraser(self.api, store)
+        """Erases content (the admin DELETE routes); finishes at start what a crash left pending."""
         self._tasks: list[asyncio.Task[None]] = []
         self._worker_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -164,6 +168,8 @@ class Gateway:
         runners += [companion.run() for companion in self.companions]
         if self.live_subscriber is not None:
             runners.append(self._hear(self.live_subscriber))
+        if self.eraser is not None:
+            runners.append(self._resume_erasures(self.eraser))
         self._tasks = [asyncio.create_task(r) for r in runners]
         if self.worker is not None:
             self._worker_task = asyncio.create_task(self.worker.run())
@@ -179,6 +185,14 @@ class Gateway:
             except Exception:
                 log.exception("gateway.live_feed_failed")
                 await asyncio.sleep(1.0)
+
+    async def _resume_erasures(self, eraser: Eraser) -> None:
+        """Finish the erasures a process that died left pending (engine.erasure)."""
+        try:
+            for report in await eraser.resume():
+                log.info("gateway.erasure_resumed", erasure=report.erasure_id, sessions=report.sessions)
+        except Exception:
+            log.exception("gateway.erasure_resume_failed")
 
     async def catch_up_projections(self) -> None:
         """Make the projections as fresh as this process can: fold the log into them, or (when

@@ -237,6 +237,14 @@ def _closed(e: ev.SessionClosed, row: SessionRow) -> list[Change]:
     return []
 
 
+def _erased(e: ev.SessionErased, row: SessionRow) -> list[Change]:
+    """The rows' content is refolded by the erasure itself (projections/erasure.py); the user is
+    set again for an erased fork, whose user was in its (erased) state."""
+    if e.user_id:
+        row.set(user_id=e.user_id)
+    return []
+
+
 def _approval_requested(e: ev.ApprovalRequested, row: SessionRow) -> list[Change]:
     return [
         update(
@@ -360,6 +368,7 @@ _RULES: dict[type[ev.Event], Rule] = {
     ev.ToolCallFinished: _tool_finished,
     ev.TurnFinished: _turn_finished,
     ev.SessionClosed: _closed,
+    ev.SessionErased: _erased,
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalDecided: _approval_decided,
     ev.LoopGuardTriggered: _guard,

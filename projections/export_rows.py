@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from turnlog.engine import events as ev
+from turnlog.engine.crypto.fields import is_erased
 from turnlog.engine.experiments.namespace import is_experiment_session
-from turnlog.engine.snapshots import decode_state
+from turnlog.engine.snapshots import forked_state
 from turnlog.engine.tools.guards import Guard
 
 Row = tuple[Any, ...]
@@ -154,10 +155,10 @@ DATASETS: dict[str, Dataset] = {
 def exported_content(event: ev.Event, text: str) -> str | None:
     """The value a content column holds for ``text`` of ``event``.
 
-    Every content value of an export passes here, and only here: when content is encrypted per
-    data subject and erasable (the data lifecycle), this is where an erased or expired
-    subject's text becomes ``None``, so no export can hold it."""
-    return text
+    Every content value of an export passes here, and only here: an erased session's content
+    (its key destroyed: engine.crypto, the value reads as erased) becomes ``None``, so no
+    export written after an erasure holds it, nor a placeholder that could pass for text."""
+    return None if is_erased(text) else text
 
 
 def _id(value: str | None) -> str | None:
@@ -170,7 +171,7 @@ def _created(e: ev.SessionCreated, content: bool) -> list[tuple[str, Row]]:
 
 
 def _forked(e: ev.SessionForked, content: bool) -> list[tuple[str, Row]]:
-    state = decode_state(e.state_json, e.state_format, where=f"session {e.session_id} v{e.version}")
+    state = forked_state(e)
     experiment = is_experiment_session(e.session_id)
     row = (e.agent_id, state.user_id, state.role, e.model, e.origin_session_id, e.origin_version, experiment)
     return [("sessions", row)]

@@ -24,6 +24,7 @@ from psycopg_pool import ConnectionPool
 from turnlog.engine.errors import ConfigurationError
 
 from .batch import Group, NewRows
+from .schema import READ_MODELS
 from .store import ProjectionStore, Row, Writer
 
 _PLACEHOLDER = re.compile(r"\?")
@@ -111,6 +112,17 @@ class PostgresProjectionStore(ProjectionStore):
 
     def _disconnect(self) -> None:
         self._pool.close()
+
+    def _purge(self) -> None:
+        """VACUUM the read models (outside a transaction): the dead row versions an erasure's
+        updates and deletes left are removed from the tables' pages."""
+        with self._pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                for table in READ_MODELS:
+                    conn.execute(pgsql.SQL("VACUUM {}").format(pgsql.Identifier(table)))
+            finally:
+                conn.autocommit = False
 
 
 def _rows(fetched: list[Any]) -> list[Row]:

@@ -34,6 +34,14 @@ def list_sessions(
     return store._query(sql, [*params, limit])
 
 
+def session_ids_of(store: ProjectionStore, user_id: str) -> list[str]:
+    """Every session of a user the read models know (an erasure's sessions beyond the key store's)."""
+    return [
+        str(r["session_id"])
+        for r in store._query("SELECT session_id FROM sessions WHERE user_id = ?", [user_id])
+    ]
+
+
 def state_counts(store: ProjectionStore) -> dict[str, int]:
     """Open sessions by current state."""
     rows = store._query(

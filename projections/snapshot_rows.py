@@ -13,7 +13,7 @@ import json
 
 from turnlog.engine import events as ev
 from turnlog.engine.models.base import estimate_tokens
-from turnlog.engine.snapshots import decode_state
+from turnlog.engine.snapshots import forked_state
 
 from .changes import Change, insert
 from .session_row import SessionRow
@@ -39,8 +39,7 @@ def snapshot_taken(e: ev.SnapshotTaken, row: SessionRow) -> list[Change]:
 
 
 def session_forked(e: ev.SessionForked, row: SessionRow) -> list[Change]:
-    where = f"session {e.session_id} v{e.version}"
-    state = decode_state(e.state_json, e.state_format, where=where)
+    state = forked_state(e)
     row.create(
         {
             "session_id": e.session_id,

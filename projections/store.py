@@ -131,6 +131,20 @@ class ProjectionStore(abc.ABC):
         """Apply events without touching offsets (tests, replays of one session)."""
         return self.write(partial(_apply, list(events), {}))
 
+    async def replace_sessions(self, events: dict[str, list[Event]]) -> None:
+        """Drop every read-model row of these sessions and fold them again from ``events`` (each
+        session's events from version 1), in one transaction; offsets untouched. An erasure's
+        scrub (projections/erasure.py): the rows equal what a rebuild gives. ``SessionsMoved``
+        if the projector applied events of one of them past what ``events`` holds meanwhile."""
+        await self.write_async(partial(_replace_sessions, events))
+
+    async def purge_async(self) -> None:
+        """Make deleted and overwritten content leave the storage files."""
+        await asyncio.wrap_future(self._writer.submit(self._purge))
+
+    def _purge(self) -> None:  # noqa: B027 - nothing to purge unless a store says how
+        """On the writer thread, outside any transaction. PostgreSQL and SQLite say how."""
+
     def next_offset(self, partition: int) -> int:
         rows = self._query("SELECT next_offset FROM projection_offsets WHERE log_partition = ?", (partition,))
         return int(rows[0]["next_offset"]) if rows else 0
@@ -235,6 +249,25 @@ def _apply_records(records: list[LogRecord], writer: Writer) -> int:
     return _apply([r.event for r in records], ends, writer)
 
 
+class SessionsMoved(OutOfOrderError):
+    """A session's rows moved past the events a replacement was made from: read them again."""
+
+
+def _replace_sessions(events: dict[str, list[Event]], writer: Writer) -> None:
+    sids = sorted(events)
+    for i in range(0, len(sids), 500):
+        chunk = sids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        for row in writer.query(
+            f"SELECT session_id, state_version FROM sessions WHERE session_id IN ({marks})", chunk
+        ):
+            if int(row["state_version"]) > len(events[row["session_id"]]):
+                raise SessionsMoved(f"session {row['session_id']} was projected past the events read for it")
+        for table in READ_MODELS:
+            writer.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})", chunk)
+    _apply([e for sid in sids for e in events[sid]], {}, writer)
+
+
 def _apply(events: list[Event], ends: dict[int, int], writer: Writer) -> int:
     """One batch in one transaction: updates of older rows, the batch's new rows, then its
     offsets and the guarded session updates (projections/batch.py says why that order)."""
@@ -292,6 +325,13 @@ class SqliteProjectionStore(ProjectionStore):
             self._read_db.close()
         self._db.close()
 
+    def _purge(self) -> None:
+        """Checkpoint the WAL into the file and truncate it, vacuum, truncate again: with
+        ``secure_delete`` (every connection) what a statement freed was overwritten, and no
+        page of either file keeps an old version of a row."""
+        for statement in ("PRAGMA wal_checkpoint(TRUNCATE)", "VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)"):
+            self._db.execute(statement)
+
 
 WRITE_BUSY_TIMEOUT_MS = 60_000
 """How long a batch waits for another process's write lock (on the writer thread, so the loop
@@ -303,6 +343,7 @@ def _connect(path: str, *, busy_timeout_ms: int) -> sqlite3.Connection:
     db.row_factory = sqlite3.Row
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA secure_delete=ON")  # freed content is overwritten: an erasure leaves no copy
     db.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
     return db
 

@@ -106,6 +106,8 @@ ROUTES = [
     ),
     RouteCase("GET", "/v1/admin/experiments/{experiment_id}", "admin", needs="experiment"),
     RouteCase("POST", "/v1/admin/experiments/{experiment_id}/resume", "admin", needs="experiment"),
+    RouteCase("DELETE", "/v1/admin/sessions/{session_id}", "admin-owner"),
+    RouteCase("DELETE", "/v1/admin/users/{user_id}", "admin"),  # last: erases alice's sessions
 ]
 CALLERS = {
     "owner": auth("alice"),
@@ -127,6 +129,7 @@ async def call(
         step=0,
         call_id=done.call_id,
         experiment_id=done.experiment_id,
+        user_id="alice",
     )
     body = case.body(done) if callable(case.body) else case.body
     async with client.stream(case.method, url, json=body, headers=headers) as response:

@@ -28,7 +28,7 @@ from turnlog.engine.models.base import ModelRequest, ModelResponse
 from turnlog.engine.stream import ModelDelta
 from turnlog.gateway.hub import LiveHub
 from turnlog.gateway.observe import EventLogger, GatewayMetrics, ObservabilityConsumer, SpanBuilder, redact
-from turnlog.gateway.observe.logs import sampled
+from turnlog.gateway.observe.logs import open_context, sampled
 
 SECRET = "sk-live0123456789abcdefghijkl"
 EMAIL = "pat@customer.example"
@@ -91,7 +91,10 @@ async def test_logs_carry_sizes_and_statuses_never_values_and_redact_secrets(tmp
     assert tools["send"]["argument_bytes"] == len(requested["send"].arguments_json.encode())
     assert tools["send"]["argument_keys"] == ["api_key", "to"]
     assert tools["send"]["status"] == "success" and tools["flaky"]["status"] == "failed"
-    assert tools["send"]["summary"] == "sent to [EMAIL] using [REDACTED]"  # personal data too
+    result = f"sent to {EMAIL} using {SECRET}"
+    assert (
+        tools["send"]["summary"] == f"text, {len(result)} chars, 1 line"
+    )  # its shape: no log line outlives an erasure
     assert "turn.context" not in by_kind  # full context is opt-in (sample_rate 0 by default)
     everything = repr(lines)
     assert SECRET not in everything and EMAIL not in everything
@@ -101,7 +104,9 @@ async def test_one_in_n_turns_logs_its_full_context_marked_sampled(tmp_path: Pat
     log, _, _, sid = await run_one_turn(tmp_path)
     with structlog.testing.capture_logs() as lines:
         await ObservabilityConsumer(log, logger=EventLogger(sample_rate=1.0)).poll_once()
-    (context,) = [line for line in lines if line["event"] == "turn.context"]
+    (sealed,) = [line for line in lines if line["event"] == "turn.context"]
+    assert "messages" not in sealed and SECRET not in repr(sealed)  # sealed with the session's key
+    context = open_context(sealed, log.records)
     assert context["sampled"] is True and context["session_id"] == sid
     contents = [m["content"] for m in context["messages"]]  # type: ignore[attr-defined]
     assert contents[0] == "Notify [EMAIL]; my key is [REDACTED]"
@@ -121,13 +126,14 @@ async def test_secrets_typed_into_a_message_are_redacted_in_the_sampled_context(
     log, _, _, sid = await run_one_turn(tmp_path, typed)
     with structlog.testing.capture_logs() as lines:
         await ObservabilityConsumer(log, logger=EventLogger(sample_rate=1.0)).poll_once()
-    (context,) = [line for line in lines if line["event"] == "turn.context"]
+    (sealed,) = [line for line in lines if line["event"] == "turn.context"]
+    context = open_context(sealed, log.records)
     assert context["messages"][0]["content"] == (  # type: ignore[index]
         "Log in with password=[REDACTED], passwd: [REDACTED] and api_key=[REDACTED]; token=[REDACTED] "
         "secret=[REDACTED], Authorization: [REDACTED] or [REDACTED]; "
         '{"db_password": "[REDACTED]", "max_tokens": 100}'
     )
-    everything = repr(lines)
+    everything = repr(lines) + repr(context)
     for value in (
         "hunter2",
         "Tr0ub4dor",

@@ -13,6 +13,7 @@ import psycopg
 from turnlog.consumers.projector import Projector
 from turnlog.engine import AgentDirectory, AgentSessions, EventLog, SqliteEventLog
 from turnlog.engine.agent import Agent
+from turnlog.engine.crypto.setup import configured_cipher
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.projections import ProjectionStore, SqliteProjectionStore
 from turnlog.projections.postgres import PostgresProjectionStore
@@ -70,8 +71,8 @@ class ReadSide:
         if self.kafka is None:
             self.home.mkdir(parents=True, exist_ok=True)
             return SqliteEventLog(self.home / "log.db", partitions=self.partitions)
-        kafka = KafkaEventLog(
-            self.kafka, topic=self.topic, partitions=self.partitions, owner=owner, client_id=client_id
+        kafka = kafka_log(
+            self.kafka, self.topic, self.partitions, owner=owner, client_id=client_id, home=self.home
         )
         try:
             await kafka.start()
@@ -79,6 +80,31 @@ class ReadSide:
             await kafka.close()
             raise
         return kafka
+
+
+def kafka_log(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    *,
+    owner: bool = False,
+    client_id: str = "turnlog",
+    home: Path | None = None,
+    content: bool = True,
+) -> KafkaEventLog:
+    """A Kafka log (not started) with the deployment's content cipher: ``TURNLOG_KEYSTORE``'s
+    keys, the master key from the environment or ``home`` (engine.crypto.setup). ``content``
+    False: a reader that needs no content (the analytics consumer) gets no keys at all."""
+    cipher = configured_cipher(home) if content else None
+    return KafkaEventLog(
+        bootstrap,
+        topic=topic,
+        partitions=partitions,
+        owner=owner,
+        client_id=client_id,
+        sealer=cipher,
+        owns_sealer=cipher is not None,
+    )
 
 
 def postgres_store(dsn: str, schema: str, attempts: int = 5) -> PostgresProjectionStore:

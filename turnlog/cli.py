@@ -1,5 +1,5 @@
 """The `turnlog` command: its options and subcommands, each group in a module of its own
-(cli_demo, cli_sessions, cli_services, cli_experiment; shared options in cli_common)."""
+(cli_demo, cli_sessions, cli_services, cli_data, cli_experiment; shared options in cli_common)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Annotated
 import structlog
 import typer
 
-from . import cli_demo, cli_experiment, cli_services, cli_sessions
+from . import cli_data, cli_demo, cli_experiment, cli_services, cli_sessions
 
 app = typer.Typer(
     help="turnlog: an event-sourced session engine for LLM agents.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-for group in (cli_demo, cli_sessions, cli_services):
+for group in (cli_demo, cli_sessions, cli_services, cli_data):
     app.add_typer(group.commands)
 app.add_typer(cli_experiment.experiment_app, name="experiment")
 

@@ -23,7 +23,7 @@ from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscribe
 from turnlog.engine.log.local_live import LocalLive
 
 from .agents import AgentContext, deployed_agents
-from .app import ReadSide, postgres_store
+from .app import ReadSide, kafka_log, postgres_store
 from .config import ModelSettings
 from .runtime import close_agents, memory_consumers
 
@@ -83,11 +83,17 @@ class LiveLinks:
         origin = process_name(log.client_id)
         if subscribe:
             self.subscriber = KafkaLiveSubscriber(
-                log.bootstrap, log.topics, log.partitions, skip_origin=origin if publish else ""
+                log.bootstrap,
+                log.topics,
+                log.partitions,
+                skip_origin=origin if publish else "",
+                records=log.records,
             )
             await self.subscriber.start()
         if publish:
-            self.publisher = KafkaLivePublisher(log.bootstrap, log.topics, log.partitions, origin=origin)
+            self.publisher = KafkaLivePublisher(
+                log.bootstrap, log.topics, log.partitions, origin=origin, records=log.records
+            )
             await self.publisher.start()
 
     async def share(self, log: SqliteEventLog, role: str, *, publish: bool, subscribe: bool = True) -> None:
@@ -197,7 +203,7 @@ async def run_projector(
 ) -> int:
     """Fold the Kafka log into the PostgreSQL read models until SIGTERM; ready while the log
     answers and the projections are within their lag bound."""
-    event_log = KafkaEventLog(bootstrap, topic=topic, partitions=partitions, owner=False)
+    event_log = kafka_log(bootstrap, topic, partitions)
     await event_log.start()
     store = postgres_store(dsn, schema)
     projector = Projector(event_log, store)
@@ -222,7 +228,7 @@ async def run_projector(
 async def run_analytics(bootstrap: str, topic: str, partitions: int, dsn: str, schema: str) -> int:
     """The analytics consumer (daily aggregates, exactly once: its offsets are in PostgreSQL with
     its counters) until SIGTERM, for a gateway that does not fold them (`serve --no-projector`)."""
-    event_log = KafkaEventLog(bootstrap, topic=topic, partitions=partitions, owner=False)
+    event_log = kafka_log(bootstrap, topic, partitions, content=False)  # counts metadata only: no keys
     await event_log.start()
     store = postgres_store(dsn, schema)
     analytics = AnalyticsConsumer(event_log, store)

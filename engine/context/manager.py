@@ -57,6 +57,11 @@ class ContextManager:
         self._cache_size = cache_size
         self._tool_tokens: weakref.WeakKeyDictionary[ToolRegistry, int] = weakref.WeakKeyDictionary()
 
+    def forget(self, session_id: str) -> None:
+        """Drop what is cached of the session (its trim candidates, its message counts): it was erased."""
+        self._trim_indexes.pop(session_id, None)
+        self.tally.forget(session_id)
+
     def measure(self, state: SessionState, agent: Agent) -> HistorySize:
         counts, total = self.tally.counts(state.session_id, state.messages, agent.model.token_counter)
         current = compaction.current_input_index(state.messages, state.turn is not None)

@@ -54,6 +54,9 @@ class TokenTally:
         self._cache: OrderedDict[str, _Counts] = OrderedDict()
         self._cache_size = cache_size
 
+    def forget(self, session_id: str) -> None:
+        self._cache.pop(session_id, None)
+
     def counts(
         self, session_id: str, messages: list[ChatMessage], counter: TokenCounter
     ) -> tuple[Sequence[int], int]:

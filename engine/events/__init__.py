@@ -36,6 +36,7 @@ from .session import (
     CancelRequested,
     SessionClosed,
     SessionCreated,
+    SessionErased,
     SessionForked,
     SnapshotTaken,
     StateChanged,
@@ -92,6 +93,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TaskStateChanged,
         BudgetExceeded,
         BudgetDecided,
+        SessionErased,
     )
 }
 
@@ -123,6 +125,7 @@ __all__ = [
     "ModelFallback",
     "SessionClosed",
     "SessionCreated",
+    "SessionErased",
     "SessionForked",
     "SnapshotTaken",
     "StateChanged",

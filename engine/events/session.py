@@ -1,5 +1,5 @@
 """The events of a session's life: created, messages in and dropped, turns started and
-finished, state changes, budget pauses, cancels, closes, snapshots and forks."""
+finished, state changes, budget pauses, cancels, closes, erasures, snapshots and forks."""
 
 from __future__ import annotations
 
@@ -91,6 +91,24 @@ class CancelRequested(Event):
     reason: str
     actor: str = "user"
     type: ClassVar[str] = "CancelRequested"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionErased(Event):
+    """The session's content was erased (engine.erasure): its data key is destroyed, so every
+    content field of its events reads as erased from now on (engine.crypto.fields). Written on
+    a closed session (the erasure force-finishes an open one in the same commit); metadata only."""
+
+    erasure_id: str
+    """The erasure request (one per user or session erased)."""
+    scope: str
+    """user | session."""
+    reason: str
+    """Why: ``retention``, or what the admin gave."""
+    actor: str = "admin"
+    user_id: str = ""
+    """The session's user, so an erased fork (whose user was in its erased state) still names it."""
+    type: ClassVar[str] = "SessionErased"
 
 
 RESTORE_POINT = 0

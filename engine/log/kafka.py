@@ -57,6 +57,7 @@ from .kafka_sessions import INDEX_EVERY_S
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
 from .kafka_txn import owner_producer
 from .kafka_upkeep import flush_all
+from .sealing import RecordCodec, Sealer
 from .submissions import SUBMITTABLE
 
 log = structlog.get_logger("turnlog.kafka")
@@ -76,6 +77,10 @@ class KafkaEventLog(EventLog):
     ``session_index=False`` neither writes the session index nor takes a partition over from
     it (every takeover reads the partition in full); ``index_every_s`` is how often an owner
     that appends writes it.
+
+    ``sealer``: the content cipher every topic's records go through (engine.crypto; the
+    deployment's ``TURNLOG_KEYSTORE``), closed with the log if ``owns_sealer``; None: content is
+    written as it is.
     """
 
     def __init__(
@@ -90,6 +95,8 @@ class KafkaEventLog(EventLog):
         session_timeout_ms: int = 10_000,
         session_index: bool = True,
         index_every_s: float = INDEX_EVERY_S,
+        sealer: Sealer | None = None,
+        owns_sealer: bool = False,
     ) -> None:
         if partitions < 1:
             raise ConfigurationError("partitions must be at least 1")
@@ -100,7 +107,12 @@ class KafkaEventLog(EventLog):
         self.replication = replication
         self.client_id = client_id
         self.session_timeout_ms = session_timeout_ms
-        self._reader = PartitionReader(self.topics)
+        self.records = RecordCodec(sealer)
+        """How events become records on every topic (events, inbox, dead letters, live): the
+        Avro codec, through the content cipher when the deployment names a key store."""
+        self._owns_sealer = owns_sealer
+        """``close`` closes the sealer too (its key store): the log was given one of its own."""
+        self._reader = PartitionReader(self.topics, self.records)
         shared = Owners(
             reader=self._reader,
             new_producer=self._owner_producer,
@@ -193,6 +205,9 @@ class KafkaEventLog(EventLog):
                 with contextlib.suppress(Exception):
                     await client.stop()
         self._producer = self._reader.consumer = self._inbox = self._sequencer.consumer = None
+        if self._owns_sealer and self.records.sealer is not None:
+            self.records.sealer.close()
+            self._owns_sealer = False
 
     def owned_partitions(self) -> Sequence[int]:
         return [o.partition for o in self._owners if o.owned]
@@ -278,7 +293,7 @@ class KafkaEventLog(EventLog):
         if owner.owned:  # we sequence it ourselves: return it as appended (read your writes)
             waiter = self._sequencer.submitted[event.event_id] = asyncio.get_running_loop().create_future()
         try:
-            await send_to_inbox(self._producer, self.topics, event, owner.partition)
+            await send_to_inbox(self._producer, self.topics, event, owner.partition, self.records)
             if waiter is not None:
                 async with asyncio.timeout(SUBMIT_WAIT_S):
                     return await waiter

@@ -20,7 +20,6 @@ import structlog
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 
-from .. import codec
 from ..errors import LogError, LogUnavailableError, PartitionNotOwnedError
 from ..events import Event
 from .base import LogRecord
@@ -118,9 +117,10 @@ async def _send_all(
 ) -> list[asyncio.Future[Any]]:
     """Everything one transaction writes, inside it; the events' delivery futures."""
     topics, p = owner.owners.reader.topics, owner.partition
+    encode = owner.owners.reader.codec.encode
     futures = [
         await producer.send(
-            topics.events, codec.encode(e), key=e.session_id.encode(), partition=p, headers=event_headers(e)
+            topics.events, encode(e), key=e.session_id.encode(), partition=p, headers=event_headers(e)
         )
         for e in events
     ]
@@ -148,7 +148,8 @@ async def _index_committed(owner: PartitionOwner, records: list[LogRecord]) -> N
             raise await owner.reset(exc) from exc
     for record, reason in index.add(records):  # a bug: our writer folded it; readers skip it too
         log.error("kafka.own_record_rejected", partition=owner.partition, offset=record.offset, reason=reason)
-        index.add_poison(own_poison(owner.owners.reader.topics.events, record, reason), record.offset)
+        reader = owner.owners.reader
+        index.add_poison(own_poison(reader.topics.events, record, reason, reader.codec), record.offset)
     index.own_marker = bool(records) or index.own_marker
 
 

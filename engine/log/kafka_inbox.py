@@ -24,7 +24,6 @@ from typing import Any
 
 import structlog
 
-from .. import codec
 from ..errors import ConcurrencyError, EventError, LogError, SessionNotFoundError
 from ..events import AuxiliaryModelCall, Event, SessionForked, UserMessageReceived
 from ..fold import SessionState
@@ -76,7 +75,7 @@ class InboxBatch:
     def admit(self, msg: Any) -> InboxAdmission:
         """Admit one record (in offset order): its events are added to ``accepted``."""
         try:
-            event = codec.decode(msg.value)
+            event = self.index.codec.decode(msg.value)
         except EventError as exc:
             return InboxAdmission(refused=exc)
         if not isinstance(event, SUBMITTABLE):

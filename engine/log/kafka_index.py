@@ -25,6 +25,7 @@ from ..states import RESTING
 from .base import LogRecord
 from .kafka_records import Poison, decode_record, poison_of
 from .kafka_sessions import SessionEntry, add_run
+from .sealing import PLAIN, RecordCodec
 from .submissions import submission_keys
 
 
@@ -59,10 +60,12 @@ class PartitionIndex:
     """Sessions the session index names whose records are not read yet (``load``)."""
     base: int = 0
     """``records`` holds the partition from this offset (the index's watermark at takeover)."""
+    codec: RecordCodec = PLAIN
+    """How the partition's records decode (the log's sealer), and what an erasure scrubs."""
 
     def reset(self) -> None:
         """Forget everything read (a takeover from the session index that failed half-way)."""
-        fresh = PartitionIndex(self.partition)
+        fresh = PartitionIndex(self.partition, codec=self.codec)
         for name in ("records", "offsets", "sessions", "session_records", "states", "poison", "closed"):
             setattr(self, name, getattr(fresh, name))
         self.submissions, self.runs, self.dirty, self.unloaded = {}, {}, set(), {}
@@ -105,10 +108,26 @@ class PartitionIndex:
         add_run(self.runs.setdefault(event.session_id, []), record.offset)
         if isinstance(event, SessionClosed):
             self.closed.add(event.session_id)
+        elif self.codec.erases(event):
+            self._scrub(event.session_id)
         if keys := submission_keys(event):
             held = self.submissions.setdefault(event.session_id, {})
             for key in keys:
                 held.setdefault(key, event.version)
+
+    def _scrub(self, session_id: str) -> None:
+        """The session was erased: its events held here decoded read as erased from now on,
+        as a fresh read of them would (its fold scrubbed itself on the erasure)."""
+        scrubbed = [
+            LogRecord(r.partition, r.offset, self.codec.scrub(r.event))
+            for r in self.session_records[session_id]
+        ]
+        self.session_records[session_id] = scrubbed
+        self.sessions[session_id] = [r.event for r in scrubbed]
+        for record in scrubbed:
+            i = bisect.bisect_left(self.offsets, record.offset)
+            if i < len(self.offsets) and self.offsets[i] == record.offset:
+                self.records[i] = record
 
     def load(self, session_id: str, records: Sequence[LogRecord]) -> None:
         """Fold an unloaded session from its records before ``base`` (read through its session
@@ -170,7 +189,7 @@ class PartitionIndex:
         """Add a consumed events-topic record (``entry``: already decoded) to the index, or to
         its poison (kafka_poison)."""
         if entry is None:
-            entry = decode_record(self.partition, msg)
+            entry = decode_record(self.partition, msg, self.codec)
         if isinstance(entry, Poison):
             self.add_poison(entry, msg.offset)
             return

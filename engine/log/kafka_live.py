@@ -28,12 +28,12 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from .. import codec
 from ..errors import EventError
 from ..events import Event, SessionForked, SnapshotTaken
 from ..stream import Committed, LiveItem, ModelDelta, ModelProgress, ModelWaiting, StreamItem
 from .base import partition_for
 from .kafka_topics import TopicNames
+from .sealing import PLAIN, RecordCodec
 
 log = structlog.get_logger("turnlog.live")
 KIND, ORIGIN = "turnlog.live", "turnlog.origin"
@@ -46,26 +46,38 @@ QUEUE_SIZE = 10_000
 Published = Event | ModelDelta | ModelWaiting
 
 
-def encode(item: Published) -> tuple[bytes, bytes]:
-    """The record kind and value of one live item (``ModelProgress`` is never published)."""
+def encode(item: Published, records: RecordCodec = PLAIN) -> tuple[bytes, bytes]:
+    """The record kind and value of one live item (``ModelProgress`` is never published); content
+    encrypted by the log's sealer, a delta's text too."""
     if isinstance(item, ModelDelta):
-        return b"delta", json.dumps({"turn_id": item.turn_id, "step": item.step, "text": item.text}).encode()
+        text = records.seal_text(item.session_id, item.text, _delta_label(item.turn_id, item.step))
+        return b"delta", json.dumps({"turn_id": item.turn_id, "step": item.step, "text": text}).encode()
     if isinstance(item, ModelWaiting):
         fields = ("turn_id", "step", "model", "reason", "ahead", "waiting")
         return b"waiting", json.dumps({name: getattr(item, name) for name in fields}).encode()
     if isinstance(item, HEAVY):
         return b"notice", json.dumps({"version": item.version, "type": item.type}).encode()
-    return b"event", codec.encode(item)
+    return b"event", records.encode(item)
 
 
-def decode(session_id: str, kind: bytes, value: bytes) -> LiveItem:
+def _delta_label(turn_id: str, step: int) -> str:
+    return f"delta/{turn_id}/{step}"
+
+
+def decode(session_id: str, kind: bytes, value: bytes, records: RecordCodec = PLAIN) -> LiveItem:
     """One live item from its record; raises ValueError or EventError for a malformed one."""
     if kind == b"event":
-        event: Event = codec.decode(value)
+        event: Event = records.decode(value)
         return event
     body = json.loads(value)
     if kind == b"delta":
-        return ModelDelta(session_id, str(body["turn_id"]), int(body["step"]), str(body["text"]))
+        turn_id, step = str(body["turn_id"]), int(body["step"])
+        return ModelDelta(
+            session_id,
+            turn_id,
+            step,
+            records.open_text(session_id, str(body["text"]), _delta_label(turn_id, step)),
+        )
     if kind == b"notice":
         return Committed(session_id, int(body["version"]), str(body["type"]))
     if kind == b"waiting":
@@ -86,11 +98,21 @@ class KafkaLivePublisher:
     TurnWorker's ``on_item``) that queues, and one task sends in order without waiting for
     acknowledgements."""
 
-    def __init__(self, bootstrap: str, topics: TopicNames, partitions: int, *, origin: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: TopicNames,
+        partitions: int,
+        *,
+        origin: str,
+        records: RecordCodec = PLAIN,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
         self.partitions = partitions
         self.origin = origin.encode()
+        self.records = records
+        """Encrypts what is published as the log's records are (its sealer)."""
         self._queue: asyncio.Queue[Published] = asyncio.Queue(QUEUE_SIZE)
         self._producer: AIOKafkaProducer | None = None
         self._sender: asyncio.Task[None] | None = None
@@ -116,7 +138,7 @@ class KafkaLivePublisher:
         assert producer is not None
         while True:
             item = await self._queue.get()
-            kind, value = encode(item)
+            kind, value = encode(item, self.records)
             try:
                 await producer.send(
                     self.topics.live,
@@ -144,7 +166,16 @@ class KafkaLiveSubscriber:
     """Reads ``<topic>.live`` from its end (what is published from now on), every partition,
     skipping the items ``skip_origin`` published."""
 
-    def __init__(self, bootstrap: str, topics: TopicNames, partitions: int, *, skip_origin: str = "") -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: TopicNames,
+        partitions: int,
+        *,
+        skip_origin: str = "",
+        records: RecordCodec = PLAIN,
+    ) -> None:
+        self.records = records
         self.bootstrap = bootstrap
         self.topics = topics
         self.partitions = partitions
@@ -184,7 +215,7 @@ class KafkaLiveSubscriber:
             return None
         key: bytes = getattr(msg, "key", b"") or b""
         try:
-            return decode(key.decode(), headers.get(KIND, b""), getattr(msg, "value", b""))
+            return decode(key.decode(), headers.get(KIND, b""), getattr(msg, "value", b""), self.records)
         except (EventError, ValueError, KeyError, UnicodeDecodeError) as exc:
             log.warning("live.item_skipped", error=repr(exc))
             return None

@@ -61,7 +61,7 @@ class PartitionOwner:
     def __init__(self, partition: int, owners: Owners) -> None:
         self.partition = partition
         self.owners = owners
-        self.index = PartitionIndex(partition)
+        self.index = PartitionIndex(partition, codec=owners.reader.codec)
         self.owned = False
         self.lost = ""
         """Why this process last lost the partition (fenced), for the errors of appends after it."""

@@ -24,6 +24,7 @@ from .kafka_poison import dead_letter_sources
 from .kafka_records import decode_record
 from .kafka_sessions import SessionEntry, read_index, read_runs
 from .kafka_topics import TopicNames
+from .sealing import PLAIN, RecordCodec
 
 log = structlog.get_logger("turnlog.kafka")
 OPERATION_TIMEOUT_S = 30.0
@@ -45,8 +46,10 @@ def read_consumer(bootstrap: str, client_id: str) -> AIOKafkaConsumer:
 class PartitionReader:
     """The process's one consumer of the log's topics, shared by every read under its lock."""
 
-    def __init__(self, topics: TopicNames) -> None:
+    def __init__(self, topics: TopicNames, codec: RecordCodec = PLAIN) -> None:
         self.topics = topics
+        self.codec = codec
+        """How the events topic's records decode (the log's sealer)."""
         self.consumer: AIOKafkaConsumer | None = None
         """Set by ``KafkaEventLog.start``; None before and after."""
         self.lock = asyncio.Lock()
@@ -111,7 +114,7 @@ class PartitionReader:
             # position moves past it with the fetch, not with the poll's timeout
             batch = (await consumer.getmany(tp, timeout_ms=50, max_records=1000)).get(tp, [])
             position = await consumer.position(tp)
-            decoded = [decode_record(part.partition, msg) for msg in batch]
+            decoded = [decode_record(part.partition, msg, self.codec) for msg in batch]
             if part.unloaded:
                 sids = {r.event.session_id for r in decoded if isinstance(r, LogRecord)}
                 if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:
@@ -151,7 +154,7 @@ class PartitionReader:
         if not entries:
             return
         for sid, msgs in (await read_runs(consumer, self._tp(part.partition), entries)).items():
-            decoded = (decode_record(part.partition, m) for m in msgs)
+            decoded = (decode_record(part.partition, m, self.codec) for m in msgs)
             part.load(sid, [r for r in decoded if isinstance(r, LogRecord)])
 
     async def from_session_index(self, part: PartitionIndex) -> bool:
@@ -218,7 +221,7 @@ class PartitionReader:
         while position < part.base and len(found) < limit:
             batch = (await consumer.getmany(tp, timeout_ms=50, max_records=limit)).get(tp, [])
             position = await consumer.position(tp)
-            decoded = [decode_record(part.partition, m) for m in batch if m.offset < part.base]
+            decoded = [decode_record(part.partition, m, self.codec) for m in batch if m.offset < part.base]
             records = [r for r in decoded if isinstance(r, LogRecord)]
             sids = {r.event.session_id for r in records}
             if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:

@@ -10,6 +10,7 @@ from .. import codec
 from ..errors import EventError
 from ..events import Event
 from .base import LogRecord
+from .sealing import PLAIN, RecordCodec
 
 REASON_HEADER = "turnlog.reason"
 SOURCE_HEADER = "turnlog.source"
@@ -50,17 +51,19 @@ def poison_of(msg: Any, reason: str, session_id: str | None = None) -> Poison:
     return Poison(source_of(msg), session_id, reason, msg.key, msg.value or b"")
 
 
-def own_poison(topic: str, record: LogRecord, reason: str) -> Poison:
-    """A record this process appended that its index refused (as every reader will)."""
+def own_poison(topic: str, record: LogRecord, reason: str, records: RecordCodec = PLAIN) -> Poison:
+    """A record this process appended that its index refused (as every reader will); its
+    dead-letter copy is the record as the events topic holds it (content encrypted)."""
     event = record.event
     source = f"{topic}/{record.partition}/{record.offset}"
-    return Poison(source, event.session_id, reason, event.session_id.encode(), codec.encode(event))
+    return Poison(source, event.session_id, reason, event.session_id.encode(), records.encode(event))
 
 
-def decode_record(partition: int, msg: Any) -> LogRecord | Poison:
-    """A consumed events-topic record as a LogRecord, or as poison if it does not decode."""
+def decode_record(partition: int, msg: Any, records: RecordCodec = PLAIN) -> LogRecord | Poison:
+    """A consumed events-topic record as a LogRecord (its content opened by the log's sealer),
+    or as poison if it does not decode."""
     try:
-        return LogRecord(partition, msg.offset, codec.decode(msg.value))
+        return LogRecord(partition, msg.offset, records.decode(msg.value))
     except EventError as exc:
         return poison_of(msg, str(exc))
 

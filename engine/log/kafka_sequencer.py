@@ -25,7 +25,6 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from .. import codec
 from ..errors import LogError, LogUnavailableError
 from ..events import Event
 from .base import AdmissionPolicy, LogRecord
@@ -37,6 +36,7 @@ from .kafka_reader import OPERATION_TIMEOUT_S
 from .kafka_records import Poison, event_headers, poison_of, sessions_named
 from .kafka_topics import TopicNames
 from .kafka_upkeep import flush_all, tail_owned
+from .sealing import RecordCodec
 
 log = structlog.get_logger("turnlog.kafka")
 TAIL_EVERY_S = 1.0
@@ -287,15 +287,16 @@ class InboxSequencer:
 
 
 async def send_to_inbox(
-    producer: AIOKafkaProducer | None, topics: TopicNames, event: Event, partition: int
+    producer: AIOKafkaProducer | None, topics: TopicNames, event: Event, partition: int, records: RecordCodec
 ) -> None:
-    """Hand a submission to the partition's owner: durable in the inbox when this returns."""
+    """Hand a submission to the partition's owner: durable in the inbox when this returns (its
+    content encrypted by the log's sealer, as on the events topic)."""
     assert producer is not None, "call start() first"
     try:
         async with asyncio.timeout(OPERATION_TIMEOUT_S):
             await producer.send_and_wait(
                 topics.inbox,
-                codec.encode(event),
+                records.encode(event),
                 key=event.session_id.encode(),
                 partition=partition,
                 headers=event_headers(event),

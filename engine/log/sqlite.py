@@ -40,6 +40,7 @@ from .base import (
     partition_for,
 )
 from .local_live import LocalLive
+from .sealing import RecordCodec, Sealer
 from .sqlite_batch import decode_at, delimited_events, records_at
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_held import HeldRows
@@ -93,11 +94,18 @@ class SqliteEventLog(EventLog):
         durability: Durability = "process",
         compress: bool = True,
         hold_s: float = HOLD_S,
+        encrypt: bool = True,
+        sealer: Sealer | None = None,
     ):
         """``hold_s``: how long redoable appends may wait, held in an open transaction, for the
         next append that waits for its COMMIT (engine.log.sqlite_commit): how late other
         processes may see them, and how much a crash makes a writer redo. 0 commits them on the
-        loop's next turn."""
+        loop's next turn.
+
+        ``encrypt``: content is encrypted per session (engine.crypto) with ``sealer``, by
+        default with the key store and master key beside the file (``log.keys.db``,
+        ``master.key``; ``TURNLOG_KEYSTORE`` / ``TURNLOG_MASTER_KEY`` name others). An
+        in-memory database is never encrypted. Values written unencrypted are read either way."""
         if durability not in ("process", "power"):
             raise ConfigurationError(f"durability must be 'process' or 'power', not {durability!r}")
         if not 0 <= hold_s <= MAX_HOLD_S:
@@ -107,6 +115,11 @@ class SqliteEventLog(EventLog):
             )
         self.path = Path(path)
         self.compress = compress
+        self.records = RecordCodec(
+            sealer if sealer is not None else _default_sealer(path, encrypt, durability)
+        )
+        """How events become records: the Avro codec, through the content cipher if encrypted."""
+        self._owns_sealer = sealer is None
         """Store new values compressed with the shipped zstd dictionary (engine.log.zdict);
         values are read either way."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +187,7 @@ class SqliteEventLog(EventLog):
     ) -> list[LogRecord]:
         session_id = check_batch(events, expected_version)
         partition = partition_for(session_id, self.partitions)
-        body = delimited_events(events)
+        body = delimited_events(events, self.records)
         snapshot = first_state_snapshot(events)  # restore points are not indexed: loads skip them
         keys = [(session_id, key, e.version) for e in events for key in submission_keys(e)]
         group = self.group
@@ -195,7 +208,7 @@ class SqliteEventLog(EventLog):
         """Sequenced in the write transaction (``sqlite_jobs.next_job``): concurrent submissions
         take consecutive versions."""
         partition = partition_for(event.session_id, self.partitions)
-        sequenced, positions = await self._write(next_job(event, partition, self.compress))
+        sequenced, positions = await self._write(next_job(event, partition, self.compress, self.records))
         self._notify()
         return LogRecord(partition, positions[0], sequenced)
 
@@ -264,10 +277,11 @@ class SqliteEventLog(EventLog):
         if key is None:
             return []
         out: list[LogRecord] = []
+        decode = self._decoder()
         for p, o, v, value in self._db.execute(FROM_VERSION, (key, after_version + 1)).fetchall():
             records = records_at(p, o, value)
             for i in range(max(after_version + 1 - v, 0), len(records)):
-                out.append(LogRecord(p, o + i, decode_at(p, o + i, records[i])))
+                out.append(LogRecord(p, o + i, decode(p, o + i, records[i])))
         return out
 
     @_after_own_writes
@@ -280,11 +294,12 @@ class SqliteEventLog(EventLog):
         if key is None:
             return None
         rows = self._db.execute(SNAPSHOTS_FROM, (key, last, last)).fetchall()
+        decode = self._decoder()
         for p, o, v, value in reversed(rows):  # a row may hold several (a turn's held steps): decode one
             records = records_at(p, o, value)
             for i in range(min(len(records), last - v + 1) - 1, -1, -1):
                 if codec.type_of(records[i]) == SNAPSHOT:
-                    event = decode_at(p, o + i, records[i])
+                    event = decode(p, o + i, records[i])
                     if holds_state(event):
                         return event
         return None
@@ -296,8 +311,9 @@ class SqliteEventLog(EventLog):
         if key is None:
             return []
         rows = self._db.execute(SNAPSHOTS_FROM, (key, first, last)).fetchall()
+        decode = self._decoder()
         found = [
-            decode_at(p, o + i, record)
+            decode(p, o + i, record)
             for p, o, v, value in rows
             for i, record in enumerate(records_at(p, o, value))
             if first <= v + i <= last and codec.type_of(record) == SNAPSHOT
@@ -350,13 +366,14 @@ class SqliteEventLog(EventLog):
         out: list[LogRecord] = []
         if limit <= 0:
             return out
+        decode = self._decoder()
         cursor = self._db.execute(FROM_POSITION, (partition, offset))
         try:  # row by row: a batch is decompressed only if its events are wanted
             for position, value in cursor:
                 records = records_at(partition, position, value)
                 start = max(offset - position, 0)
                 for i in range(start, min(len(records), start + limit - len(out))):
-                    event = decode_at(partition, position + i, records[i])
+                    event = decode(partition, position + i, records[i])
                     out.append(LogRecord(partition, position + i, event))
                 if len(out) >= limit:
                     break
@@ -372,6 +389,12 @@ class SqliteEventLog(EventLog):
             (partition,),
         ).fetchone()
         return 0 if row is None else int(row[0])
+
+    def _decoder(self) -> Callable[[int, int, bytes], Event]:
+        """How a read decodes records: through the sealer, told first that a read begins (so
+        it drops the keys of sessions other processes erased)."""
+        self.records.reading()
+        return self.records.decode_at
 
     def _session(self, session_id: str) -> int | None:
         """The session's key, as the committed log has it (None: no events)."""
@@ -407,10 +430,21 @@ class SqliteEventLog(EventLog):
         if self.live is not None:
             await self.live.close()
         self._db.close()
+        if self._owns_sealer and self.records.sealer is not None:
+            self.records.sealer.close()
 
     def _check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise LogError(f"partition {partition} out of range 0..{self.partitions - 1}")
+
+
+def _default_sealer(path: str | Path, encrypt: bool, durability: Durability) -> Sealer | None:
+    """The embedded default: the content cipher on the key store beside the file."""
+    if not encrypt or _in_memory(path):
+        return None
+    from ..crypto.setup import embedded_cipher  # the engine's cipher, handed over as a Sealer
+
+    return embedded_cipher(path, durable=durability == "power")
 
 
 def _connect(path: Path, durability: Durability) -> sqlite3.Connection:

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .. import codec
 from ..errors import EventError, MalformedEventError
 from ..events import Event
+from .sealing import PLAIN, RecordCodec
 from .zdict import pack, unpack
 
 
-def delimited_events(events: Sequence[Event]) -> bytes:
-    """The events' records behind their lengths, not compressed. Bodies concatenate: two
-    appends' bodies, one after the other, are the body of their events together."""
-    return _delimited([codec.encode(e) for e in events])
+def delimited_events(events: Sequence[Event], records: RecordCodec = PLAIN) -> bytes:
+    """The events' records (through the log's sealer) behind their lengths, not compressed.
+    Bodies concatenate: two appends' bodies, one after the other, are the body of their events
+    together."""
+    return _delimited(records.encode_all(events))
 
 
 def pack_batch(records: Sequence[bytes], *, compress: bool) -> bytes:
@@ -94,7 +95,5 @@ def records_at(partition: int, position: int, value: bytes) -> list[bytes]:
 
 
 def decode_at(partition: int, position: int, record: bytes) -> Event:
-    try:
-        return codec.decode(record)
-    except EventError as exc:
-        raise type(exc)(f"partition {partition} offset {position}: {exc}") from exc
+    """A record decoded as stored (no sealer): what the log reads for its own bookkeeping."""
+    return PLAIN.decode_at(partition, position, record)

@@ -16,6 +16,7 @@ from typing import Any, Callable, TypeVar
 
 from ..errors import ConcurrencyError, DuplicateSubmissionError, SessionNotFoundError
 from ..events import Event
+from .sealing import PLAIN, RecordCodec
 from .sqlite_batch import delimited_events
 from .sqlite_held import HeldRows
 from .submissions import submission_keys
@@ -100,7 +101,9 @@ def held_job(rows: HeldRows, head: Head, body: bytes, raise_lost: RaiseLost) -> 
     return write
 
 
-def next_job(event: Event, partition: int, compress: bool) -> Job[tuple[Event, range]]:
+def next_job(
+    event: Event, partition: int, compress: bool, records: RecordCodec = PLAIN
+) -> Job[tuple[Event, range]]:
     """A submission to an existing session (``EventLog._append_next``), given the session's next
     version as the transaction sees it: concurrent submissions in one group commit take
     consecutive versions, and none is refused. It does not take a lost redoable append's error
@@ -116,7 +119,7 @@ def next_job(event: Event, partition: int, compress: bool) -> Job[tuple[Event, r
         keys = [(sid, key, sequenced.version) for key in submission_keys(sequenced)]
         if keys:
             refuse_held(db, keys)
-        body = delimited_events([sequenced])
+        body = delimited_events([sequenced], records)
         row = (partition, session, sequenced.version, 1, None, pack(body) if compress else body)
         return sequenced, insert_batch(db, keys, (last or 0) + 1, row)
 

@@ -20,6 +20,7 @@ from ..events import (
     Event,
     SessionClosed,
     SessionCreated,
+    SessionErased,
     SessionForked,
     UserMessageReceived,
 )
@@ -36,11 +37,13 @@ SUBMITTABLE = (
     SessionClosed,
     *DECISIONS,
     AuxiliaryModelCall,
+    SessionErased,
 )
 """What producers may submit; everything else is written by the session's writer. A submitted
 SessionClosed is a force-finish request: the owner writes the whole close; a decision, the
 decision and what it moves (the resume transition, or the end of a turn stopped on its budget).
-An AuxiliaryModelCall is a consumer's model call (memory extraction) recorded on its session."""
+An AuxiliaryModelCall is a consumer's model call (memory extraction) recorded on its session; a
+SessionErased an erasure (engine.erasure), which closes an open session first."""
 
 SUBMITTED_TYPES = tuple(cls.type for cls in SUBMITTABLE)
 

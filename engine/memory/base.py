@@ -76,3 +76,13 @@ class MemoryStore(Protocol):
     async def history(self, user_id: str, memory_id: str) -> list[Memory]:
         """Every version of one memory, oldest first, following ``supersedes`` links both ways."""
         ...
+
+    async def forget(self, user_id: str | None = None, *, sessions: Sequence[str] = ()) -> int:
+        """Delete every memory (every version) of ``user_id``, or those that came from one of
+        ``sessions`` (``Memory.source``); how many. An erasure (engine.erasure) calls it, then
+        ``compact``."""
+        ...
+
+    async def compact(self) -> None:
+        """Make deleted memories leave the store's files (engine.memory.edge and .qdrant say how)."""
+        ...

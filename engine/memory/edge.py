@@ -82,6 +82,7 @@ class EdgeMemoryStore(ThreadedMemoryStore):
 
     def _edge(self) -> qe.EdgeShard:
         if self._shard is None:
+            _recover_compaction(self.path)
             self._shard = open_shard(self.path, self.embedder, self.where)
         return self._shard
 
@@ -149,6 +150,46 @@ class EdgeMemoryStore(ThreadedMemoryStore):
         for i in range(0, len(points), UPSERT_BATCH):
             shard.update(qe.UpdateOperation.upsert_points(points[i : i + UPSERT_BATCH]))
 
+    def _forget(self, user_id: str | None, sessions: tuple[str, ...]) -> int:
+        match = _forgotten(user_id, sessions)
+        found = self._edge().count(qe.CountRequest(exact=True, filter=match))
+        if found:
+            self._edge().update(qe.UpdateOperation.delete_points_by_filter(match))
+            self._edge().flush()
+        return found
+
+    def _compact(self) -> None:
+        """Rewrite the shard with its live points only: Qdrant marks a deleted point in its
+        segment until an optimiser vacuums the segment (at 20 % deleted and 1,000 points), and
+        its write-ahead log keeps every update until it is truncated, so both still hold an
+        erased memory's text. The new shard is built beside the folder and swapped in
+        (``_recover_compaction`` finishes or undoes a swap a crash cut)."""
+        points = self._live_points()
+        self._release()
+        fresh, old = _beside(self.path, "compacting"), _beside(self.path, "old")
+        shutil.rmtree(fresh, ignore_errors=True)
+        shard = open_shard(fresh, self.embedder, self.where)
+        for i in range(0, len(points), UPSERT_BATCH):
+            shard.update(qe.UpdateOperation.upsert_points(points[i : i + UPSERT_BATCH]))
+        shard.flush()
+        shard.close()
+        shutil.rmtree(old, ignore_errors=True)
+        self.path.rename(old)
+        fresh.rename(self.path)
+        shutil.rmtree(old)
+
+    def _live_points(self) -> list[qe.Point]:
+        points: list[qe.Point] = []
+        offset = None
+        while True:
+            request = qe.ScrollRequest(offset=offset, limit=1000, with_payload=True, with_vector=True)
+            records, offset = self._edge().scroll(request)
+            points += [
+                qe.Point(id=r.id, vector=r.vector, payload=r.payload) for r in records if r.vector is not None
+            ]
+            if offset is None:
+                return points
+
     def _count(self, user_id: str | None, current_only: bool) -> int:
         must: list[Any] = [_field("user_id", user_id)] if user_id is not None else []
         if current_only:
@@ -209,6 +250,28 @@ def _check_size(path: Path, embedder: Embedder, where: str) -> None:
             f"{where} holds {size}-dimensional vectors but the embedder {embedder.name!r} makes "
             f"{embedder.dim}; use the embedder it was built with, or another folder"
         )
+
+
+def _beside(path: Path, what: str) -> Path:
+    return path.with_name(f"{path.name}.{what}")
+
+
+def _recover_compaction(path: Path) -> None:
+    """A compaction a crash cut: before the swap the old folder is whole (the new one is
+    dropped), after it the new one is (the old one is dropped)."""
+    old = _beside(path, "old")
+    if old.exists():
+        if path.exists():
+            shutil.rmtree(old)
+        else:
+            old.rename(path)
+    shutil.rmtree(_beside(path, "compacting"), ignore_errors=True)
+
+
+def _forgotten(user_id: str | None, sessions: tuple[str, ...]) -> qe.Filter:
+    if user_id is not None:
+        return qe.Filter(must=[_field("user_id", user_id)])
+    return qe.Filter(must=[qe.FieldCondition(key="source", match=qe.MatchAny(list(sessions)))])
 
 
 def _field(key: str, value: str) -> qe.FieldCondition:

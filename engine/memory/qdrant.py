@@ -24,6 +24,8 @@ facts can both write; the next write of that fact merges them again.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import uuid
 import warnings
 import zlib
@@ -246,6 +248,33 @@ class QdrantMemoryStore(ThreadedMemoryStore):
             for i in range(0, len(points), batch):
                 self._qdrant().upsert(name, points[i : i + batch])
 
+    def _forget(self, user_id: str | None, sessions: tuple[str, ...]) -> int:
+        client, match = self._qdrant(), _forgotten(user_id, sessions)
+        if user_id is not None:
+            names = [self._shard(user_id)]
+        else:
+            names = [c.name for c in client.get_collections().collections if self._mine(c.name)]
+        found = 0
+        for name in names:
+            hits = client.count(name, count_filter=match, exact=True).count
+            if hits:
+                client.delete(name, points_selector=qm.FilterSelector(filter=match), wait=True)
+                found += hits
+        return found
+
+    def _compact(self) -> None:
+        """Local mode keeps points in a SQLite file per collection: close the client and vacuum
+        them, so deleted points are in no page (it reopens on the next call). A server removes
+        deleted points from its segments when its optimiser vacuums them (its own settings)."""
+        if not self.local or "path" not in self._options:
+            return
+        if self._client is not None:
+            self._client.close()
+            self._client, self._ready = None, set()
+        for db in sorted(Path(self._options["path"]).glob("collection/*/storage.sqlite")):
+            with contextlib.closing(sqlite3.connect(db)) as conn:
+                conn.execute("VACUUM")
+
     def _count(self, user_id: str | None, current_only: bool) -> int:
         must: list[qm.Condition] = [_field("user_id", user_id)] if user_id is not None else []
         if current_only:
@@ -256,6 +285,12 @@ class QdrantMemoryStore(ThreadedMemoryStore):
         else:
             names = [c.name for c in client.get_collections().collections if self._mine(c.name)]
         return sum(client.count(n, count_filter=qm.Filter(must=must), exact=True).count for n in names)
+
+
+def _forgotten(user_id: str | None, sessions: tuple[str, ...]) -> qm.Filter:
+    if user_id is not None:
+        return qm.Filter(must=[_field("user_id", user_id)])
+    return qm.Filter(must=[qm.FieldCondition(key="source", match=qm.MatchAny(any=list(sessions)))])
 
 
 def _open_client(options: dict[str, Any]) -> QdrantClient | None:

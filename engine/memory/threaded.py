@@ -80,6 +80,14 @@ class ThreadedMemoryStore(ABC):
             vectors = await asyncio.to_thread(self.embedder.embed, [f.text for f in facts])
         await self._call(self._upsert_many, list(facts), vectors)
 
+    async def forget(self, user_id: str | None = None, *, sessions: Sequence[str] = ()) -> int:
+        if user_id is None and not sessions:
+            return 0
+        return await self._call(self._forget, user_id, tuple(sessions))
+
+    async def compact(self) -> None:
+        await self._call(self._compact)
+
     async def count(self, user_id: str | None = None, *, current_only: bool = True) -> int:
         """How many memories (versions, if not ``current_only``) are stored, for one user or all."""
         return await self._call(self._count, user_id, current_only)
@@ -123,3 +131,11 @@ class ThreadedMemoryStore(ABC):
 
     @abstractmethod
     def _count(self, user_id: str | None, current_only: bool) -> int: ...
+
+    @abstractmethod
+    def _forget(self, user_id: str | None, sessions: tuple[str, ...]) -> int:
+        """Delete the user's memories, or those whose source is one of ``sessions``; how many."""
+
+    @abstractmethod
+    def _compact(self) -> None:
+        """Rewrite the storage so deleted points are in no file."""

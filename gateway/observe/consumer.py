@@ -12,6 +12,7 @@ from typing import Sequence
 from turnlog.engine import events as ev
 from turnlog.engine.fold import fold
 from turnlog.engine.log.base import EventLog, LogRecord
+from turnlog.engine.log.sealing import PLAIN
 
 from .logs import EventLogger
 from .metrics import GatewayMetrics
@@ -48,7 +49,9 @@ class ObservabilityConsumer:
         if isinstance(event, ev.TurnFinished) and self.logger.wants_context(event):
             events = await self.log.read_session(event.session_id)
             self.logger.log_context(
-                event, fold(event.session_id, [e for e in events if e.version <= event.version])
+                event,
+                fold(event.session_id, [e for e in events if e.version <= event.version]),
+                getattr(self.log, "records", PLAIN),
             )
 
     async def poll_once(self) -> int:

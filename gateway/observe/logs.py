@@ -17,6 +17,7 @@ import structlog
 
 from turnlog.engine import events as ev
 from turnlog.engine.fold import SessionState
+from turnlog.engine.log.sealing import PLAIN, RecordCodec
 
 from .redact import redact, redact_processor, summary
 
@@ -120,14 +121,16 @@ class EventLogger:
             argument_keys=keys,
             status=event.status,
             result_bytes=len(event.content.encode()) + len((event.output_json or "").encode()),
-            summary=summary(event.content),
+            summary=result_shape(event.content, event.output_json),
             elapsed_ms=round(event.elapsed_ms, 1),
             attempts=event.attempts,
             timeout=event.status == "timeout",
         )
 
-    def log_context(self, event: ev.TurnFinished, state: SessionState) -> None:
-        """The sampled full context of a turn: every message, secrets redacted."""
+    def log_context(self, event: ev.TurnFinished, state: SessionState, records: RecordCodec = PLAIN) -> None:
+        """The sampled full context of a turn: every message, secrets redacted; sealed with the
+        session's key when the log encrypts content (``records``): a log line outlives an
+        erasure, the key does not. ``open_context`` (``turnlog open-logs``) reads it back."""
         messages: list[dict[str, Any]] = [
             {
                 "role": m.role,
@@ -137,6 +140,12 @@ class EventLogger:
             }
             for m in state.messages
         ]
+        shown: dict[str, Any] = {"messages": redact(messages)}
+        if records.sealer is not None:
+            text = json.dumps(shown["messages"], ensure_ascii=False)
+            shown = {
+                "messages_sealed": records.seal_text(event.session_id, text, _context_label(event.turn_id))
+            }
         logger.info(
             "turn.context",
             sampled=True,
@@ -145,8 +154,44 @@ class EventLogger:
             turn_id=event.turn_id,
             agent_id=state.agent_id,
             model=state.model,
-            messages=redact(messages),
+            **shown,
         )
+
+
+def open_context(line: dict[str, Any], records: RecordCodec) -> dict[str, Any]:
+    """A ``turn.context`` log line with its sealed messages opened (``[erased]`` once the
+    session's key is gone); any other line as it is."""
+    sealed = line.get("messages_sealed")
+    if line.get("event") != "turn.context" or not isinstance(sealed, str):
+        return line
+    text = records.open_text(str(line["session_id"]), sealed, _context_label(str(line["turn_id"])))
+    opened = {k: v for k, v in line.items() if k != "messages_sealed"}
+    try:
+        opened["messages"] = json.loads(text)
+    except json.JSONDecodeError:  # erased: "[erased]"
+        opened["messages"] = text
+    return opened
+
+
+def _context_label(turn_id: str) -> str:
+    return f"turn.context/{turn_id}"
+
+
+def result_shape(content: str, output_json: str | None) -> str:
+    """What a result looks like, without any of its content: a log line outlives an erasure
+    (docs/architecture.md, "Data lifecycle"), so it says only the shape (an object's field
+    names, a list's length, a text's size); the result itself is on the log, encrypted."""
+    if output_json:
+        try:
+            parsed = json.loads(output_json)
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return "object {" + ", ".join(sorted(str(k) for k in parsed)[:12]) + "}"
+        if isinstance(parsed, list):
+            return f"list of {len(parsed)}"
+    lines = content.count("\n") + 1 if content else 0
+    return f"text, {len(content)} chars, {lines} line{'s' if lines != 1 else ''}"
 
 
 def _argument_shape(arguments_json: str) -> tuple[int, list[str]]:
