@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from . import events as ev
-from . import snapshots
+from . import expiry, snapshots
 from .agent import DEFAULT_MAX_MESSAGE_BYTES
 from .errors import (
     InputError,
@@ -112,8 +112,8 @@ class SessionClient:
         """Submit a user message (durable when this returns); a ``message_id`` of your own makes
         a retry safe. Returns the event: pass it to ``wait_for_turn`` or ``stream_turn``."""
         state = await self._state(session_id)
-        if state.closed:
-            raise SessionClosedError(session_id, state.close_reason)
+        if state.closed:  # an expired session's successor needs its agent's settings: AgentSessions
+            raise await expiry.closed_error(self.log, state)
         self._check(text, message_id)
         event = ev.UserMessageReceived(
             session_id=session_id,

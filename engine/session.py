@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from . import events as ev
-from . import interrupts
+from . import expiry, interrupts
 from .admission import AdmissionRules, admitted, agent_prices
 from .agent import AgentDirectory
 from .budget import BudgetDecision, SpendLedger, add_budget_decision
@@ -131,15 +131,17 @@ class AgentSessions:
         position yet). A ``message_id`` chosen by the caller makes a retry safe: a message id the
         session already holds is not taken again, and the message already on the log is
         returned. ``state``: the session as the caller just folded it (``get_state``), which
-        spares a read of the log.
+        spares a read of the log. A message to an expired session goes to its successor if the
+        agent says so (``Lifecycle.after_expiry``): the record's session id names it.
         """
         if message_id is not None and not 0 < len(message_id) <= MAX_MESSAGE_ID_CHARS:
             raise InputError(f"a message id is 1 to {MAX_MESSAGE_ID_CHARS} characters, not {len(message_id)}")
         if state is None:
             state = await self.runner.load(session_id)
+        state = await expiry.open_target(self, state)  # raises for a closed session, or its successor
         self.check_message(state, text)
         event = ev.UserMessageReceived(
-            session_id=session_id,
+            session_id=state.session_id,
             version=0,
             message_id=message_id or ev.new_id(),
             text=text,
@@ -153,7 +155,7 @@ class AgentSessions:
         """Raise what posting ``text`` to the session would raise: closed, empty, not valid
         Unicode text (a lone surrogate, a NUL), too large."""
         if state.closed:
-            raise SessionClosedError(state.session_id, state.close_reason)
+            raise expiry.closed_now(state)
         if not text.strip():
             raise InputError("the message is empty; send some text")
         problem = text_problem(text)
@@ -168,7 +170,8 @@ class AgentSessions:
         """Append a user message and stream its turn (and any turns queued before it).
 
         The message is committed with the start of its turn; the first item streamed is its
-        UserMessageReceived event, durable by then.
+        UserMessageReceived event, durable by then (in the successor of an expired session if
+        the agent says so: its ``session_id`` names the session).
         """
         conflict: ConcurrencyError | None = None
         for _ in range(APPEND_RETRIES):
@@ -178,6 +181,10 @@ class AgentSessions:
                     streamed = True
                     yield item
                 return
+            except SessionClosedError:
+                if streamed:
+                    raise
+                session_id = (await expiry.open_target(self, await self.runner.load(session_id))).session_id
             except ConcurrencyError as exc:
                 if streamed:  # the message was taken; the conflict came later in the turn
                     raise
@@ -435,6 +442,8 @@ class AgentSessions:
         Where another process owns the session's partition (Kafka), the request goes through
         the log's inbox and the owner applies it (engine.log.kafka_inbox); this returns once
         the session is closed on the log."""
+        if reason == expiry.EXPIRED:
+            raise InputError(f"{reason!r} is the reason of an expiry (AgentSessions.expire); give another")
         if not self._owns(session_id):
             return await self._request_close(session_id, reason, actor)
         request = ev.SessionClosed(
@@ -442,6 +451,17 @@ class AgentSessions:
         )
         state, _ = await self._admit(session_id, lambda _state: request)
         return _info(state)
+
+    async def expire(self, session_id: str, basis_version: int, now_ms: int) -> list[LogRecord]:
+        """Close an idle session as expired (engine.expiry), if it is still at ``basis_version``
+        and idle; ConcurrencyError, SessionActiveError or SessionClosedError otherwise. Where
+        another process owns the partition (Kafka) it goes through the inbox and the owner
+        applies the same rule: the record returned is pending, and a refusal is dead-lettered."""
+        request = expiry.request(session_id, basis_version, now_ms, self.producer)
+        if not self._owns(session_id):
+            return await self.log.submit(request)
+        _, records = await self._admit(session_id, lambda _state: request)
+        return records
 
     async def _request_close(self, session_id: str, reason: str, actor: str) -> SessionInfo:
         state = await self.runner.reload(session_id)
