@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import structlog
 
@@ -40,6 +40,10 @@ from turnlog.projections.store import ProjectionStore
 log = structlog.get_logger("turnlog.lifecycle")
 
 SWEEP_EVERY_S = 30.0
+"""The longest time between sweeps; a shorter limit sweeps more often (a tenth of the shortest
+limit, at least every ``MIN_SWEEP_EVERY_S``), so a session closes within about a tenth of its
+limit of when it is due."""
+MIN_SWEEP_EVERY_S = 0.1
 PAGE = 500
 """Sessions read per query of a sweep."""
 CLAIM_LEASE_MS = 10 * 60 * 1000
@@ -47,13 +51,16 @@ CLAIM_LEASE_MS = 10 * 60 * 1000
 leaves it to the next after this)."""
 RETENTION = "retention"
 """The reason an erasure is asked for: the session was closed longer than its retention."""
+ACTOR = expiry.ACTOR
+"""Who asks for the erasure (as for an expiry): ``lifecycle``."""
 
 
 class Eraser(Protocol):
-    """Erases one session's content (issue 43, items 2-3): idempotent, so erasing an erased
-    session again changes nothing."""
+    """Erases one session's content (issue 43, items 2-3; docs/architecture.md, "Data lifecycle:
+    content encryption and erasure"): async, idempotent (erasing an erased session again changes
+    nothing) and durable; what it returns (its report) is not used here."""
 
-    async def erase_session(self, session_id: str, reason: str) -> None: ...
+    async def erase_session(self, session_id: str, reason: str, *, actor: str = ...) -> object: ...
 
 
 @dataclass
@@ -86,7 +93,7 @@ class LifecycleSweeper:
         *,
         eraser: Eraser | None = None,
         clock: Clock = ev.now_ms,
-        interval_s: float = SWEEP_EVERY_S,
+        interval_s: float | None = None,
         name: str = "lifecycle",
         owned_only: bool = True,
         page: int = PAGE,
@@ -96,13 +103,15 @@ class LifecycleSweeper:
         self.sessions = LifecycleStore(store)
         self.eraser = eraser
         self.clock = clock
-        self.interval_s = interval_s
         self.name = name
         self.owned_only = owned_only
         self.page = page
         self.claim_lease_ms = claim_lease_ms
         self.expiries = _policies(api.agents, "idle_expiry_ms")
         self.retentions = _policies(api.agents, "retain_closed_ms")
+        limits = [p.limit_ms / 1000 for p in (*self.expiries, *self.retentions)]
+        self.interval_s = interval_s or max(MIN_SWEEP_EVERY_S, min([SWEEP_EVERY_S * 10, *limits]) / 10)
+        """Seconds between sweeps (``run``): given, or from the limits (``SWEEP_EVERY_S``)."""
         if self.retentions and eraser is None:
             raise ConfigurationError(
                 "a Lifecycle sets retain_closed_for, but this sweeper has no eraser to erase closed "
@@ -112,11 +121,6 @@ class LifecycleSweeper:
         """Expiries asked for and not yet seen closed or refused for good: session -> version
         read. Not asked again at that version (an inbox request waits for the owner)."""
         self._stop = asyncio.Event()
-
-    @property
-    def active(self) -> bool:
-        """Whether any agent (or the default) sets a limit: otherwise there is nothing to sweep."""
-        return bool(self.expiries or self.retentions)
 
     async def sweep_once(self) -> Sweep:
         """One pass: expire what is idle past its limit, then erase what is closed past its
@@ -207,12 +211,23 @@ class LifecycleSweeper:
         if not await self.sessions.claim(sid, self.name, self.clock(), self.claim_lease_ms):
             return  # another sweeper erases it now, or did
         try:
-            await self.eraser.erase_session(sid, RETENTION)
+            await self.eraser.erase_session(sid, RETENTION, actor=ACTOR)
         except Exception:  # its claim's lease runs out, and a later sweep tries again
             log.exception("lifecycle.erase_failed", session=sid)
             return
         await self.sessions.erased(sid, self.clock())
         sweep.erased.append(sid)
+
+
+def sweeper_for(api: AgentSessions, store: ProjectionStore, **options: Any) -> LifecycleSweeper | None:
+    """A ``LifecycleSweeper(api, store, **options)``, or None when no agent (nor the default)
+    sets a limit: a program that runs one when configured, and touches nothing otherwise."""
+    return LifecycleSweeper(api, store, **options) if configured(api.agents) else None
+
+
+def configured(agents: AgentDirectory) -> bool:
+    """Whether any agent, or the deployment default, sets a lifecycle limit."""
+    return bool(_policies(agents, "idle_expiry_ms") or _policies(agents, "retain_closed_ms"))
 
 
 def _policies(agents: AgentDirectory, limit: str) -> list[_Policy]:
@@ -238,4 +253,4 @@ def _limit(lifecycle: Lifecycle, name: str) -> int | None:
     return value
 
 
-__all__ = ["Eraser", "LifecycleSweeper", "Sweep"]
+__all__ = ["Eraser", "LifecycleSweeper", "Sweep", "configured", "sweeper_for"]

@@ -60,13 +60,17 @@ def refund(order_id: str) -> str:
 
 
 def agents(
-    default: Lifecycle | None = None, *, desk: Lifecycle | None = None, keeper: bool = False
-) -> AgentDirectory:
-    """``desk`` (with its own lifecycle, or the default) and ``keeper`` (the default always)."""
+    default: Lifecycle | None = None, *, desk: Lifecycle | None = None, keeper: bool = False,
+    returning: Lifecycle | None = None,
+) -> AgentDirectory:  # fmt: skip
+    """``desk`` (with its own lifecycle, or the default), ``keeper`` (the default always) and
+    ``returning`` (with its own, typically one that continues in a new session)."""
     model = FunctionModel(answer, name="desk-model")
     listed = [Agent.build("desk", model, [refund], lifecycle=desk)]
     if keeper:
         listed.append(Agent.build("keeper", FunctionModel(lambda r: "kept", name="keeper-model")))
+    if returning is not None:
+        listed.append(Agent.build("returning", FunctionModel(answer, name="desk-model"), lifecycle=returning))
     return AgentDirectory(listed, lifecycle=default)
 
 
@@ -107,7 +111,8 @@ class MemoryEraser:
     def __init__(self) -> None:
         self.asks: list[tuple[str, str]] = []
 
-    async def erase_session(self, session_id: str, reason: str) -> None:
+    async def erase_session(self, session_id: str, reason: str, *, actor: str = "admin") -> None:
+        assert actor == "lifecycle"
         self.asks.append((session_id, reason))
 
 
@@ -119,7 +124,7 @@ class TableEraser:
         self.target, self.schema, self.name, self.hang_on = target, schema, name, hang_on
         _execute(target, schema, ERASED_DDL, ())
 
-    async def erase_session(self, session_id: str, reason: str) -> None:
+    async def erase_session(self, session_id: str, reason: str, *, actor: str = "admin") -> None:
         if session_id == self.hang_on:
             await asyncio.Event().wait()
         await asyncio.to_thread(_execute, self.target, self.schema, _RECORD, (session_id, reason, self.name))
