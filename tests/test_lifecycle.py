@@ -20,7 +20,7 @@ from tests.lifecycle_support import IDLE, RETAIN, RETAIN_MS, MemoryEraser, TestC
 from tests.tool_harness import of, path
 from turnlog.consumers.lifecycle import RETENTION, LifecycleSweeper, sweeper_for
 from turnlog.consumers.projector import Projector
-from turnlog.engine import AgentDirectory, AgentSessions, Lifecycle
+from turnlog.engine import AgentDirectory, AgentSessions, Lifecycle, SessionClient
 from turnlog.engine import events as ev
 from turnlog.engine.errors import (
     ApprovalError,
@@ -120,6 +120,9 @@ async def test_an_idle_session_expires_once_with_the_transition_and_the_time(
     assert "expired at 20" in str(refused.value) and "start a new session" in str(refused.value)
     with pytest.raises(SessionExpiredError, match="expired at 20"):
         [item async for item in api.send_user_message(silent, "hello?")]
+    with pytest.raises(SessionExpiredError) as client_refused:  # a producer without the agents
+        await SessionClient(log).post_message(talked, "anyone?")
+    assert client_refused.value.expired_ms == expired_at
 
 
 async def test_an_expiry_decided_before_a_message_is_refused(log: EventLog, store: ProjectionStore) -> None:

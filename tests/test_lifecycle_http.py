@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.backend_gateway import Stack, serve, stack
+from tests.backend_gateway import Stack, serve, stack, worker_on
 from tests.gateway_support import KEYS, auth
 from tests.lifecycle_support import IDLE, TestClock, agents
 from turnlog.consumers.lifecycle import LifecycleSweeper
@@ -165,3 +165,29 @@ async def _viewer(url: str, talked: str, silent: str) -> None:
             assert errors == []
         finally:
             await browser.close()
+
+
+async def test_a_gateway_that_owns_nothing_continues_an_expired_session(where: Stack) -> None:
+    """On Kafka a gateway without a worker owns no partition: the successor is created and the
+    message posted through the inbox, and the worker (here, in the test process) answers it."""
+    directory = agents(returning=Lifecycle(idle_expiry=IDLE, after_expiry="new_session"))
+    store = where.store()
+    try:
+        async with where.opened(owner=True) as log:
+            async with worker_on(log, directory):
+                with serve(where, directory, run_worker=False) as url:
+                    async with httpx.AsyncClient(base_url=url, timeout=30, headers=auth("alice")) as client:
+                        created = await client.post("/v1/sessions", json={"agent": "returning"})
+                        sid = created.json()["session_id"]
+                        await until_row(store, sid, lambda row: row["state_version"] >= 1)
+                        clock = TestClock(ev.now_ms())
+                        clock.advance(IDLE + dt.timedelta(minutes=1))
+                        sweeper = LifecycleSweeper(AgentSessions(log, directory), store, clock=clock)
+                        assert (await sweeper.sweep_once()).expired == [sid]
+                        await until_row(store, sid, lambda row: row["closed"])
+                        answer = await client.post(f"/v1/sessions/{sid}/messages", json={"text": "back"})
+                        assert answer.status_code == 202, answer.text
+                        assert answer.json()["session_id"] == successor_id(sid)
+                        await until_row(store, successor_id(sid), lambda row: row["turns"] == 1)
+    finally:
+        store.close()

@@ -48,6 +48,8 @@ def test_durations_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LifecycleOptions(idle_expiry="30m").default() == Lifecycle(
         idle_expiry=timedelta(minutes=30), retain_closed_for=timedelta(days=30)
     )  # the option wins over the environment, which fills in the rest
+    monkeypatch.setenv("TURNLOG_IDLE_EXPIRY", "")  # docker-compose's "${TURNLOG_IDLE_EXPIRY:-}": unset
+    assert LifecycleOptions().default() == Lifecycle(retain_closed_for=timedelta(days=30))
     monkeypatch.setenv("TURNLOG_AFTER_EXPIRY", "reopen")
     with pytest.raises(ConfigurationError, match="'refuse' or 'new_session'"):
         LifecycleOptions().default()
@@ -130,4 +132,24 @@ async def test_the_lifecycle_program_sweeps_beside_serve(home: Path) -> None:
     finally:
         if sweeper is not None:
             sweeper.stop()
+        program.stop()
+
+
+async def test_a_worker_expires_the_sessions_it_runs(home: Path) -> None:
+    port = free_port()
+    program = serve(home, port, "--no-worker")
+    worker = Program(
+        "worker", ["worker", "--home", str(home), "--idle-expiry", "1s"], home / "worker.out"
+    ).start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_answering(url, KEY, program)
+        async with httpx.AsyncClient(
+            base_url=url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}
+        ) as client:
+            sid = (await client.post("/v1/sessions", json={"agent": AGENT_ID})).json()["session_id"]
+            row = await until_session(client, sid, lambda r: r["closed"], worker)
+            assert row["close_reason"] == "expired"
+    finally:
+        worker.stop()
         program.stop()

@@ -51,9 +51,9 @@ class LifecycleOptions:
         """The deployment's default from these options and the environment, or None if neither
         sets anything (the agents directory's own default stays)."""
         env = os.environ.get
-        idle = self.idle_expiry or env("TURNLOG_IDLE_EXPIRY")
-        retain = self.retain_closed_for or env("TURNLOG_RETAIN_CLOSED_FOR")
-        after = self.after_expiry or env("TURNLOG_AFTER_EXPIRY")
+        idle = self.idle_expiry or env("TURNLOG_IDLE_EXPIRY") or None  # set but empty: unset
+        retain = self.retain_closed_for or env("TURNLOG_RETAIN_CLOSED_FOR") or None
+        after = self.after_expiry or env("TURNLOG_AFTER_EXPIRY") or None
         if idle is None and retain is None and after is None:
             return None
         if after not in (None, "refuse", "new_session"):
