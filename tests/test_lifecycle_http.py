@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +192,34 @@ async def test_a_gateway_that_owns_nothing_continues_an_expired_session(where: S
                         await until_row(store, successor_id(sid), lambda row: row["turns"] == 1)
     finally:
         store.close()
+
+
+async def test_an_agui_thread_whose_session_expired_runs_in_its_successor(where: Stack) -> None:
+    directory = agents(returning=Lifecycle(idle_expiry=IDLE, after_expiry="new_session"))
+    store = where.store()
+    try:
+        with serve(where, directory) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30, headers=auth("alice")) as client:
+                first = await _agui_run(client, "thread-1", "hello")
+                sid = first["session_id"]
+                await until_row(store, sid, lambda row: row["turns"] == 1)
+                await _expire(where, store, [sid])
+                second = await _agui_run(client, "thread-1", "hello again")
+                assert (second["session_id"], second["reason"]) == (successor_id(sid), "answered")
+    finally:
+        store.close()
+
+
+async def _agui_run(client: httpx.AsyncClient, thread: str, text: str) -> dict[str, Any]:
+    """POST one AG-UI run and read its events until RUN_FINISHED; its result."""
+    message = {"id": ev.new_id(), "role": "user", "content": text}
+    run = {"threadId": thread, "runId": ev.new_id(), "state": {}, "tools": [], "context": [],
+           "forwardedProps": {}, "messages": [message]}  # fmt: skip
+    async with asyncio.timeout(WAIT_S):
+        async with client.stream("POST", "/v1/agui/returning", json=run) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data:") and '"RUN_FINISHED"' in line:
+                    result: dict[str, Any] = json.loads(line[5:])["result"]
+                    return result
+    raise AssertionError("the run ended without RUN_FINISHED")
