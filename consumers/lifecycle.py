@@ -115,7 +115,9 @@ class LifecycleSweeper:
         if self.retentions and eraser is None:
             raise ConfigurationError(
                 "a Lifecycle sets retain_closed_for, but this sweeper has no eraser to erase closed "
-                "sessions' content with; give LifecycleSweeper(eraser=...) or drop retain_closed_for"
+                "sessions' content with; give LifecycleSweeper(eraser=...) (the programs take "
+                "turnlog.lifecycle.deployment_eraser's) or drop retain_closed_for "
+                "(--retain-closed-for, TURNLOG_RETAIN_CLOSED_FOR)"
             )
         self._asked: dict[str, int] = {}
         """Expiries asked for and not yet seen closed or refused for good: session -> version

@@ -27,7 +27,6 @@ from .agent import DEFAULT_MAX_MESSAGE_BYTES
 from .errors import (
     InputError,
     LogUnavailableError,
-    MessageTooLargeError,
     SessionClosedError,
     SessionNotFoundError,
     SnapshotFormatError,
@@ -37,7 +36,7 @@ from .fold import SessionState, fold
 from .log.base import EventLog, LogRecord
 from .session import MAX_MESSAGE_ID_CHARS, REQUEST_WAIT_S, SessionInfo
 from .states import SessionStatus
-from .text import text_problem
+from .text import check_message_text
 
 DEFAULT_TURN_TIMEOUT_S = 600.0
 
@@ -206,14 +205,7 @@ class SessionClient:
     def _check(self, text: str, message_id: str | None) -> None:
         if message_id is not None and not 0 < len(message_id) <= MAX_MESSAGE_ID_CHARS:
             raise InputError(f"a message id is 1 to {MAX_MESSAGE_ID_CHARS} characters, not {len(message_id)}")
-        if not text.strip():
-            raise InputError("the message is empty; send some text")
-        problem = text_problem(text)
-        if problem is not None:
-            raise InputError(f"the message holds {problem}; send UTF-8 text without NUL characters")
-        size = len(text.encode("utf-8"))
-        if size > self.max_message_bytes:
-            raise MessageTooLargeError(size, self.max_message_bytes)
+        check_message_text(text, self.max_message_bytes)
 
 
 __all__ = ["SessionClient", "TurnResult"]

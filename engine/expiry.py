@@ -79,7 +79,9 @@ def request(session_id: str, basis_version: int, now_ms: int, producer: str) -> 
 
 
 def is_expiry(event: ev.Event) -> bool:
-    return isinstance(event, ev.SessionClosed) and event.reason == EXPIRED
+    """A sweeper's expiry request (an admin's force-finish that names the same reason is a
+    force-finish; later messages are refused as expired all the same)."""
+    return isinstance(event, ev.SessionClosed) and event.reason == EXPIRED and event.actor == ACTOR
 
 
 def is_idle(state: SessionState) -> bool:
@@ -136,7 +138,8 @@ async def closed_error(log: EventLog, state: SessionState) -> SessionClosedError
     if state.close_reason != EXPIRED:
         return closed_now(state)
     for after in (max(0, state.version - CLOSE_TAIL), 0):
-        closes = [e for e in await log.read_session(state.session_id, after) if is_expiry(e)]
+        events = await log.read_session(state.session_id, after)
+        closes = [e for e in events if isinstance(e, ev.SessionClosed) and e.reason == EXPIRED]
         if closes:
             return SessionExpiredError(state.session_id, closes[-1].time_ms)
     return SessionExpiredError(state.session_id)

@@ -24,7 +24,6 @@ from .errors import (
     ConcurrencyError,
     InputError,
     LogUnavailableError,
-    MessageTooLargeError,
     SessionClosedError,
 )
 from .fold import SessionState, fold
@@ -32,7 +31,7 @@ from .log.base import EventLog, LogRecord
 from .messages import ChatMessage
 from .states import SessionStatus
 from .stream import StreamItem
-from .text import text_problem
+from .text import check_message_text
 from .tools import ToolOutcome, approvals, invoke
 from .tools.permissions import tools_for_role
 from .turn import Clock, TurnRunner
@@ -131,8 +130,7 @@ class AgentSessions:
         position yet). A ``message_id`` chosen by the caller makes a retry safe: a message id the
         session already holds is not taken again, and the message already on the log is
         returned. ``state``: the session as the caller just folded it (``get_state``), which
-        spares a read of the log. A message to an expired session goes to its successor if the
-        agent says so (``Lifecycle.after_expiry``): the record's session id names it.
+        spares a read of the log. An expired session's successor takes it if the agent says so.
         """
         if message_id is not None and not 0 < len(message_id) <= MAX_MESSAGE_ID_CHARS:
             raise InputError(f"a message id is 1 to {MAX_MESSAGE_ID_CHARS} characters, not {len(message_id)}")
@@ -156,22 +154,14 @@ class AgentSessions:
         Unicode text (a lone surrogate, a NUL), too large."""
         if state.closed:
             raise expiry.closed_now(state)
-        if not text.strip():
-            raise InputError("the message is empty; send some text")
-        problem = text_problem(text)
-        if problem is not None:
-            raise InputError(f"the message holds {problem}; send UTF-8 text without NUL characters")
-        size = len(text.encode("utf-8"))
-        limit = self.agents.get(state.agent_id).max_message_bytes
-        if size > limit:
-            raise MessageTooLargeError(size, limit)
+        check_message_text(text, self.agents.get(state.agent_id).max_message_bytes)
 
     async def send_user_message(self, session_id: str, text: str) -> AsyncIterator[StreamItem]:
         """Append a user message and stream its turn (and any turns queued before it).
 
         The message is committed with the start of its turn; the first item streamed is its
-        UserMessageReceived event, durable by then (in the successor of an expired session if
-        the agent says so: its ``session_id`` names the session).
+        UserMessageReceived event, durable by then (in an expired session's successor, if its agent
+        says so).
         """
         conflict: ConcurrencyError | None = None
         for _ in range(APPEND_RETRIES):
@@ -442,8 +432,6 @@ class AgentSessions:
         Where another process owns the session's partition (Kafka), the request goes through
         the log's inbox and the owner applies it (engine.log.kafka_inbox); this returns once
         the session is closed on the log."""
-        if reason == expiry.EXPIRED:
-            raise InputError(f"{reason!r} is the reason of an expiry (AgentSessions.expire); give another")
         if not self._owns(session_id):
             return await self._request_close(session_id, reason, actor)
         request = ev.SessionClosed(
@@ -453,15 +441,12 @@ class AgentSessions:
         return _info(state)
 
     async def expire(self, session_id: str, basis_version: int, now_ms: int) -> list[LogRecord]:
-        """Close an idle session as expired (engine.expiry), if it is still at ``basis_version``
-        and idle; ConcurrencyError, SessionActiveError or SessionClosedError otherwise. Where
-        another process owns the partition (Kafka) it goes through the inbox and the owner
-        applies the same rule: the record returned is pending, and a refusal is dead-lettered."""
+        """Close an idle session as expired if it is still at ``basis_version`` (engine.expiry);
+        from a Kafka process that does not own it, through the inbox (the record is pending)."""
         request = expiry.request(session_id, basis_version, now_ms, self.producer)
         if not self._owns(session_id):
             return await self.log.submit(request)
-        _, records = await self._admit(session_id, lambda _state: request)
-        return records
+        return (await self._admit(session_id, lambda _state: request))[1]
 
     async def _request_close(self, session_id: str, reason: str, actor: str) -> SessionInfo:
         state = await self.runner.reload(session_id)
