@@ -2,7 +2,7 @@
 models and the log. Imports nothing from projections, consumers or the app layer."""
 
 from .admin import SessionAdmin
-from .agent import Agent, AgentDirectory
+from .agent import Agent, AgentDirectory, Lifecycle
 from .client import SessionClient, TurnResult
 from .context import ContextPolicy, MemoryPolicy
 from .errors import (
@@ -22,8 +22,10 @@ from .errors import (
     NoTurnRunningError,
     OutOfOrderError,
     PartitionNotOwnedError,
+    SessionActiveError,
     SessionClosedError,
     SessionError,
+    SessionExpiredError,
     SessionNotFoundError,
     SnapshotFormatError,
     SnapshotNotFoundError,
@@ -97,6 +99,9 @@ __all__ = [
     "SessionAdmin",
     "SessionClient",
     "SessionClosedError",
+    "SessionExpiredError",
+    "SessionActiveError",
+    "Lifecycle",
     "SessionError",
     "SessionInfo",
     "SessionNotFoundError",

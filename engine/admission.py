@@ -6,7 +6,8 @@ on the session as the writer finds it when the event is ordered. A message is th
 next event, or, for a session closed meanwhile, the message and its drop (its sender may
 already have had its 202); a force-finish request is the whole close
 (``turn_records.add_force_finish``, its open model call priced when the agent's prices are
-known); a cancel is the request and the drops of the messages waiting for a turn
+known), an expiry the close of a session still idle where the sweeper read it
+(``engine.expiry``); a cancel is the request and the drops of the messages waiting for a turn
 (``interrupts.add_cancel``); an approval or budget decision is the decision and what it moves;
 a fork that inherits unfinished work is the fork and its settlement
 (``admin.forked_with_settlement``); an erasure of an open session is its close and the erasure.
@@ -23,6 +24,7 @@ import copy
 import dataclasses
 from typing import Callable
 
+from . import expiry
 from .admin import forked_with_settlement
 from .agent import AgentDirectory
 from .budget import add_budget_decision
@@ -88,6 +90,9 @@ class AdmissionRules:
     def _events(self, state: SessionState, event: Event, history: History) -> list[Event]:
         if isinstance(event, SessionForked) and event.unfinished:
             return forked_with_settlement(dataclasses.replace(event, version=1))
+        if expiry.is_expiry(event):
+            assert isinstance(event, SessionClosed)
+            return expiry.expired_events(state, event)
         if isinstance(event, SessionClosed):
             return self._closed(state, event, history)
         if isinstance(event, SessionErased):
@@ -170,6 +175,9 @@ def _refusal(state: SessionState, event: Event) -> TurnlogError | None:
         return SessionNotFoundError(sid)
     if state.closed and not isinstance(event, AFTER_CLOSE):
         return SessionClosedError(sid, state.close_reason)
+    if expiry.is_expiry(event):
+        assert isinstance(event, SessionClosed)
+        return expiry.refusal(state, event)  # only a session still idle at the version read
     return None  # a cancel that finds nothing to stop or drop is written anyway: interrupts.add_cancel
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Iterable, Iterator, Literal, Mapping
 
 import pydantic
@@ -18,6 +19,51 @@ from .tools import Tool, ToolRegistry
 
 DEFAULT_MAX_TOOL_ITERATIONS = 8
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
+AfterExpiry = Literal["refuse", "new_session"]
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """How long a session lives (issue 43): when an idle one is closed, and how long a closed
+    one's content is kept. ``None`` is "never", so the default keeps everything forever; a
+    deployment sets its default on the ``AgentDirectory`` (``turnlog serve --idle-expiry``,
+    ``TURNLOG_IDLE_EXPIRY``), an agent its own (``Agent.lifecycle``). The lifecycle sweeper
+    (consumers/lifecycle.py) applies it."""
+
+    idle_expiry: timedelta | None = None
+    """A session with no event for this long (resting, or paused for the user, with no message
+    waiting) is closed: ``SessionClosed(reason="expired")`` (engine.expiry)."""
+    retain_closed_for: timedelta | None = None
+    """This long after a session was closed (expired or force-finished), its content is erased
+    through the deployment's eraser; its metadata stays."""
+    after_expiry: AfterExpiry = "refuse"
+    """A message to an expired session: ``refuse`` answers ``SessionExpiredError`` (HTTP 409
+    ``session_expired``); ``new_session`` posts it to the session's successor (same agent,
+    user and role; ``engine.expiry.successor_id``), created on first use."""
+
+    def __post_init__(self) -> None:
+        for name in ("idle_expiry", "retain_closed_for"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+                raise ConfigurationError(
+                    f"Lifecycle.{name} is a positive timedelta, or None for never; not {value!r}"
+                )
+        if self.after_expiry not in ("refuse", "new_session"):
+            raise ConfigurationError(
+                f"Lifecycle.after_expiry is 'refuse' or 'new_session', not {self.after_expiry!r}"
+            )
+
+    @property
+    def idle_expiry_ms(self) -> int | None:
+        return _ms(self.idle_expiry)
+
+    @property
+    def retain_closed_ms(self) -> int | None:
+        return _ms(self.retain_closed_for)
+
+
+def _ms(value: timedelta | None) -> int | None:
+    return None if value is None else int(value.total_seconds() * 1000)
 
 
 @dataclass(frozen=True)
@@ -54,6 +100,9 @@ class Agent:
     final_tools: frozenset[str] = frozenset()
     """Tools whose success completes a turn's tool work (the last step of its task, like the
     Agents SDK's StopAtTools): the next model call has no tools and writes the answer."""
+    lifecycle: Lifecycle | None = None
+    """When its sessions expire and how long closed ones keep their content; None: the
+    deployment's default (``AgentDirectory.lifecycle``)."""
 
     def __post_init__(self) -> None:
         if self.max_tool_iterations < 1:
@@ -80,10 +129,14 @@ class Agent:
 
 class AgentDirectory:
     """Agents by id; a session names its agent when it is created. Two agents with one id are a
-    configuration error (sessions name their agent by id: which one would run them?)."""
+    configuration error (sessions name their agent by id: which one would run them?).
+    ``lifecycle`` is the deployment's default for agents that set none."""
 
-    def __init__(self, agents: Iterable[Agent] | Mapping[str, Agent] = ()) -> None:
+    def __init__(
+        self, agents: Iterable[Agent] | Mapping[str, Agent] = (), *, lifecycle: Lifecycle | None = None
+    ) -> None:
         items = agents.values() if isinstance(agents, Mapping) else agents
+        self.lifecycle = lifecycle or Lifecycle()
         self._agents: dict[str, Agent] = {}
         for agent in items:
             self.add(agent)
@@ -106,6 +159,13 @@ class AgentDirectory:
         except KeyError:
             known = ", ".join(sorted(self._agents)) or "none"
             raise ConfigurationError(f"no agent {agent_id!r} is configured; known agents: {known}") from None
+
+    def lifecycle_of(self, agent_id: str) -> Lifecycle:
+        """The agent's own lifecycle, else the deployment's default (also for an agent this
+        directory does not know: its sessions still age)."""
+        agent = self._agents.get(agent_id)
+        own = agent.lifecycle if agent is not None else None
+        return own if own is not None else self.lifecycle
 
     def __contains__(self, agent_id: str) -> bool:
         return agent_id in self._agents

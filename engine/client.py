@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from . import events as ev
-from . import snapshots
+from . import expiry, snapshots
 from .agent import DEFAULT_MAX_MESSAGE_BYTES
 from .errors import (
     InputError,
     LogUnavailableError,
-    MessageTooLargeError,
     SessionClosedError,
     SessionNotFoundError,
     SnapshotFormatError,
@@ -37,7 +36,7 @@ from .fold import SessionState, fold
 from .log.base import EventLog, LogRecord
 from .session import MAX_MESSAGE_ID_CHARS, REQUEST_WAIT_S, SessionInfo
 from .states import SessionStatus
-from .text import text_problem
+from .text import check_message_text
 
 DEFAULT_TURN_TIMEOUT_S = 600.0
 
@@ -112,8 +111,8 @@ class SessionClient:
         """Submit a user message (durable when this returns); a ``message_id`` of your own makes
         a retry safe. Returns the event: pass it to ``wait_for_turn`` or ``stream_turn``."""
         state = await self._state(session_id)
-        if state.closed:
-            raise SessionClosedError(session_id, state.close_reason)
+        if state.closed:  # an expired session's successor needs its agent's settings: AgentSessions
+            raise await expiry.closed_error(self.log, state)
         self._check(text, message_id)
         event = ev.UserMessageReceived(
             session_id=session_id,
@@ -206,14 +205,7 @@ class SessionClient:
     def _check(self, text: str, message_id: str | None) -> None:
         if message_id is not None and not 0 < len(message_id) <= MAX_MESSAGE_ID_CHARS:
             raise InputError(f"a message id is 1 to {MAX_MESSAGE_ID_CHARS} characters, not {len(message_id)}")
-        if not text.strip():
-            raise InputError("the message is empty; send some text")
-        problem = text_problem(text)
-        if problem is not None:
-            raise InputError(f"the message holds {problem}; send UTF-8 text without NUL characters")
-        size = len(text.encode("utf-8"))
-        if size > self.max_message_bytes:
-            raise MessageTooLargeError(size, self.max_message_bytes)
+        check_message_text(text, self.max_message_bytes)
 
 
 __all__ = ["SessionClient", "TurnResult"]

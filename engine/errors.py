@@ -15,6 +15,8 @@
     ├── SessionError
     │   ├── SessionNotFoundError
     │   ├── SessionClosedError
+    │   │   └── SessionExpiredError  closed after no activity for its agent's idle_expiry
+    │   ├── SessionActiveError    an expiry found the session busy (a turn, a waiting message)
     │   ├── IllegalTransitionError
     │   ├── ApprovalError         no such tool call waits for the user's decision
     │   ├── NotAwaitingBudgetError no turn waits for a budget decision
@@ -37,6 +39,8 @@ Messages say what to do next, not only what went wrong.
 """
 
 from __future__ import annotations
+
+import datetime as dt
 
 
 class TurnlogError(Exception):
@@ -140,6 +144,37 @@ class SessionClosedError(SessionError):
     def __init__(self, session_id: str, reason: str) -> None:
         super().__init__(f"session {session_id} is closed ({reason}); start a new session to continue")
         self.session_id = session_id
+
+
+class SessionExpiredError(SessionClosedError):
+    """The session was closed by its lifecycle after no activity (``Lifecycle.idle_expiry``)."""
+
+    def __init__(self, session_id: str, expired_ms: int | None = None) -> None:
+        when = f" at {_utc(expired_ms)}" if expired_ms else ""
+        SessionError.__init__(
+            self,
+            f"session {session_id} expired{when} after a time without activity and takes no more "
+            "messages; start a new session to continue",
+        )
+        self.session_id = session_id
+        self.expired_ms = expired_ms
+        """When it was closed (the SessionClosed's time), ms since the epoch; None if unknown."""
+
+
+class SessionActiveError(SessionError):
+    """An expiry found the session busy: a turn running, or a message waiting for one. It is
+    not idle, so it does not expire."""
+
+    def __init__(self, session_id: str, status: str) -> None:
+        super().__init__(
+            f"session {session_id} is {status} with work in progress (a turn or a waiting message); "
+            "only an idle session expires"
+        )
+        self.session_id = session_id
+
+
+def _utc(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class IllegalTransitionError(SessionError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from . import events as ev
-from . import interrupts
+from . import expiry, interrupts
 from .admission import AdmissionRules, admitted, agent_prices
 from .agent import AgentDirectory
 from .budget import BudgetDecision, SpendLedger, add_budget_decision
@@ -25,7 +25,6 @@ from .errors import (
     DuplicateSubmissionError,
     InputError,
     LogUnavailableError,
-    MessageTooLargeError,
     SessionClosedError,
     SessionNotFoundError,
 )
@@ -35,7 +34,7 @@ from .messages import ChatMessage
 from .models.endpoints import Endpoints
 from .states import SessionStatus
 from .stream import StreamItem
-from .text import text_problem
+from .text import check_message_text
 from .tools import ToolOutcome, approvals, invoke
 from .tools.permissions import tools_for_role
 from .turn import Clock, TurnRunner
@@ -137,15 +136,16 @@ class AgentSessions:
         position yet). A ``message_id`` chosen by the caller makes a retry safe: a message id the
         session already holds is not taken again, and the message already on the log is
         returned. ``state``: the session as the caller just folded it (``get_state``), which
-        spares a read of the log.
+        spares a read of the log. An expired session's successor takes it if the agent says so.
         """
         if message_id is not None and not 0 < len(message_id) <= MAX_MESSAGE_ID_CHARS:
             raise InputError(f"a message id is 1 to {MAX_MESSAGE_ID_CHARS} characters, not {len(message_id)}")
         if state is None:
             state = await self.runner.load(session_id)
+        state = await expiry.open_target(self, state)  # raises for a closed session, or its successor
         self.check_message(state, text)
         event = ev.UserMessageReceived(
-            session_id=session_id,
+            session_id=state.session_id,
             version=0,
             message_id=message_id or ev.new_id(),
             text=text,
@@ -159,22 +159,15 @@ class AgentSessions:
         """Raise what posting ``text`` to the session would raise: closed, empty, not valid
         Unicode text (a lone surrogate, a NUL), too large."""
         if state.closed:
-            raise SessionClosedError(state.session_id, state.close_reason)
-        if not text.strip():
-            raise InputError("the message is empty; send some text")
-        problem = text_problem(text)
-        if problem is not None:
-            raise InputError(f"the message holds {problem}; send UTF-8 text without NUL characters")
-        size = len(text.encode("utf-8"))
-        limit = self.agents.get(state.agent_id).max_message_bytes
-        if size > limit:
-            raise MessageTooLargeError(size, limit)
+            raise expiry.closed_now(state)
+        check_message_text(text, self.agents.get(state.agent_id).max_message_bytes)
 
     async def send_user_message(self, session_id: str, text: str) -> AsyncIterator[StreamItem]:
         """Append a user message and stream its turn (and any turns queued before it).
 
         The message is committed with the start of its turn; the first item streamed is its
-        UserMessageReceived event, durable by then.
+        UserMessageReceived event, durable by then (in an expired session's successor, if its agent
+        says so).
         """
         conflict: ConcurrencyError | None = None
         for _ in range(APPEND_RETRIES):
@@ -184,6 +177,10 @@ class AgentSessions:
                     streamed = True
                     yield item
                 return
+            except SessionClosedError:
+                if streamed:
+                    raise
+                session_id = (await expiry.open_target(self, await self.runner.load(session_id))).session_id
             except ConcurrencyError as exc:
                 if streamed:  # the message was taken; the conflict came later in the turn
                     raise
@@ -448,6 +445,14 @@ class AgentSessions:
         )
         state, _ = await self._admit(session_id, lambda _state: request)
         return _info(state)
+
+    async def expire(self, session_id: str, basis_version: int, now_ms: int) -> list[LogRecord]:
+        """Close an idle session as expired if it is still at ``basis_version`` (engine.expiry);
+        from a Kafka process that does not own it, through the inbox (the record is pending)."""
+        request = expiry.request(session_id, basis_version, now_ms, self.producer)
+        if not self._owns(session_id):
+            return await self.log.submit(request)
+        return (await self._admit(session_id, lambda _state: request))[1]
 
     async def _request_close(self, session_id: str, reason: str, actor: str) -> SessionInfo:
         state = await self.runner.reload(session_id)

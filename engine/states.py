@@ -50,10 +50,14 @@ class Cause(StrEnum):
     ADMIN = "admin"
     POISON_RECORD = "poison_record"
     """A record for the session could not be read or sequenced (Kafka inbox dead letter)."""
+    EXPIRED = "expired"
+    """The session had no activity for its agent's ``Lifecycle.idle_expiry`` and was closed
+    (engine.expiry)."""
 
 
 S, C = SessionStatus, Cause
 _STOP = frozenset({C.INTERRUPT, C.ADMIN})
+_CLOSE = frozenset({C.ADMIN, C.EXPIRED})
 
 TRANSITIONS: dict[tuple[SessionStatus, SessionStatus], frozenset[Cause]] = {
     # a user message starts a turn from any resting state
@@ -77,18 +81,19 @@ TRANSITIONS: dict[tuple[SessionStatus, SessionStatus], frozenset[Cause]] = {
     # a budget that pauses instead of stopping (Budget.on_exceed="pause")
     (S.PROCESSING, S.PAUSED_FOR_USER): frozenset({C.BUDGET}),
     (S.PAUSED_FOR_USER, S.PROCESSING): frozenset({C.USER_APPROVAL}),
-    (S.PAUSED_FOR_USER, S.FINISHED): frozenset({C.ADMIN, C.BUDGET}),
+    (S.PAUSED_FOR_USER, S.FINISHED): frozenset({C.ADMIN, C.BUDGET, C.EXPIRED}),
     # stopping a running turn
     (S.PROCESSING, S.CANCELLED): _STOP,
     (S.TOOL_WAIT, S.CANCELLED): _STOP,
     (S.TOOL_LOOP, S.CANCELLED): _STOP,
     (S.PAUSED_FOR_USER, S.CANCELLED): _STOP,
-    # an admin may force-finish from anywhere that is not already finished
-    (S.IDLE, S.FINISHED): frozenset({C.ADMIN}),
+    # an admin may force-finish from anywhere that is not already finished; an idle session
+    # (resting, or paused for the user) expires (engine.expiry)
+    (S.IDLE, S.FINISHED): _CLOSE,
     (S.TOOL_WAIT, S.FINISHED): frozenset({C.ADMIN}),
     (S.TOOL_LOOP, S.FINISHED): frozenset({C.ADMIN}),
-    (S.ERROR, S.FINISHED): frozenset({C.ADMIN}),
-    (S.CANCELLED, S.FINISHED): frozenset({C.ADMIN}),
+    (S.ERROR, S.FINISHED): _CLOSE,
+    (S.CANCELLED, S.FINISHED): _CLOSE,
     # a resting session whose inbox record was dead-lettered (docs/architecture.md, Kafka)
     (S.IDLE, S.ERROR): frozenset({C.POISON_RECORD}),
     (S.FINISHED, S.ERROR): frozenset({C.POISON_RECORD}),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from .errors import InputError, MessageTooLargeError
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
@@ -21,6 +23,19 @@ def unicode_problem(text: str) -> str | None:
 def text_problem(text: str) -> str | None:
     """What makes ``text`` unfit to be stored as text, or None: a lone surrogate or a NUL."""
     return _describe(_UNSTORABLE.search(text))
+
+
+def check_message_text(text: str, limit_bytes: int) -> None:
+    """Raise what a user message is refused with: empty, not valid Unicode text (a lone
+    surrogate, a NUL), or over ``limit_bytes`` (UTF-8)."""
+    if not text.strip():
+        raise InputError("the message is empty; send some text")
+    problem = text_problem(text)
+    if problem is not None:
+        raise InputError(f"the message holds {problem}; send UTF-8 text without NUL characters")
+    size = len(text.encode("utf-8"))
+    if size > limit_bytes:
+        raise MessageTooLargeError(size, limit_bytes)
 
 
 def _describe(found: re.Match[str] | None) -> str | None:

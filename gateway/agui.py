@@ -3,7 +3,9 @@ mapped from turnlog's own events (the ``ag-ui-protocol`` package has the types a
 
 A thread is a session of the caller's: its session id is a hash of (user, threadId), so two users
 with the same threadId get different sessions and nobody can learn that another user's thread
-exists. The last user message of the input is posted to the log; the run is that message's turn:
+exists. The last user message of the input is posted to the log; the run is that message's turn
+(in the thread session's successor when it expired and its agent continues in a new session,
+engine.expiry: RUN_FINISHED's result names the session):
 
     TurnStarted          → RUN_STARTED, STATE_SNAPSHOT {session_id, status, version}
     StateChanged         → STATE_DELTA (JSON Patch on /status and /version)
@@ -46,6 +48,7 @@ from starlette.responses import Response, StreamingResponse
 
 from turnlog.engine import events as ev
 from turnlog.engine.errors import SessionNotFoundError
+from turnlog.engine.expiry import open_target
 from turnlog.engine.stream import ModelDelta, ModelWaiting
 
 from .bodies import json_body
@@ -199,9 +202,11 @@ class AguiRoute:
         text = _user_text(run)
         session_id = thread_session_id(principal.user, run.thread_id)
         try:
-            await self.gw.api.get_state(session_id)
+            state = await self.gw.api.get_state(session_id)
         except SessionNotFoundError:
             await self.gw.api.create_session(agent_id, principal.user, session_id=session_id)
+            state = await self.gw.api.get_state(session_id)
+        session_id = (await open_target(self.gw.api, state)).session_id  # an expired thread: its successor
         with Holdings() as held:
             release = self.gw.streams.take(principal.user)
             if release is None:

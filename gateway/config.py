@@ -34,3 +34,7 @@ class GatewayConfig:
     projection_wait_s: float = 10.0
     max_projection_lag_s: float = MAX_PROJECTION_LAG_S
     """``/readyz`` answers 503 while the projections are further behind the log than this."""
+    lifecycle_every_s: float | None = None
+    """How often the lifecycle sweeper runs here, when the agents set a ``Lifecycle`` (it runs
+    where the process may append: on the embedded log, or with a worker on Kafka); None: from
+    the limits (consumers.lifecycle.SWEEP_EVERY_S)."""

@@ -56,7 +56,8 @@ class ControlRoutes:
         text = body.get("text")
         if not isinstance(text, str):
             raise HttpError(422, "invalid_input", "'text' must be a string")
-        self.gw.api.check_message(state, text)  # a message that would be refused stops nothing
+        if not state.closed:  # a closed session runs nothing; the post says why (or continues it)
+            self.gw.api.check_message(state, text)  # a message that would be refused stops nothing
         cancelled: Cancelled | None = None
         if state.turn is not None or state.inbox:
             actor, reason = self._actor(request, state, "interrupted by a new message")

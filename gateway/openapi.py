@@ -26,7 +26,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "no or unknown API key",
         403: "the key's role does not allow this",
         404: "no such session, or not yours (the same answer)",
-        409: "the session is closed, or a concurrent write won",
+        409: "the session is closed (`session_expired`: closed after a time without activity), or a "
+        "concurrent write won",
         413: "body or message too large",
         422: "invalid field",
         429: "rate limit or open-stream limit reached",

@@ -108,8 +108,19 @@ SCHEMAS: dict[str, Any] = {
     },
     "Posted": {
         "type": "object",
-        "required": ["message_id", "version", "position", "partition"],
+        "required": ["session_id", "message_id", "version", "position", "partition"],
         "properties": {
+            "session_id": {
+                "type": "string",
+                "description": "the session the message went to: the path's, or its successor's",
+            },
+            "continued_from": {
+                "type": "string",
+                "description": (
+                    "present when the path's session had expired and its agent continues in a new "
+                    "session: the expired one (send later messages and read events at session_id)"
+                ),
+            },
             "message_id": {"type": "string"},
             "version": {"type": "integer"},
             "position": POSITION,
@@ -398,9 +409,13 @@ SCHEMAS: dict[str, Any] = {
                 "not, a cost of 0 means unknown",
             },
             "closed": {"type": "boolean"},
-            "close_reason": {"type": "string"},
+            "close_reason": {
+                "type": "string",
+                "description": "`expired`: closed after a time without activity",
+            },
             "start_time_ms": {"type": "integer"},
-            "update_time_ms": {"type": "integer"},
+            "update_time_ms": {"type": "integer", "description": "its last event's time"},
+            "closed_at_ms": {"type": ["integer", "null"], "description": "when it was closed"},
             "turn_running": {
                 "type": "boolean",
                 "description": "GET of one session only: it can be cancelled",

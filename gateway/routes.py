@@ -214,9 +214,11 @@ class Routes:
             state.session_id, text, message_id=message_id, state=state
         )
         (answer,) = written(self.gw, [posted])
-        return JSONResponse(
-            {key: answer[key] for key in ("message_id", "version", "position", "partition")}, 202
-        )
+        fields = ("session_id", "message_id", "version", "position", "partition")
+        body = {key: answer[key] for key in fields}
+        if posted.event.session_id != state.session_id:  # the expired session's successor took it
+            body["continued_from"] = state.session_id
+        return JSONResponse(body, 202)
 
     async def stream_events(self, request: Request) -> Response:
         """The session's events over SSE. The stream's slot and hub subscription belong to the

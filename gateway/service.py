@@ -2,7 +2,8 @@
 
 One ``Gateway`` holds the engine API (producer side), the live hub, the projector and the
 analytics consumer (unless ``turnlog projector`` and ``turnlog analytics`` run them elsewhere:
-``run_projector=False``), the observability consumer and, unless turns run in a separate worker
+``run_projector=False``), the observability consumer, the lifecycle sweeper (when the agents set
+a ``Lifecycle``) and, unless turns run in a separate worker
 process, a TurnWorker whose stream feeds the hub, with its companions (the memory consumers). The
 hub also hears what workers in other processes stream (``live_subscriber``: Kafka's live topic,
 or the embedded log's channel between the processes sharing its file), and a worker in this
@@ -26,6 +27,7 @@ from turnlog.consumers import health
 from turnlog.consumers.analytics import GROUP as ANALYTICS_GROUP
 from turnlog.consumers.analytics import AnalyticsConsumer
 from turnlog.consumers.health import Readiness
+from turnlog.consumers.lifecycle import LifecycleSweeper, sweeper_for
 from turnlog.consumers.projector import Projector
 from turnlog.consumers.turn_worker import GROUP as WORKER_GROUP
 from turnlog.consumers.turn_worker import TurnWorker
@@ -122,12 +124,22 @@ class Gateway:
             else None
         )
         self.companions = list(companions) if self.worker is not None else []
-        self.readiness = self._readiness()
         self.eraser = open_eraser(self.api, store)
-        """Erases content (the admin DELETE routes); finishes at start what a crash left pending."""
+        """Erases content (the admin DELETE routes, retention); finishes at start what a crash
+        left pending. None when the log encrypts nothing."""
+        self.sweeper = self._sweeper(store, self.eraser)
+        self.readiness = self._readiness()
         self._tasks: list[asyncio.Task[None]] = []
         self._worker_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+
+    def _sweeper(self, store: ProjectionStore, eraser: Eraser | None) -> LifecycleSweeper | None:
+        """The lifecycle sweeper, if the agents set a ``Lifecycle`` and this process may append:
+        on Kafka only with a worker (it sweeps the partitions it owns)."""
+        if not self.log.owned_partitions() and not self.config.run_worker:
+            return None
+        every = self.config.lifecycle_every_s
+        return sweeper_for(self.api, store, eraser=eraser, name="gateway", interval_s=every)
 
     def _readiness(self) -> Readiness:
         """Ready: the log answers (an owner holds its partitions), the schemas load, and the
@@ -166,6 +178,8 @@ class Gateway:
             followed += [self.projector.catch_up, self.analytics.catch_up]
         runners = [self._follow(c) for c in followed]
         runners += [companion.run() for companion in self.companions]
+        if self.sweeper is not None:
+            runners.append(self.sweeper.run())
         if self.live_subscriber is not None:
             runners.append(self._hear(self.live_subscriber))
         if self.eraser is not None:
@@ -257,6 +271,8 @@ class Gateway:
             self._worker_task = None
         for companion in self.companions:
             companion.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

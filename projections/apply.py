@@ -233,7 +233,7 @@ def _turn_finished(e: ev.TurnFinished, row: SessionRow) -> list[Change]:
 
 
 def _closed(e: ev.SessionClosed, row: SessionRow) -> list[Change]:
-    row.set(closed=True, close_reason=e.reason)
+    row.set(closed=True, close_reason=e.reason, closed_at_ms=e.time_ms)
     return []
 
 

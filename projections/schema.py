@@ -27,7 +27,8 @@ TABLES: dict[str, str] = {
             closed         BOOLEAN NOT NULL DEFAULT FALSE,
             close_reason   TEXT NOT NULL DEFAULT '',
             start_time_ms  BIGINT NOT NULL,
-            update_time_ms BIGINT NOT NULL
+            update_time_ms BIGINT NOT NULL,
+            closed_at_ms   BIGINT
         )""",
     "messages": """
         CREATE TABLE IF NOT EXISTS messages (
@@ -148,8 +149,15 @@ TABLES: dict[str, str] = {
         )""",
 }
 
+INDEXES = (
+    "CREATE INDEX IF NOT EXISTS sessions_idle ON sessions (closed, update_time_ms)",
+    "CREATE INDEX IF NOT EXISTS sessions_closed_at ON sessions (closed, closed_at_ms)",
+)
+"""What the lifecycle sweeper looks sessions up by (projections/lifecycle.py): the open ones by
+their last event's time, the closed ones by their close time."""
+
 SCHEMA_TABLE = "CREATE TABLE IF NOT EXISTS projection_schema (schema_id TEXT NOT NULL)"
-SCHEMA_ID = hashlib.sha256("".join(TABLES.values()).encode()).hexdigest()[:16]
+SCHEMA_ID = hashlib.sha256("".join([*TABLES.values(), *INDEXES]).encode()).hexdigest()[:16]
 """Changes with any DDL above: a store made by another schema is dropped and refolded (store.create)."""
 
 READ_MODELS = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SESSION_VALUES = ("current_state", "closed", "close_reason", "user_id")
+SESSION_VALUES = ("current_state", "closed", "close_reason", "user_id", "closed_at_ms")
 """Columns an event may set (the last value in the batch wins)."""
 
 SESSION_COUNTERS = ("message_count", "turns", "input_tokens", "output_tokens", "cost_micros")

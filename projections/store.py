@@ -32,7 +32,7 @@ from turnlog.engine.log.base import LogRecord
 
 from .batch import Group, NewRows, load_rows, plan_batch
 from .changes import insert_sql
-from .schema import ORDER_BY, READ_MODELS, SCHEMA_ID, SCHEMA_TABLE, TABLES
+from .schema import INDEXES, ORDER_BY, READ_MODELS, SCHEMA_ID, SCHEMA_TABLE, TABLES
 
 Row = dict[str, Any]
 PRODUCTION = sql_exclusion()
@@ -221,7 +221,7 @@ def _create(writer: Writer) -> None:
     found = writer.query("SELECT schema_id FROM projection_schema")
     if found and found[0]["schema_id"] != SCHEMA_ID:
         _drop_read_models(writer)
-    for ddl in TABLES.values():
+    for ddl in (*TABLES.values(), *INDEXES):
         writer.execute(ddl)
     writer.execute("DELETE FROM projection_schema")
     writer.execute("INSERT INTO projection_schema (schema_id) VALUES (?)", (SCHEMA_ID,))

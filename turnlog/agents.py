@@ -51,7 +51,7 @@ class AgentContext:
     settings: ModelSettings
     """The model endpoint the program was started with (``settings.configured`` False if none)."""
     program: str
-    """serve, worker, demo or memory."""
+    """serve, worker, demo, memory or lifecycle."""
     model: Model | None = None
     """A model the program chose for the built-in example (the demo's local or scripted model);
     None elsewhere."""

@@ -57,15 +57,17 @@ class ReadSide:
         ``owner`` (it runs turns), else a producer and reader that owns no partition."""
         log = await self.open_log(owner=owner)
         try:
-            store: ProjectionStore = (
-                SqliteProjectionStore(self.home / "projections.db")
-                if self.postgres is None
-                else postgres_store(self.postgres, self.schema)
-            )
+            store = self.store()
         except BaseException:
             await log.close()
             raise
         return log, store
+
+    def store(self) -> ProjectionStore:
+        """The projections: the embedded file in ``home``, or the PostgreSQL schema."""
+        if self.postgres is None:
+            return SqliteProjectionStore(self.home / "projections.db")
+        return postgres_store(self.postgres, self.schema)
 
     async def open_log(self, *, owner: bool = False, client_id: str = "turnlog") -> EventLog:
         if self.kafka is None:

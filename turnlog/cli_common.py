@@ -42,6 +42,30 @@ PostgresOption = Annotated[
     str | None, typer.Option("--postgres", help="PostgreSQL DSN of the projections instead of --home.")
 ]
 SchemaOption = Annotated[str, typer.Option(help="The PostgreSQL schema of the projections.")]
+IdleExpiryOption = Annotated[
+    str | None,
+    typer.Option(
+        "--idle-expiry",
+        help="Close sessions idle this long (30m, 12h, 7d; 'never') for agents with no Lifecycle of "
+        "their own (env TURNLOG_IDLE_EXPIRY; default: never).",
+    ),
+]
+RetainOption = Annotated[
+    str | None,
+    typer.Option(
+        "--retain-closed-for",
+        help="Erase a closed session's content this long after its close (30d; 'never') "
+        "(env TURNLOG_RETAIN_CLOSED_FOR; default: never).",
+    ),
+]
+AfterExpiryOption = Annotated[
+    str | None,
+    typer.Option(
+        "--after-expiry",
+        help="A message to an expired session: 'refuse' (409 session_expired) or 'new_session' "
+        "(env TURNLOG_AFTER_EXPIRY; default: refuse).",
+    ),
+]
 HealthPortOption = Annotated[
     int | None,
     typer.Option(min=1, max=65535, help="Serve /healthz and /readyz on this port (all interfaces)."),

@@ -1,5 +1,5 @@
 """The long-running programs and their tools: `serve`, `worker`, `memory`, `projector`,
-`analytics`, `export`, `add-key`, `doctor`."""
+`analytics`, `lifecycle`, `export`, `add-key`, `doctor`."""
 
 from __future__ import annotations
 
@@ -16,16 +16,19 @@ from turnlog.engine.errors import TurnlogError
 
 from .app import ReadSide
 from .cli_common import (
+    AfterExpiryOption,
     AgentsOption,
     ApiKeyOption,
     BaseUrlOption,
     HealthPortOption,
     HomeOption,
+    IdleExpiryOption,
     KafkaOption,
     MemoryOption,
     ModelOption,
     PartitionsOption,
     PostgresOption,
+    RetainOption,
     SchemaOption,
     TopicOption,
     console,
@@ -106,10 +109,14 @@ def serve_cmd(
         float,
         typer.Option(min=0, help="Seconds between SIGTERM (when /readyz turns 503) and the server stopping."),
     ] = 0.0,
+    idle_expiry: IdleExpiryOption = None,
+    retain_closed_for: RetainOption = None,
+    after_expiry: AfterExpiryOption = None,
 ) -> None:
     """Serve the HTTP gateway (sessions, messages, event streams, metrics, /healthz and /readyz):
     on the embedded backend, or on Kafka + PostgreSQL (--kafka, --postgres; with --no-worker it
-    owns no partition)."""
+    owns no partition). With a session lifecycle (--idle-expiry ...), its sweeper runs here."""
+    from .lifecycle import LifecycleOptions
     from .serve import DEFAULT_KEYS_FILE, serve
 
     root = home_dir(home)
@@ -120,6 +127,7 @@ def serve_cmd(
             ModelSettings.from_env(base_url, api_key, model),
             agents=agents, host=host, port=port, keys_file=keys_file, run_worker=worker,
             run_projector=projector, run_memory=memory, sample_rate=sample_rate, drain_delay_s=drain_delay,
+            lifecycle=LifecycleOptions(idle_expiry, retain_closed_for, after_expiry),
         )  # fmt: skip
     except TurnlogError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
@@ -144,13 +152,21 @@ def worker_cmd(
     api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,
     health_port: HealthPortOption = None,
+    postgres: PostgresOption = None,
+    schema: SchemaOption = "public",
+    idle_expiry: IdleExpiryOption = None,
+    retain_closed_for: RetainOption = None,
+    after_expiry: AfterExpiryOption = None,
 ) -> None:
     """Run your agents' turns (until SIGTERM, which lets each turn in flight finish its step):
     for the Kafka partitions this process is assigned (--kafka), or for messages posted to the
-    embedded log (by `turnlog serve --no-worker`). Sessions run concurrently, each in order."""
+    embedded log (by `turnlog serve --no-worker`). Sessions run concurrently, each in order.
+    With a session lifecycle it also expires and erases its sessions (reading the projections:
+    HOME's, or --postgres on Kafka)."""
     from .distributed import HealthOptions, run_worker
+    from .lifecycle import LifecycleOptions
 
-    side = ReadSide(home_dir(home), kafka, topic, partitions)
+    side = ReadSide(home_dir(home), kafka, topic, partitions, postgres, schema)
     settings = ModelSettings.from_env(base_url, api_key, model)
     run(
         run_worker(
@@ -161,7 +177,51 @@ def worker_cmd(
             max_turns=max_turns,
             memory=memory,
             health_options=HealthOptions(health_port),
+            lifecycle=LifecycleOptions(idle_expiry, retain_closed_for, after_expiry),
         )  # fmt: skip
+    )
+
+
+@commands.command()
+def lifecycle(
+    home: HomeOption = None,
+    kafka: KafkaOption = None,
+    topic: TopicOption = "turnlog.events",
+    partitions: PartitionsOption = 8,
+    postgres: PostgresOption = None,
+    schema: SchemaOption = "public",
+    agents: AgentsOption = None,
+    idle_expiry: IdleExpiryOption = None,
+    retain_closed_for: RetainOption = None,
+    after_expiry: AfterExpiryOption = None,
+    interval: Annotated[
+        float | None,
+        typer.Option(
+            min=0.1, help="Seconds between sweeps (default: a tenth of the shortest limit, 30 at most)."
+        ),
+    ] = None,
+    health_port: HealthPortOption = None,
+) -> None:
+    """Expire idle sessions and erase closed ones after their retention, by your agents'
+    Lifecycle or the default given here, until SIGTERM. Reads the projections (HOME's, or
+    --postgres); owns no partition, so on Kafka its expiries go through the inbox. Workers and
+    `turnlog serve` run the same sweeper over their own sessions: this is for a deployment that
+    keeps it apart (one per deployment is enough; several are safe)."""
+    from .distributed import HealthOptions, run_lifecycle
+    from .lifecycle import LifecycleOptions
+
+    side = ReadSide(home_dir(home), kafka, topic, partitions, postgres, schema)
+    options = LifecycleOptions(idle_expiry, retain_closed_for, after_expiry)
+    settings = ModelSettings.from_env()
+    run(
+        run_lifecycle(
+            side,
+            settings,
+            options,
+            agents=agents,
+            interval_s=interval,
+            health_options=HealthOptions(health_port),
+        )
     )
 
 

@@ -10,21 +10,24 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import structlog
 
 from turnlog.consumers import Projector, TurnWorker, health
 from turnlog.consumers.analytics import AnalyticsConsumer
 from turnlog.consumers.health import Readiness, serve_health
-from turnlog.engine import KafkaEventLog, SqliteEventLog
+from turnlog.consumers.lifecycle import configured
+from turnlog.engine import AgentDirectory, AgentSessions, EventLog, KafkaEventLog, SqliteEventLog
 from turnlog.engine.errors import ConfigurationError
 from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
 from turnlog.engine.log.local_live import LocalLive
+from turnlog.projections.store import ProjectionStore
 
 from .agents import AgentContext, deployed_agents
 from .app import ReadSide, kafka_log, postgres_store
 from .config import ModelSettings
+from .lifecycle import LifecycleOptions, deployment_sweeper
 from .runtime import close_agents, memory_consumers
 
 log = structlog.get_logger("turnlog.distributed")
@@ -119,14 +122,18 @@ async def run_worker(
     max_turns: int,
     memory: bool,
     health_options: HealthOptions = HealthOptions(),
+    lifecycle: LifecycleOptions | None = None,
 ) -> int:
     """Run turns until SIGTERM or SIGINT (then the turns in flight end at a step boundary): for
     messages posted to the embedded log in ``side.home`` (by `turnlog serve --no-worker`), or for
     the Kafka partitions this process is assigned. With ``memory``, the memory consumers the
-    agents call for run beside it (on Kafka: on the partitions it owns)."""
+    agents call for run beside it (on Kafka: on the partitions it owns); with a ``Lifecycle``,
+    the lifecycle sweeper (on Kafka: over the partitions it owns, given ``side.postgres``)."""
     directory = deployed_agents(agents, AgentContext(side.home, settings, "worker"))
+    (lifecycle or LifecycleOptions()).apply(directory)
     event_log = await side.open_log(owner=True, client_id=worker_id)
     live = LiveLinks()
+    sweeping = Sweeping()
     try:
         if isinstance(event_log, KafkaEventLog):
             await live.start(event_log, publish=True, subscribe=False)
@@ -136,11 +143,12 @@ async def run_worker(
         worker = TurnWorker(
             event_log, directory, worker_id=worker_id, max_concurrent_turns=max_turns, on_item=publish
         )
-        companions = (
-            memory_consumers(event_log, directory, owned_only=isinstance(event_log, KafkaEventLog))
-            if memory
-            else []
-        )
+        companions: list[Companion] = []
+        if memory:
+            companions += memory_consumers(
+                event_log, directory, owned_only=isinstance(event_log, KafkaEventLog)
+            )
+        companions += sweeping.start(side, event_log, directory, worker_id)
         tasks = [asyncio.create_task(c.run()) for c in companions]
         running = asyncio.create_task(worker.run())
         log.info("worker.ready", worker=worker_id, kafka=side.kafka, memory_consumers=len(companions))
@@ -155,9 +163,47 @@ async def run_worker(
             await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         await live.close()
+        sweeping.close()
         await event_log.close()
         await close_agents(directory)
     return 0
+
+
+class Companion(Protocol):
+    """A consumer that runs beside the turn worker: ``run`` until ``stop``."""
+
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class Sweeping:
+    """A worker's lifecycle sweeper and the projections it reads (the embedded ones in the home
+    folder, or ``--postgres``): the sessions of the partitions the worker owns."""
+
+    def __init__(self) -> None:
+        self.store: ProjectionStore | None = None
+
+    def start(
+        self, side: ReadSide, event_log: EventLog, directory: AgentDirectory, worker_id: str
+    ) -> list[Companion]:
+        if not configured(directory):
+            return []
+        if side.kafka is not None and side.postgres is None:
+            log.warning(
+                "worker.no_lifecycle",
+                detail="the agents set a Lifecycle, but the sweeper reads the projections: pass "
+                "--postgres (or run `turnlog lifecycle`) to expire and erase sessions",
+            )
+            return []
+        self.store = side.store()
+        api = AgentSessions(event_log, directory, producer=worker_id)
+        sweeper = deployment_sweeper(api, self.store, name=worker_id)
+        return [sweeper] if sweeper is not None else []
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
 
 async def run_memory(side: ReadSide, settings: ModelSettings, *, agents: str | None) -> int:
@@ -242,4 +288,40 @@ async def run_analytics(bootstrap: str, topic: str, partitions: int, dsn: str, s
         await task
         store.close()
         await event_log.close()
+    return 0
+
+
+async def run_lifecycle(
+    side: ReadSide,
+    settings: ModelSettings,
+    options: LifecycleOptions,
+    *,
+    agents: str | None,
+    interval_s: float | None,
+    health_options: HealthOptions = HealthOptions(),
+) -> int:
+    """`turnlog lifecycle`: sweep every ``interval_s`` until SIGTERM, over every session (this
+    process owns no partition: on Kafka its expiries go through the inbox to the owners). It
+    reads the projections another process folds (`turnlog serve`, `turnlog projector`)."""
+    directory = options.apply(deployed_agents(agents, AgentContext(side.home, settings, "lifecycle")))
+    event_log, store = await side.open(owner=False)
+    try:
+        api = AgentSessions(event_log, directory, producer="lifecycle")
+        sweeper = deployment_sweeper(api, store, name="lifecycle", owned_only=False, interval_s=interval_s)
+        if sweeper is None:
+            raise ConfigurationError(
+                "no agent sets a Lifecycle and there is no deployment default, so there is nothing to "
+                "sweep; pass --idle-expiry / --retain-closed-for (or TURNLOG_IDLE_EXPIRY ...)"
+            )
+        task = asyncio.create_task(sweeper.run())
+        readiness = Readiness({"log": health.log_check(event_log), "schemas": health.schemas_check()})
+        try:
+            await until_stopped(readiness, health_options)
+        finally:
+            sweeper.stop()
+            await task
+    finally:
+        store.close()
+        await event_log.close()
+        await close_agents(directory)
     return 0

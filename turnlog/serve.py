@@ -21,6 +21,7 @@ from .agents import AgentContext, deployed_agents
 from .app import ReadSide
 from .config import ModelSettings
 from .distributed import LiveLinks
+from .lifecycle import LifecycleOptions
 from .runtime import close_agents, memory_consumers
 
 if TYPE_CHECKING:  # the gateway extra is imported only when serving
@@ -64,6 +65,7 @@ def serve(
     run_memory: bool,
     sample_rate: float,
     drain_delay_s: float = 0.0,
+    lifecycle: LifecycleOptions | None = None,
 ) -> None:
     """Run the gateway until interrupted: on the embedded log in ``side.home``, or on Kafka +
     PostgreSQL (``side.kafka``, ``side.postgres``). Unless ``run_worker`` is False the turn worker
@@ -88,6 +90,7 @@ def serve(
         )
     keys = KeyStore.from_file(keys_file)
     directory = deployed_agents(agents, AgentContext(side.home, settings, "serve"))
+    (lifecycle or LifecycleOptions()).apply(directory)
     config = GatewayConfig(run_worker=run_worker, run_projector=run_projector, log_sample_rate=sample_rate)
     configure_json_logs()
     tracing = otlp_tracer_provider()

@@ -67,7 +67,8 @@ class TurnFinished(Event):
     turn_id: str
     message_id: str
     reason: str
-    """answered | iteration_cap | repeated_call | unchanged_result | model_error | forced."""
+    """answered | iteration_cap | repeated_call | unchanged_result | model_error | forced |
+    cancelled | budget | expired (a paused turn whose session expired), ..."""
     iterations: int
     model_calls: int
     input_tokens: int
@@ -78,8 +79,12 @@ class TurnFinished(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionClosed(Event):
+    """The session takes no more messages: force-finished, or expired (engine.expiry)."""
+
     reason: str
+    """The admin's reason, or ``expired`` (no activity for the agent's ``Lifecycle.idle_expiry``)."""
     actor: str = "user"
+    """Who closed it; ``lifecycle`` for an expiry."""
     type: ClassVar[str] = "SessionClosed"
 
 
