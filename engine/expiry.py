@@ -30,7 +30,7 @@ import hashlib
 from typing import Any, Protocol
 
 from . import events as ev
-from . import snapshots
+from . import snapshots, turn_records
 from .agent import AgentDirectory
 from .errors import (
     ConcurrencyError,
@@ -107,18 +107,7 @@ def expired_events(state: SessionState, expiry: ev.SessionClosed) -> list[ev.Eve
         idle_s = max(0, expiry.time_ms - state.updated_ms) // 1000
         w.transition(SessionStatus.FINISHED, Cause.EXPIRED, detail=f"no activity for {idle_s} s")
     if turn is not None:
-        w.add(
-            ev.TurnFinished,
-            turn_id=turn.turn_id,
-            message_id=turn.message_id,
-            reason=EXPIRED,
-            iterations=turn.iterations,
-            model_calls=turn.model_calls,
-            input_tokens=turn.input_tokens,
-            output_tokens=turn.output_tokens,
-            cost_micros=turn.cost_micros,
-            correlation_id=turn.turn_id,
-        )
+        turn_records.add_turn_finished(w, EXPIRED, None)  # its snapshot follows the close
     w.add(ev.SessionClosed, reason=EXPIRED, actor=expiry.actor, event_id=expiry.event_id)
     if turn is not None:
         snapshots.take(w, snapshots.SnapshotEncoder(cache_size=1))  # a cut turn's end is a turn end

@@ -16,40 +16,9 @@ import psycopg
 from psycopg import sql as pgsql
 
 from ..errors import KeyStoreError
-from .keystore_sql import SqlKeyStore
+from .keystore_sql import SqlKeyStore, schema
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS data_keys (
-    session_id    TEXT PRIMARY KEY,
-    user_id       TEXT NOT NULL,
-    master_key_id TEXT NOT NULL,
-    wrapped       BYTEA,
-    created_ms    BIGINT NOT NULL,
-    erased_ms     BIGINT,
-    erasure_id    TEXT,
-    erased_seq    BIGINT
-);
-CREATE INDEX IF NOT EXISTS data_keys_user ON data_keys (user_id);
-CREATE INDEX IF NOT EXISTS data_keys_erased ON data_keys (erased_seq);
-CREATE TABLE IF NOT EXISTS erasures (
-    erasure_id   TEXT PRIMARY KEY,
-    scope        TEXT NOT NULL,
-    subject      TEXT NOT NULL,
-    reason       TEXT NOT NULL,
-    actor        TEXT NOT NULL,
-    state        TEXT NOT NULL,
-    requested_ms BIGINT NOT NULL,
-    finished_ms  BIGINT
-);
-CREATE TABLE IF NOT EXISTS erasure_sessions (
-    erasure_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    done       INTEGER NOT NULL,
-    PRIMARY KEY (erasure_id, session_id)
-);
-CREATE TABLE IF NOT EXISTS key_meta (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
-INSERT INTO key_meta VALUES ('erased_seq', 0) ON CONFLICT (name) DO NOTHING;
-"""
+SCHEMA = schema(blob="BYTEA", integer="BIGINT")
 CREATE_RACES = (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject, psycopg.errors.DuplicateTable)
 
 

@@ -17,6 +17,45 @@ from typing import Any, Sequence
 
 from .keystore import DataKey, ErasureRecord, Scope
 
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS data_keys (
+    session_id    TEXT PRIMARY KEY,
+    user_id       TEXT NOT NULL,
+    master_key_id TEXT NOT NULL,
+    wrapped       {blob},
+    created_ms    {integer} NOT NULL,
+    erased_ms     {integer},
+    erasure_id    TEXT,
+    erased_seq    {integer}
+);
+CREATE INDEX IF NOT EXISTS data_keys_user ON data_keys (user_id);
+CREATE INDEX IF NOT EXISTS data_keys_erased ON data_keys (erased_seq);
+CREATE TABLE IF NOT EXISTS erasures (
+    erasure_id   TEXT PRIMARY KEY,
+    scope        TEXT NOT NULL,
+    subject      TEXT NOT NULL,
+    reason       TEXT NOT NULL,
+    actor        TEXT NOT NULL,
+    state        TEXT NOT NULL,
+    requested_ms {integer} NOT NULL,
+    finished_ms  {integer}
+);
+CREATE TABLE IF NOT EXISTS erasure_sessions (
+    erasure_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    done       {integer} NOT NULL,
+    PRIMARY KEY (erasure_id, session_id)
+);
+CREATE TABLE IF NOT EXISTS key_meta (name TEXT PRIMARY KEY, value {integer} NOT NULL);
+INSERT INTO key_meta VALUES ('erased_seq', 0) ON CONFLICT (name) DO NOTHING;
+"""
+
+def schema(*, blob: str, integer: str) -> str:
+    """The key store's DDL in a dialect's column types (SQLite and PostgreSQL both take
+    ``ON CONFLICT DO NOTHING``)."""
+    return _SCHEMA.format(blob=blob, integer=integer)
+
+
 KEY_COLUMNS = "session_id, user_id, master_key_id, wrapped, created_ms, erased_ms, erasure_id"
 ERASURE_COLUMNS = (
     "e.erasure_id, e.scope, e.subject, e.reason, e.actor, e.state, e.requested_ms, e.finished_ms, "

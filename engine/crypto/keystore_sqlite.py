@@ -15,40 +15,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import KeyStoreError
-from .keystore_sql import SqlKeyStore
+from .keystore_sql import SqlKeyStore, schema
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS data_keys (
-    session_id    TEXT PRIMARY KEY,
-    user_id       TEXT NOT NULL,
-    master_key_id TEXT NOT NULL,
-    wrapped       BLOB,
-    created_ms    INTEGER NOT NULL,
-    erased_ms     INTEGER,
-    erasure_id    TEXT,
-    erased_seq    INTEGER
-);
-CREATE INDEX IF NOT EXISTS data_keys_user ON data_keys (user_id);
-CREATE INDEX IF NOT EXISTS data_keys_erased ON data_keys (erased_seq);
-CREATE TABLE IF NOT EXISTS erasures (
-    erasure_id   TEXT PRIMARY KEY,
-    scope        TEXT NOT NULL,
-    subject      TEXT NOT NULL,
-    reason       TEXT NOT NULL,
-    actor        TEXT NOT NULL,
-    state        TEXT NOT NULL,
-    requested_ms INTEGER NOT NULL,
-    finished_ms  INTEGER
-);
-CREATE TABLE IF NOT EXISTS erasure_sessions (
-    erasure_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    done       INTEGER NOT NULL,
-    PRIMARY KEY (erasure_id, session_id)
-);
-CREATE TABLE IF NOT EXISTS key_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-INSERT OR IGNORE INTO key_meta VALUES ('erased_seq', 0);
-"""
+SCHEMA = schema(blob="BLOB", integer="INTEGER")
 
 
 class SqliteKeyStore(SqlKeyStore):
