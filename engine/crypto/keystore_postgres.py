@@ -25,6 +25,9 @@ CREATE_RACES = (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject, 
 class PostgresKeyStore(SqlKeyStore):
     """Keys in PostgreSQL, in ``schema`` (created if missing)."""
 
+    recheck_s = 1.0
+    """Every second: a read of the store is a round trip."""
+
     def __init__(self, dsn: str, *, schema: str = "public") -> None:
         super().__init__()
         self.where = f"the key store in PostgreSQL schema {schema}"

@@ -70,6 +70,10 @@ class SqlKeyStore(abc.ABC):
     """``engine.crypto.keystore.KeyStore`` in SQL. Every call takes the store's lock: the cipher
     calls it from the log's codec path, the eraser from its own tasks."""
 
+    recheck_s = 0.0
+    """How often a cipher on this store asks it for other processes' erasures (0: at every
+    read, for a store that answers in microseconds)."""
+
     def __init__(self) -> None:
         self.lock = threading.RLock()
 

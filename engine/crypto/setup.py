@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 from .cipher import ContentCipher
-from .keystore_postgres import PostgresKeyStore
 from .keystore_sql import SqlKeyStore
 from .keystore_sqlite import SqliteKeyStore
 from .master import MasterKeys
@@ -16,10 +15,6 @@ MASTER_KEY_FILE = "master.key"
 KEYSTORE_SCHEMA = "turnlog_keys"
 """The PostgreSQL schema of the key store unless ``TURNLOG_KEYSTORE_SCHEMA`` names another: apart
 from the projections, so it can be granted and backed up on its own."""
-PG_RECHECK_S = 1.0
-"""How often a process on a PostgreSQL key store asks it for other processes' erasures."""
-
-
 def keystore_beside(log_path: str | Path) -> Path:
     """The embedded log's key store: ``log.keys.db`` beside ``log.db``."""
     path = Path(log_path)
@@ -51,10 +46,11 @@ def open_keystore(spec: str, *, durable: bool = True) -> SqlKeyStore:
     """A PostgreSQL DSN (``postgresql://...``; schema ``TURNLOG_KEYSTORE_SCHEMA``, default
     ``turnlog_keys``) or a SQLite file path."""
     if spec.startswith(("postgresql://", "postgres://")):
+        from .keystore_postgres import PostgresKeyStore  # psycopg only for a deployment that uses it
+
         return PostgresKeyStore(spec, schema=os.environ.get("TURNLOG_KEYSTORE_SCHEMA") or KEYSTORE_SCHEMA)
     return SqliteKeyStore(spec, durable=durable)
 
 
 def cipher_for(store: SqlKeyStore, master: MasterKeys) -> ContentCipher:
-    recheck = PG_RECHECK_S if isinstance(store, PostgresKeyStore) else 0.0
-    return ContentCipher(store, master, recheck_s=recheck)
+    return ContentCipher(store, master, recheck_s=store.recheck_s)
