@@ -32,6 +32,7 @@ the previous one ran). The fsync pass (--count-fsyncs) counts them.
 from __future__ import annotations
 
 import json
+import os
 from typing import AsyncIterator
 
 import workload as W
@@ -92,10 +93,12 @@ class TurnlogAdapter(FrameworkAdapter):
     }
 
     async def open(self, persistence: str, db_path: str | None) -> None:
+        # TURNLOG_BENCH_PLAIN=1: content encryption off, to measure what it costs (A/B)
+        plain = {"encrypt": False} if os.environ.get("TURNLOG_BENCH_PLAIN") else {}
         if persistence == "sqlite":
-            self.log = SqliteEventLog(db_path, durability="power")
+            self.log = SqliteEventLog(db_path, durability="power", **plain)
         elif persistence == "sqlite_normal":
-            self.log = SqliteEventLog(db_path, durability="process")
+            self.log = SqliteEventLog(db_path, durability="process", **plain)
         elif persistence == "memory":
             self.log = MemoryEventLog()
         else:
