@@ -3,6 +3,7 @@ setup and what they tell the user to do about each problem."""
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -16,7 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 def turnlog(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
-    for key in ("TURNLOG_BASE_URL", "OPENAI_BASE_URL", "TURNLOG_MODEL", "TURNLOG_API_KEY"):
+    for key in (
+        "TURNLOG_BASE_URL", "OPENAI_BASE_URL", "TURNLOG_MODEL", "TURNLOG_API_KEY",
+        "TURNLOG_KEYSTORE", "TURNLOG_MASTER_KEY", "TURNLOG_MASTER_KEY_FILE",
+    ):  # fmt: skip
         base.pop(key, None)
     return subprocess.run(
         [sys.executable, "-m", "turnlog", *args],
@@ -54,6 +58,8 @@ def test_doctor_on_a_fresh_home_finds_nothing_wrong(tmp_path: Path) -> None:
     assert "no embedded log yet" in found["log"] and found["log"].startswith("ok")
     assert found["projections"].startswith("ok") and "not created yet" in found["projections"]
     assert found["model"].startswith("ok no endpoint configured")
+    encryption = found["encryption"]
+    assert encryption.startswith("ok on: key store ") and "made with the first session" in encryption
     assert {"extra gateway", "extra memory", "extra local"} <= found.keys()
     assert not (tmp_path / "fresh").exists(), "the doctor looks; it creates nothing"
 
@@ -95,3 +101,28 @@ def test_doctor_reads_a_kafka_topic_without_creating_it(tmp_path: Path) -> None:
         "doctor", "--home", str(tmp_path), "--kafka", bootstrap, "--topic", "test.doctor-nothing-here"
     )
     assert "no topic test.doctor-nothing-here yet" in lines_of(again)["log"]
+
+
+def test_doctor_says_whether_a_kafka_deployment_encrypts_and_if_its_keys_open(tmp_path: Path) -> None:
+    bootstrap = need_service("TURNLOG_KAFKA_BOOTSTRAP")
+    dsn = need_service("TURNLOG_POSTGRES_DSN")
+    kafka = ("doctor", "--home", str(tmp_path), "--kafka", bootstrap, "--topic", "test.doctor-keys")
+    clear = lines_of(turnlog(*kafka))["encryption"]
+    assert clear.startswith("ok off: content is written in clear") and "TURNLOG_KEYSTORE" in clear
+
+    master = base64.b64encode(os.urandom(32)).decode()
+    keyed = turnlog(*kafka, TURNLOG_KEYSTORE=dsn, TURNLOG_MASTER_KEY=master)
+    assert keyed.returncode == 0, keyed.stdout + keyed.stderr
+    found = lines_of(keyed)["encryption"]
+    assert found.startswith("ok on: key store postgresql://") and "from TURNLOG_MASTER_KEY" in found
+    password = dsn.split("://", 1)[1].split("@", 1)[0].partition(":")[2]
+    assert ":***@" in found and (not password or f":{password}@" not in found)  # no password shown
+
+    no_master = turnlog(*kafka, TURNLOG_KEYSTORE=dsn)
+    assert no_master.returncode == 1
+    assert lines_of(no_master)["encryption"].startswith("problem ")
+    assert "TURNLOG_MASTER_KEY" in lines_of(no_master)["encryption"]
+
+    nowhere = "postgresql://nobody:x@127.0.0.1:1/none"
+    dead = turnlog(*kafka, TURNLOG_KEYSTORE=nowhere, TURNLOG_MASTER_KEY=master)
+    assert dead.returncode == 1 and "does not answer" in lines_of(dead)["encryption"]

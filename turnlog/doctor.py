@@ -1,14 +1,17 @@
 """`turnlog doctor`: what this installation has and reaches, and what to do about each problem.
 
-Each finding is one line: a part (Python, an extra, the schemas, the log, the projections, the
-model endpoint), what was found, and, for a problem, the fix. Missing extras are not problems
-(each is optional) but say how to turn them on. The exit status is 1 when anything is a problem.
+Each finding is one line: a part (Python, an extra, the schemas, the log, the projections,
+content encryption, the model endpoint), what was found, and, for a problem, the fix. Missing
+extras are not problems (each is optional) but say how to turn them on. The exit status is 1
+when anything is a problem.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import platform
+import re
 import sys
 from dataclasses import dataclass
 from importlib import metadata
@@ -17,6 +20,8 @@ from pathlib import Path
 import aiohttp
 
 from turnlog.engine import codec, extras
+from turnlog.engine.crypto.master import MasterKeys
+from turnlog.engine.crypto.setup import MASTER_KEY_FILE, keystore_beside
 from turnlog.engine.errors import TurnlogError
 from turnlog.engine.log.kafka_topics import TopicNames, describe_topics
 
@@ -58,6 +63,7 @@ async def examine(side: ReadSide, settings: ModelSettings) -> list[Finding]:
     found = [_python(), *_extras(), _schemas()]
     found.append(await _log(side))
     found.append(_projections(side))
+    found.append(_encryption(side))
     found.append(await _model(settings))
     return found
 
@@ -140,6 +146,50 @@ def _projections(side: ReadSide) -> Finding:
         fix = "start it (scripts/postgres.sh start) or fix --postgres"
         return Finding("projections", f"PostgreSQL does not answer: {reason}; {fix}", True)
     return Finding("projections", f"PostgreSQL answers (schema {side.schema})")
+
+
+def _encryption(side: ReadSide) -> Finding:
+    """Whether content is encrypted, where its keys are, and that they load (nothing is made)."""
+    if side.kafka is None:
+        keys = keystore_beside(side.home / "log.db")
+        master = _master_key_source(side.home / MASTER_KEY_FILE)
+        where = f"key store {keys} ({'present' if keys.exists() else 'made with the first session'})"
+        return Finding("encryption", f"on: {where}, master key {master}; back both up apart from the log")
+    spec = os.environ.get("TURNLOG_KEYSTORE", "").strip()
+    if not spec:
+        return Finding(
+            "encryption",
+            "off: content is written in clear and cannot be erased; set TURNLOG_KEYSTORE (a PostgreSQL "
+            "DSN) and TURNLOG_MASTER_KEY in every process of the deployment",
+        )
+    try:
+        MasterKeys.load(None)  # the environment's: a Kafka process has no default file
+        if spec.startswith(("postgresql://", "postgres://")):
+            import psycopg
+
+            with psycopg.connect(spec, connect_timeout=5) as conn:
+                conn.execute("SELECT 1")
+    except (TurnlogError, OSError, ImportError) as exc:
+        return Finding("encryption", f"TURNLOG_KEYSTORE is set but the keys do not open: {exc}", True)
+    except Exception as exc:  # psycopg's errors: the database does not answer
+        reason = " ".join(str(exc).split())
+        return Finding("encryption", f"the key store at {_redacted(spec)} does not answer: {reason}", True)
+    return Finding("encryption", f"on: key store {_redacted(spec)}, master key {_master_key_source(None)}")
+
+
+def _master_key_source(default_file: Path | None) -> str:
+    if os.environ.get("TURNLOG_MASTER_KEY", "").strip():
+        return "from TURNLOG_MASTER_KEY"
+    if path := os.environ.get("TURNLOG_MASTER_KEY_FILE", "").strip():
+        return f"from {path}"
+    if default_file is None:
+        return "missing (set TURNLOG_MASTER_KEY)"
+    return f"{default_file} ({'present' if default_file.exists() else 'made on first use'})"
+
+
+def _redacted(dsn: str) -> str:
+    """A DSN without its password."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
 
 
 async def _model(settings: ModelSettings) -> Finding:
