@@ -7,7 +7,7 @@ finished finds nothing to do, so no turn ever runs twice.
 
 Sessions run concurrently (``KeyedConsumer``, keyed by session): up to ``max_concurrent_turns``
 turns at once, each session's records strictly one at a time and in order. Turns mostly wait on
-models, so hundreds fit in one process. ``stop()`` lets each turn in flight finish the step it
+models, so thousands fit in one process. ``stop()`` lets each turn in flight finish the step it
 is in and commit it; the rest of the turn stays on the log for the next worker.
 """
 
@@ -29,7 +29,10 @@ from turnlog.engine.turn import Clock, TurnRunner
 from .parallel import KeyedConsumer
 
 GROUP = "turn-workers"
-MAX_CONCURRENT_TURNS = 256
+MAX_CONCURRENT_TURNS = 10_000
+"""The default turn limit: turns mostly wait (on models, tools, people), and a waiting turn costs
+a worker memory, not CPU (bench/README.md §12 measures how much); the model client's pool is
+sized to match (engine.models.connections)."""
 DRAIN_TIMEOUT_S = 30.0
 """How long ``stop()`` waits for the steps in flight (a model call may take longer: it is then
 cancelled, and made again by the successor; a tool batch that ran past it is reported as

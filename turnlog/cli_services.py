@@ -19,9 +19,12 @@ from .cli_common import (
     AgentsOption,
     ApiKeyOption,
     BaseUrlOption,
+    ConnectionsOption,
     HealthPortOption,
     HomeOption,
     KafkaOption,
+    KeepaliveOption,
+    MaxTurnsOption,
     MemoryOption,
     ModelOption,
     PartitionsOption,
@@ -31,7 +34,7 @@ from .cli_common import (
     console,
     run,
 )
-from .config import ModelSettings, home_dir
+from .config import ModelSettings, home_dir, max_turns_from_env
 
 commands = typer.Typer()
 
@@ -106,6 +109,9 @@ def serve_cmd(
         float,
         typer.Option(min=0, help="Seconds between SIGTERM (when /readyz turns 503) and the server stopping."),
     ] = 0.0,
+    max_turns: MaxTurnsOption = None,
+    model_connections: ConnectionsOption = None,
+    model_keepalive: KeepaliveOption = None,
 ) -> None:
     """Serve the HTTP gateway (sessions, messages, event streams, metrics, /healthz and /readyz):
     on the embedded backend, or on Kafka + PostgreSQL (--kafka, --postgres; with --no-worker it
@@ -115,11 +121,14 @@ def serve_cmd(
     root = home_dir(home)
     keys_file = keys or Path(os.environ.get("TURNLOG_KEYS") or root / DEFAULT_KEYS_FILE)
     try:
+        settings = ModelSettings.from_env(
+            base_url, api_key, model, connections=model_connections, keepalive_s=model_keepalive
+        )
         serve(
-            ReadSide(root, kafka, topic, partitions, postgres, schema),
-            ModelSettings.from_env(base_url, api_key, model),
+            ReadSide(root, kafka, topic, partitions, postgres, schema), settings,
             agents=agents, host=host, port=port, keys_file=keys_file, run_worker=worker,
             run_projector=projector, run_memory=memory, sample_rate=sample_rate, drain_delay_s=drain_delay,
+            max_turns=max_turns_from_env(max_turns, MAX_CONCURRENT_TURNS),
         )  # fmt: skip
     except TurnlogError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
@@ -135,15 +144,15 @@ def worker_cmd(
     topic: TopicOption = "turnlog.events",
     partitions: PartitionsOption = 8,
     worker_id: Annotated[str, typer.Option("--id", help="Producer name on the events it writes.")] = "worker",
-    max_turns: Annotated[
-        int, typer.Option("--max-turns", min=1, help="Turns of different sessions run at once.")
-    ] = MAX_CONCURRENT_TURNS,
+    max_turns: MaxTurnsOption = None,
     agents: AgentsOption = None,
     memory: MemoryOption = True,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key of the model endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,
     health_port: HealthPortOption = None,
+    model_connections: ConnectionsOption = None,
+    model_keepalive: KeepaliveOption = None,
 ) -> None:
     """Run your agents' turns (until SIGTERM, which lets each turn in flight finish its step):
     for the Kafka partitions this process is assigned (--kafka), or for messages posted to the
@@ -151,14 +160,21 @@ def worker_cmd(
     from .distributed import HealthOptions, run_worker
 
     side = ReadSide(home_dir(home), kafka, topic, partitions)
-    settings = ModelSettings.from_env(base_url, api_key, model)
+    try:
+        settings = ModelSettings.from_env(
+            base_url, api_key, model, connections=model_connections, keepalive_s=model_keepalive
+        )
+        turns = max_turns_from_env(max_turns, MAX_CONCURRENT_TURNS)
+    except TurnlogError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
     run(
         run_worker(
             side,
             settings,
             agents=agents,
             worker_id=worker_id,
-            max_turns=max_turns,
+            max_turns=turns,
             memory=memory,
             health_options=HealthOptions(health_port),
         )  # fmt: skip
