@@ -23,6 +23,7 @@ from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.experiments.namespace import is_experiment_session
 from turnlog.engine.log.base import EventLog, LogRecord
 from turnlog.engine.models.endpoints import Endpoints
+from turnlog.engine.session_cache import DEFAULT_CACHE_BYTES
 from turnlog.engine.stream import StreamItem
 from turnlog.engine.turn import Clock, TurnRunner
 
@@ -65,10 +66,19 @@ class TurnWorker:
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
         clock: Clock = ev.now_ms,
         endpoints: Endpoints | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         """``clock``: what a crashed tool call's starts are timed by (TurnRunner.clock);
-        ``endpoints``: the process's model endpoints (TurnRunner.endpoints)."""
-        self.runner = TurnRunner(event_log, agents.get, producer=worker_id, clock=clock, endpoints=endpoints)
+        ``endpoints``: the process's model endpoints (TurnRunner.endpoints); ``cache_bytes``: what
+        the worker keeps of idle sessions, by memory (engine.session_cache)."""
+        self.runner = TurnRunner(
+            event_log,
+            agents.get,
+            producer=worker_id,
+            clock=clock,
+            endpoints=endpoints,
+            cache_bytes=cache_bytes,
+        )
         event_log.admit_with(AdmissionRules(agent_prices(agents)))  # the owner admits submissions by them
         self.on_item = on_item
         self.consumer = KeyedConsumer(
