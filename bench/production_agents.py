@@ -7,7 +7,8 @@ so the real shape runs `turnlog serve` and `turnlog worker` as a deployment does
   model (the example's default without a configured extractor);
 * ``bare``: the same agent without memory (the bench's bare shape);
 * ``inflight``: ``bare`` plus the agent ``slow`` on the endpoint in ``BENCH_SLOW_URL``, whose
-  model answers after a long time (``bench/production.py --inflight``).
+  model answers after a long time (``bench/production.py --inflight``), with time limits
+  longer than that wait.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from turnlog.engine import Agent, AgentDirectory, MemoryPolicy, tool
 from turnlog.engine.models.openai_compat import OpenAICompatibleModel
 
 SLOW_URL_ENV = "BENCH_SLOW_URL"
+SLOW_LIMIT_S = 3600.0
+"""The ``slow`` agent's first-token and response limits: above any ``--latency`` the bench
+waits (the default 15 s first-token limit would end every waiting turn after 15 s)."""
 
 
 @tool(idempotent=True)
@@ -62,5 +66,11 @@ def bare(context: Any) -> AgentDirectory:
 
 
 def inflight(context: Any) -> AgentDirectory:
-    slow = Agent("slow", model_of(context, os.environ[SLOW_URL_ENV]), [])
+    slow = Agent(
+        "slow",
+        model_of(context, os.environ[SLOW_URL_ENV]),
+        [],
+        first_token_timeout_s=SLOW_LIMIT_S,
+        model_timeout_s=SLOW_LIMIT_S,
+    )
     return AgentDirectory([bench_agent(model_of(context)), slow])

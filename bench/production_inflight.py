@@ -177,10 +177,30 @@ async def drive(
         await wait_for(all_answered, args.latency * 3 + 600, f"{n} slow answers")
         await settle(pid)
         out["rss_idle_mb"] = round(rss_mb(pid), 1)
+        out["slow_turns_answered_of_sampled"] = await answered(http, slow[:: max(1, n // SAMPLED)])
     out["kb_per_inflight_turn"] = round((out["rss_inflight_mb"] - out["rss_sessions_mb"]) * 1024 / n, 1)
     out["kb_per_created_session"] = round((out["rss_sessions_mb"] - out["rss_start_mb"]) * 1024 / n, 1)
     out["kb_per_idle_session"] = round((out["rss_idle_mb"] - out["rss_start_mb"]) * 1024 / n, 1)
     return out
+
+
+SAMPLED = 50
+"""Waiting sessions whose history is read at the end, to check their turn was answered."""
+
+
+async def answered(http: aiohttp.ClientSession, users: list[User]) -> str:
+    """How many of ``users``' sessions end with the slow model's answer ("k/n"): a turn that
+    timed out or failed instead was not waiting all along."""
+    from bench.lean_model_server import ANSWER
+
+    count = 0
+    for user in users:
+        async with http.get(f"/v1/sessions/{user.sid}/history", headers=user.headers) as response:
+            response.raise_for_status()
+            body = await response.json()
+        messages = body["messages"] if isinstance(body, dict) else body
+        count += bool(messages) and messages[-1].get("content") == ANSWER
+    return f"{count}/{len(users)}"
 
 
 async def settle(pid: int, quiet: float = 0.05) -> None:
