@@ -28,11 +28,13 @@ V = TypeVar("V")
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 """What a runner keeps of idle sessions by default: a few thousand long sessions, or every
 session of a worker holding ten thousand short turns."""
-MESSAGE_BYTES = 600
+MESSAGE_BYTES = 400
 """A cached message's fixed cost beyond its text: the ChatMessage object, its strings' headers,
-its slot in the lists that hold it (measured with tracemalloc on typical tool-using turns)."""
-ENTRY_BYTES = 1024
-"""An entry's fixed cost: the objects around the messages (state, encoder entry, dict slots)."""
+its slot in the lists that hold it."""
+ENTRY_BYTES = 512
+"""An entry's fixed cost: the objects around the messages (state, encoder entry, dict slots).
+With these two the estimate of a tool-using session is 1.15-1.3x what tracemalloc measures it
+holds (bench/README.md §12): a bound a little above the real use, never below it."""
 
 
 class Kind(Generic[V]):
