@@ -134,6 +134,8 @@ class FaultServer:
         self._server: asyncio.Server | None = None
         self._prepared: dict[tuple[str, str], bytes] = {}
         self._connections: set[asyncio.StreamWriter] = set()
+        self.accepted = 0
+        """TCP connections accepted so far (a client reusing kept-alive ones opens no more)."""
 
     @property
     def base_url(self) -> str:
@@ -173,6 +175,7 @@ class FaultServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
+        self.accepted += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")

@@ -6,7 +6,9 @@ too, it would be what a production benchmark measures. This one speaks just enou
 (keep-alive, Content-Length bodies) on raw asyncio streams and answers every request with one
 of three streamed answers built once at start: ``lookup``, then ``notify``, then a text answer
 (three model calls and two tool steps per turn, by the number of tool results after the last
-user message), each after ``latency`` seconds.
+user message), each after ``latency`` seconds. ``--plain``: the text answer to every call (one
+call a turn: a model that makes a turn wait ``latency`` seconds). ``GET /stats``: the calls
+waiting for their answer now, and those answered (JSON).
 
     PYTHONPATH=. .venv/bin/python bench/lean_model_server.py --port 8089 --latency 0.2
 """
@@ -80,8 +82,21 @@ def answer_for(body: bytes) -> bytes:
     return ANSWERS[min(results, len(ANSWERS) - 1)]
 
 
+class Stats:
+    """Calls waiting for their answer now, and answered so far."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.answered = 0
+
+    def response(self) -> bytes:
+        body = json.dumps({"waiting": self.waiting, "answered": self.answered}).encode()
+        head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        return head.encode() + body
+
+
 async def _serve_connection(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, latency: float
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, latency: float, plain: bool, stats: Stats
 ) -> None:
     try:
         while True:
@@ -90,12 +105,20 @@ async def _serve_connection(
             path = lines[0].split(" ")[1]
             length = _content_length(lines[1:])
             body = await reader.readexactly(length) if length else b""
+            if path == "/stats":
+                writer.write(stats.response())
+                continue
             if not path.endswith("/chat/completions"):
                 writer.write(NOT_FOUND)
                 continue
-            reply = answer_for(body)
-            await asyncio.sleep(latency)
+            reply = ANSWERS[-1] if plain else answer_for(body)
+            stats.waiting += 1
+            try:
+                await asyncio.sleep(latency)
+            finally:
+                stats.waiting -= 1
             writer.write(reply)
+            stats.answered += 1
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
@@ -111,9 +134,10 @@ def _content_length(headers: list[str]) -> int:
     return 0
 
 
-async def serve(port: int, latency: float) -> None:
+async def serve(port: int, latency: float, plain: bool = False) -> None:
+    stats = Stats()
     server = await asyncio.start_server(
-        lambda r, w: _serve_connection(r, w, latency), "127.0.0.1", port, backlog=4096
+        lambda r, w: _serve_connection(r, w, latency, plain, stats), "127.0.0.1", port, backlog=4096
     )
     async with server:
         await server.serve_forever()
@@ -125,8 +149,9 @@ def main() -> None:
     )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--plain", action="store_true", help="the text answer to every call")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.latency))
+    asyncio.run(serve(args.port, args.latency, args.plain))
 
 
 if __name__ == "__main__":

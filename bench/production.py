@@ -6,7 +6,8 @@ latency -> tools -> projections, with many users at once.
     export TURNLOG_KAFKA_BOOTSTRAP=127.0.0.1:9092
     export TURNLOG_POSTGRES_DSN=postgresql://turnlog:turnlog@127.0.0.1:5432/turnlog_test
     PYTHONPATH=. .venv/bin/python bench/production.py [--sessions 500] [--turns 3] [--latency 0.2] \
-        [--cases embedded,kafka-1,kafka-2] [--out bench/results/production-500.json]
+        [--cases embedded,kafka-1,kafka-2] [--shapes real,bare] [--out bench/results/production-500.json]
+    PYTHONPATH=. .venv/bin/python bench/production.py --inflight 10000 --latency 60 [--active 20]
 
 Processes, all on this machine:
 
@@ -16,21 +17,30 @@ Processes, all on this machine:
   through the real ``openai`` SDK;
 * the model layer alone: the same calls, one after the other per session, all sessions at once,
   through the same model adapter in a process of its own, without the engine: the floor that
-  the model latency and the model layer's CPU allow on this machine;
-* ``embedded``: one ``turnlog serve``-shaped gateway process (SQLite log and projections, the
-  turn worker, projector, analytics and observability consumers in it);
+  the model latency and the model layer's CPU allow on this machine, and the model client's
+  own CPU per turn (engine CPU per turn = the deployment's CPU per turn minus that);
+* ``embedded``: one gateway process (SQLite log and projections, the turn worker, projector,
+  analytics and observability consumers in it);
 * ``kafka-N``: a gateway process on Kafka + PostgreSQL that owns no partition (it posts through
   the inbox, reads the log, and projects into PostgreSQL) and N turn-worker processes in the
   owners' group.
 
+Two shapes of each case (``--shapes``):
+
+* ``real`` (bench/production_real.py): `turnlog serve` and `turnlog worker` as users run them,
+  the agent with long-term memory on, one user with a key of their own per session, and every
+  session's client holding its SSE stream as a browser does; measured on those streams;
+* ``bare``: the bench's own gateway and worker processes, the agent without memory, and a
+  driver that reads the log directly (no SSE): the shape of the earlier runs.
+
 The driver creates ``--sessions`` sessions over HTTP, then every session posts ``--turns``
 messages, one after the other, each once its previous turn has ended (a user reading the
-answer), all sessions at once. A reader in the driver follows the log and notes when each
+answer), all sessions at once. Bare: a reader in the driver follows the log and notes when each
 message's turn starts (its first event) and ends; it also samples how many finished turns the
 projections show. Reported: turns/s, POST -> first event and POST -> turn end (p50, p95, max),
 the run's wall time against the floor the model latency alone allows (turns x 3 calls x
 latency), and the projector's lag (for each finished turn, how long after the log had it the
-projections had it: p50, max).
+projections had it: p50, max). ``--inflight N``: bench/production_inflight.py.
 """
 
 from __future__ import annotations
@@ -42,24 +52,38 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sqlite3
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a script: bench/ is a package of the repository
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import production_real
+from bench.production_common import (
+    PARTITIONS,
+    REPO,
+    Case,
+    CpuMeter,
+    bench_command,
+    cases,
+    drop_topics,
+    free_port,
+    key_store_env,
+    percentiles,
+    process,
+    service_pids,
+    wait_accepting,
+    wait_owners,
+)
+
 CALLS_PER_TURN = 3
-PARTITIONS = 8
 KEY_USER = "bench"
 
 
@@ -174,130 +198,28 @@ async def model_floor(args: argparse.Namespace) -> None:
                     messages.append(ChatMessage("tool", "delayed", tool_call_id=call.call_id, name=call.name))
 
     await one_session()  # warm: connections, imports
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one_session() for _ in range(args.sessions)))
-    print(json.dumps({"wall_s": round(time.perf_counter() - started, 2)}), flush=True)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print(json.dumps({"wall_s": round(wall, 2), "cpu_s": round(cpu, 3)}), flush=True)
     await model.aclose()
 
 
-async def measure_model_floor(model_url: str, args: argparse.Namespace) -> float:
-    """Run ``model_floor`` in a process of its own; its wall time in seconds."""
+async def measure_model_floor(model_url: str, args: argparse.Namespace) -> dict[str, float]:
+    """Run ``model_floor`` in a process of its own: its wall time and CPU, in seconds."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(Path(__file__)), "--sessions", str(args.sessions), "--turns", str(args.turns),
-        "model-floor", "--model-url", model_url,
+        *bench_command("--sessions", str(args.sessions), "--turns", str(args.turns), "model-floor",
+                       "--model-url", model_url),
         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise SystemExit(f"the model-layer floor run failed ({proc.returncode})")
-    return float(json.loads(out.decode().strip().splitlines()[-1])["wall_s"])
+    found = json.loads(out.decode().strip().splitlines()[-1])
+    return {"wall_s": float(found["wall_s"]), "cpu_s": float(found["cpu_s"])}
 
 
 # --- the driver --------------------------------------------------------------------------------
-
-
-class CpuMeter:
-    """CPU seconds (user + system) each named group of processes spends between ``start`` and
-    ``stop``: the gateway, the workers, and the services (the broker, PostgreSQL) next to them.
-    A process that ended in between is left out (its CPU can no longer be read)."""
-
-    TICK = os.sysconf("SC_CLK_TCK")
-
-    def __init__(self, groups: dict[str, list[int]]) -> None:
-        self.groups = groups
-        self.spent: dict[str, float] = {}
-        self._at_start: dict[int, float] = {}
-
-    @classmethod
-    def cpu_s(cls, pid: int) -> float | None:
-        fields = proc_stat(pid)
-        return None if fields is None else (int(fields[11]) + int(fields[12])) / cls.TICK  # utime, stime
-
-    def _sample(self) -> dict[int, float]:
-        now = {pid: self.cpu_s(pid) for pids in self.groups.values() for pid in pids}
-        return {pid: cpu for pid, cpu in now.items() if cpu is not None}
-
-    def start(self) -> None:
-        self._at_start = self._sample()
-
-    def stop(self) -> None:
-        now, before = self._sample(), self._at_start
-        self.spent = {
-            name: round(sum(now[pid] - before[pid] for pid in pids if pid in now and pid in before), 2)
-            for name, pids in self.groups.items()
-        }
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state first), or None if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def service_pids(case: Case) -> dict[str, list[int]]:
-    """The broker's and PostgreSQL's processes, from the pid files the repo's scripts write."""
-    if not case.kafka:
-        return {}
-    services = REPO / ".services"
-    groups: dict[str, list[int]] = {}
-    with contextlib.suppress(OSError, ValueError):
-        groups["kafka broker"] = [int((services / "kafka" / "broker.pid").read_text().split()[0])]
-    with contextlib.suppress(OSError, ValueError):
-        postmaster = int((services / "postgres" / "data" / "postmaster.pid").read_text().split()[0])
-        groups["postgresql"] = [postmaster, *children(postmaster)]
-    return groups
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` now (PostgreSQL's backends and helpers)."""
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        fields = proc_stat(int(entry.name))
-        if fields is not None and fields[1] == str(pid):
-            found.append(int(entry.name))
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def process(*args: str, name: str) -> Iterator[subprocess.Popen[bytes]]:
-    out = open(Path(tempfile.gettempdir()) / f"turnlog-bench-{name}.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__)), *args],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        out.close()
-
-
-async def wait_accepting(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
-    for _ in range(600):
-        if proc.poll() is not None:
-            logs = f"{tempfile.gettempdir()}/turnlog-bench-*.log"
-            raise SystemExit(f"{what} exited with {proc.returncode}; see {logs}")
-        with contextlib.suppress(OSError):
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        await asyncio.sleep(0.1)
-    raise SystemExit(f"{what} did not accept connections on port {port}")
 
 
 @dataclass
@@ -430,19 +352,6 @@ class ProjectionSampler:
         return lags
 
 
-@dataclass
-class Case:
-    name: str
-    home: Path
-    kafka: str | None = None
-    postgres: str | None = None
-    topic: str = ""
-    schema: str = ""
-    workers: int = 0
-    encrypt: bool = True
-    """Content encryption (the default); a ``-plain`` case turns it off, to compare."""
-
-
 async def create_sessions(client: httpx.AsyncClient, count: int) -> list[str]:
     async def one(i: int) -> str:
         response = await client.post("/v1/sessions", json={"agent": "bench"})
@@ -477,17 +386,6 @@ async def converse(client: httpx.AsyncClient, watcher: LogWatcher, sid: str, tur
         turn.posted = time.perf_counter()
         await post(client, sid, message_id)
         await turn.ended
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    ordered = sorted(values)
-    return {
-        "p50": round(statistics.median(ordered) * 1000, 1),
-        "p95": round(ordered[max(0, int(len(ordered) * 0.95) - 1)] * 1000, 1),
-        "max": round(ordered[-1] * 1000, 1),
-    }
 
 
 async def drive(
@@ -550,94 +448,49 @@ async def run_case(case: Case, model_url: str, args: argparse.Namespace) -> dict
     port = free_port()
     common = ["--model-url", model_url]
     common += ["--encrypt"] if case.encrypt else []
-    if case.kafka and case.encrypt:  # the processes' key store: a schema of their own
-        os.environ["TURNLOG_KEYSTORE"] = str(case.postgres)
-        os.environ["TURNLOG_KEYSTORE_SCHEMA"] = f"{case.schema}_keys"
+    keys = key_store_env(case)
     gw_args = ["gateway", "--home", str(case.home), "--port", str(port), *common]
     if case.kafka:
         gw_args += ["--kafka", case.kafka, "--topic", case.topic, "--postgres", str(case.postgres)]
         gw_args += ["--schema", case.schema]
     with contextlib.ExitStack() as stack:
-        gw = stack.enter_context(process(*gw_args, name=f"{case.name}-gateway"))
+        gw = stack.enter_context(process(bench_command(*gw_args), name=f"{case.name}-gateway", env=keys))
         await wait_accepting(port, gw, "the gateway")
         workers = []
         for i in range(case.workers):
             worker_args = ["worker", "--kafka", str(case.kafka), "--topic", case.topic, "--id", f"w{i}"]
             name = f"{case.name}-worker-{i}"
-            workers.append(stack.enter_context(process(*worker_args, *common, name=name)))
+            command = bench_command(*worker_args, *common)
+            workers.append(stack.enter_context(process(command, name=name, env=keys)))
         if case.workers > 1:
             await wait_owners(case)  # a rebalance while measuring would move partitions mid-run
         meter = CpuMeter({"gateway": [gw.pid], "workers": [w.pid for w in workers], **service_pids(case)})
         print(f"{case.name}: {args.sessions} sessions x {args.turns} turns", file=sys.stderr, flush=True)
         result = await drive(case, port, args.sessions, args.turns, args.latency, meter)
-    if case.kafka and args.keep_topics:
-        print(f"{case.name}: the log is kept in topic {case.topic}", file=sys.stderr, flush=True)
-    elif case.kafka:
-        from tests.services import delete_topics
-
-        await delete_topics(case.kafka, case.topic)
+    await drop_topics(case, args.keep_topics)
     return result
-
-
-async def wait_owners(case: Case, timeout_s: float = 120.0) -> None:
-    """Until every worker is a member of the owners' group and its rebalance is over."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    from turnlog.engine.log.kafka_topics import TopicNames
-
-    group = TopicNames(case.topic).owners_group
-    admin = AIOKafkaAdminClient(bootstrap_servers=case.kafka)
-    await admin.start()
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                (response,) = await admin.describe_consumer_groups([group])
-                _error, _group, state, _kind, _protocol, members, *_ = response.groups[0]
-                if state == "Stable" and len(members) == case.workers:
-                    break
-                await asyncio.sleep(0.2)
-    finally:
-        await admin.close()
-    await asyncio.sleep(2.0)  # each member takes its partitions over once assigned
-
-
-def cases(names: list[str], root: Path) -> list[Case]:
-    out = []
-    for name in names:
-        encrypt = not name.endswith("-plain")
-        if name.startswith("embedded"):
-            out.append(Case(name, root / name, encrypt=encrypt))
-            continue
-        workers = int(name.split("-")[1])
-        out.append(
-            Case(
-                name,
-                root / name,
-                kafka=os.environ["TURNLOG_KAFKA_BOOTSTRAP"],
-                postgres=os.environ["TURNLOG_POSTGRES_DSN"],
-                topic=f"bench.prod.{uuid.uuid4().hex[:8]}",
-                schema=f"bench_{uuid.uuid4().hex[:8]}",
-                workers=workers,
-                encrypt=encrypt,
-            )
-        )
-    return out
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     rows = [
         ("turns", lambda r: r["turns"]),
-        ("wall time (s) / floor (s)", lambda r: f"{r['wall_s']} / {r['floor_s']} ({r['wall_over_floor']}x)"),
-        (
-            "model layer alone (s): wall / it",
-            lambda r: f"{r['model_layer_s']} ({r['wall_over_model_layer']}x)",
-        ),
-        ("turns/s (floor)", lambda r: f"{r['turns_per_s']} ({r['floor_turns_per_s']})"),
+        ("wall time (s) / latency floor", lambda r: f"{r['wall_s']} ({r['wall_over_floor']}x)"),
+        ("/ model layer alone (s)", lambda r: f"{r['model_layer_s']} ({r['wall_over_model_layer']}x)"),
+        ("turns/s", lambda r: r["turns_per_s"]),
         ("POST -> first event p50 / p95 / max (ms)", lambda r: _ms(r["post_to_first_event_ms"])),
         ("POST -> turn end p50 / p95 / max (ms)", lambda r: _ms(r["post_to_turn_end_ms"])),
-        ("turn floor (ms)", lambda r: r["turn_floor_ms"]),
-        ("projector lag p50 / p95 / max (ms)", lambda r: _ms(r["projector_lag_ms"])),
+        (
+            "turn end p50 by round (ms)",
+            lambda r: " / ".join(map(str, r.get("turn_end_p50_ms_by_round", ["-"]))),
+        ),
+        ("event latency p50 / p95 / max (ms)", lambda r: _ms(r.get("event_latency_ms", {}))),
+        ("projector lag p50 / p95 / max (ms)", lambda r: _ms(r.get("projector_lag_ms", {}))),
         ("CPU per turn (ms)", lambda r: _cpu(r.get("cpu_ms_per_turn", {}))),
+        ("model client alone, CPU per turn (ms)", lambda r: r["model_client_cpu_ms_per_turn"]),
+        (
+            "engine CPU per turn (ms) / model client's",
+            lambda r: f"{r['engine_cpu_ms_per_turn']} ({r['engine_over_model_client']}x)",
+        ),
     ]
     names = list(results)
     out = ["| measure | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
@@ -654,12 +507,33 @@ def _ms(p: dict[str, float]) -> str:
     return f"{p.get('p50', '-')} / {p.get('p95', '-')} / {p.get('max', '-')}"
 
 
+def compared(result: dict[str, Any], floor: dict[str, float], args: argparse.Namespace) -> dict[str, Any]:
+    """The case's figures against the floors: the latency floor, the model layer alone (its wall
+    time, and its CPU per turn: the model client's own), engine CPU = all of it minus that."""
+    latency_floor = args.turns * CALLS_PER_TURN * args.latency
+    model_cpu = floor["cpu_s"] * 1000 / (args.sessions * args.turns)
+    total = sum(result.get("cpu_ms_per_turn", {}).values())
+    engine = total - model_cpu
+    return {
+        **result,
+        "floor_s": round(latency_floor, 2),
+        "wall_over_floor": round(result["wall_s"] / latency_floor, 2),
+        "model_layer_s": floor["wall_s"],
+        "wall_over_model_layer": round(result["wall_s"] / floor["wall_s"], 2),
+        "model_client_cpu_ms_per_turn": round(model_cpu, 2),
+        "cpu_ms_per_turn_total": round(total, 2),
+        "engine_cpu_ms_per_turn": round(engine, 2),
+        "engine_over_model_client": round(engine / model_cpu, 2),
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     results: dict[str, Any] = {}
+    server = bench_command("model-server", "--port", str(port), "--latency", str(args.latency))
     with (
         tempfile.TemporaryDirectory(prefix="turnlog-bench-") as tmp,
-        process("model-server", "--port", str(port), "--latency", str(args.latency), name="model") as model,
+        process(server, name="model") as model,
     ):
         await wait_accepting(port, model, "the model server")
         model_url = f"http://127.0.0.1:{port}/v1"
@@ -668,13 +542,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             file=sys.stderr,
             flush=True,
         )
-        model_layer_s = await measure_model_floor(model_url, args)
-        for case in cases(args.cases.split(","), Path(tmp)):
-            result = await run_case(case, model_url, args)
-            result["model_layer_s"] = model_layer_s
-            result["wall_over_model_layer"] = round(result["wall_s"] / model_layer_s, 2)
-            results[case.name] = result
-            print(json.dumps(result), file=sys.stderr, flush=True)
+        floor = await measure_model_floor(model_url, args)
+        for shape in args.shapes.split(","):
+            for case in cases(args.cases.split(","), Path(tmp) / shape):
+                if shape == "real":
+                    result = await production_real.run_case(case, model_url, args)
+                else:
+                    result = await run_case(case, model_url, args)
+                results[f"{case.name} {shape}"] = compared(result, floor, args)
+                print(json.dumps(results[f"{case.name} {shape}"]), file=sys.stderr, flush=True)
     return results
 
 
@@ -703,6 +579,22 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--cases", default="embedded,kafka-1,kafka-2")
+    parser.add_argument(
+        "--shapes",
+        default="real,bare",
+        help="real: `turnlog serve`/`worker`, SSE clients, memory; bare: as before",
+    )
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy the processes while measured, into DIR"
+    )
+    parser.add_argument("--inflight", type=int, default=0, help="N turns waiting on a model of --latency s")
+    parser.add_argument("--active", type=int, default=20, help="with --inflight: sessions that keep talking")
+    parser.add_argument(
+        "--idle-window",
+        type=float,
+        default=20.0,
+        help="with --inflight: seconds CPU is measured while only waiting",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--keep-topics", action="store_true", help="keep each Kafka case's topics, to read what happened"
@@ -716,8 +608,13 @@ def main() -> None:
         asyncio.run(worker(args))
     elif args.command == "model-floor":
         asyncio.run(model_floor(args))
+    elif args.inflight:
+        from bench import production_inflight
+
+        production_inflight.main(args)
     else:
         os.environ.setdefault("TURNLOG_MASTER_KEY", base64.b64encode(os.urandom(32)).decode())
+        CpuMeter.profile_dir = args.profile
         results = asyncio.run(run(args))
         load = os.getloadavg()
         from bench.engine_version import fingerprint

@@ -7,7 +7,7 @@ finished finds nothing to do, so no turn ever runs twice.
 
 Sessions run concurrently (``KeyedConsumer``, keyed by session): up to ``max_concurrent_turns``
 turns at once, each session's records strictly one at a time and in order. Turns mostly wait on
-models, so hundreds fit in one process. ``stop()`` lets each turn in flight finish the step it
+models, so thousands fit in one process. ``stop()`` lets each turn in flight finish the step it
 is in and commit it; the rest of the turn stays on the log for the next worker.
 """
 
@@ -23,13 +23,17 @@ from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.experiments.namespace import is_experiment_session
 from turnlog.engine.log.base import EventLog, LogRecord
 from turnlog.engine.models.endpoints import Endpoints
+from turnlog.engine.session_cache import DEFAULT_CACHE_BYTES
 from turnlog.engine.stream import StreamItem
 from turnlog.engine.turn import Clock, TurnRunner
 
 from .parallel import KeyedConsumer
 
 GROUP = "turn-workers"
-MAX_CONCURRENT_TURNS = 256
+MAX_CONCURRENT_TURNS = 10_000
+"""The default turn limit: turns mostly wait (on models, tools, people), and a waiting turn costs
+a worker memory, not CPU (bench/README.md §12 measures how much); the model client's pool is
+sized to match (engine.models.connections)."""
 DRAIN_TIMEOUT_S = 30.0
 """How long ``stop()`` waits for the steps in flight (a model call may take longer: it is then
 cancelled, and made again by the successor; a tool batch that ran past it is reported as
@@ -62,10 +66,19 @@ class TurnWorker:
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
         clock: Clock = ev.now_ms,
         endpoints: Endpoints | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         """``clock``: what a crashed tool call's starts are timed by (TurnRunner.clock);
-        ``endpoints``: the process's model endpoints (TurnRunner.endpoints)."""
-        self.runner = TurnRunner(event_log, agents.get, producer=worker_id, clock=clock, endpoints=endpoints)
+        ``endpoints``: the process's model endpoints (TurnRunner.endpoints); ``cache_bytes``: what
+        the worker keeps of idle sessions, by memory (engine.session_cache)."""
+        self.runner = TurnRunner(
+            event_log,
+            agents.get,
+            producer=worker_id,
+            clock=clock,
+            endpoints=endpoints,
+            cache_bytes=cache_bytes,
+        )
         event_log.admit_with(AdmissionRules(agent_prices(agents)))  # the owner admits submissions by them
         self.on_item = on_item
         self.consumer = KeyedConsumer(

@@ -269,7 +269,7 @@ def _settle_inherited(w: SessionWriter, forked: ev.SessionForked, rest: bool) ->
                 add_tool_finished(w, turn.turn_id, call, outcome, attempts=call.attempts)
         if rest:
             stop = interrupts.Stop(f"the fork of {origin} was made to rest", Cause.ADMIN)
-            interrupts.stop_turn(w, stop, forked.model, snapshots.SnapshotEncoder(cache_size=1))
+            interrupts.stop_turn(w, stop, forked.model, snapshots.SnapshotEncoder())
         elif not turn.unfinished_calls() and w.state.status in TOOL_STATES:
             w.transition(SessionStatus.PROCESSING, Cause.TOOL_RESULT, correlation_id=turn.turn_id)
 

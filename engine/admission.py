@@ -118,7 +118,7 @@ class AdmissionRules:
             w,
             request.reason,
             request.actor,
-            SnapshotEncoder(cache_size=1),
+            SnapshotEncoder(),
             event_id=request.event_id,
             open_call=open_call,
             prices=prices,
@@ -205,7 +205,7 @@ def _decided(state: SessionState, decided: ApprovalDecided | BudgetDecided) -> l
         event_id=decided.event_id,
     )
     if decided.decision == "stop":
-        add_turn_finished(w, "budget", SnapshotEncoder(cache_size=1))
+        add_turn_finished(w, "budget", SnapshotEncoder())
     return w.take_pending()
 
 

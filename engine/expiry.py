@@ -110,7 +110,7 @@ def expired_events(state: SessionState, expiry: ev.SessionClosed) -> list[ev.Eve
         turn_records.add_turn_finished(w, EXPIRED, None)  # its snapshot follows the close
     w.add(ev.SessionClosed, reason=EXPIRED, actor=expiry.actor, event_id=expiry.event_id)
     if turn is not None:
-        snapshots.take(w, snapshots.SnapshotEncoder(cache_size=1))  # a cut turn's end is a turn end
+        snapshots.take(w, snapshots.SnapshotEncoder())  # a cut turn's end is a turn end
     return [dataclasses.replace(e, time_ms=expiry.time_ms) for e in w.take_pending()]
 
 

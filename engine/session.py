@@ -32,6 +32,7 @@ from .fold import SessionState, fold
 from .log.base import EventLog, LogRecord
 from .messages import ChatMessage
 from .models.endpoints import Endpoints
+from .session_cache import DEFAULT_CACHE_BYTES
 from .states import SessionStatus
 from .stream import StreamItem
 from .text import check_message_text
@@ -74,13 +75,15 @@ class AgentSessions:
         spend_ledger: SpendLedger | None = None,
         clock: Clock = ev.now_ms,
         endpoints: Endpoints | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         self.log = log
         self.agents = agents
         self.producer = producer
         self.runner = TurnRunner(
-            log, agents.get, producer=producer, spend_ledger=spend_ledger, clock=clock, endpoints=endpoints
-        )
+            log, agents.get, producer=producer, spend_ledger=spend_ledger, clock=clock, endpoints=endpoints,
+            cache_bytes=cache_bytes,
+        )  # fmt: skip
         self.admission = AdmissionRules(agent_prices(agents))
         """What a request becomes on its session (engine.admission): applied here where this
         process appends, and by the log's owner to what others submit."""

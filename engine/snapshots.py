@@ -17,7 +17,6 @@ always correct. docs/architecture.md ("Snapshot formats") has the formats and th
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Sequence
@@ -28,6 +27,7 @@ from .errors import SnapshotFormatError
 from .fold import SessionState, TurnProgress, fold, state_from
 from .log.base import EventLog
 from .messages import ChatMessage, grew_at_end
+from .session_cache import ENTRY_BYTES, Kind, SessionCache
 from .snapshot_format import (
     CALL_FIELDS,
     FORMAT,
@@ -75,6 +75,14 @@ class _Encoded:
     """The turn history the last snapshot encoded for this fold held, and how many records
     (the next delta in the same turn holds only the ones after them)."""
     history_count: int = 0
+    nbytes: int = ENTRY_BYTES
+    """An estimate of the memory ``parts`` take (engine.session_cache)."""
+
+
+ENCODED: Kind[_Encoded] = Kind("snapshot")
+"""A session's encoded messages, in the runner's ``SessionCache``."""
+PART_BYTES = 80
+"""An encoded message's fixed cost beyond its text (the str object, its list slot)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +106,14 @@ class SnapshotEncoder:
     """
 
     def __init__(
-        self, cache_size: int = 1024, *, delta_limit: int = DELTA_LIMIT, chain_limit: int = CHAIN_LIMIT
+        self,
+        cache: SessionCache | None = None,
+        *,
+        delta_limit: int = DELTA_LIMIT,
+        chain_limit: int = CHAIN_LIMIT,
     ) -> None:
-        self._cache: OrderedDict[str, _Encoded] = OrderedDict()
-        self._cache_size = cache_size
+        """``cache``: the runner's (None: one of its own, for an encoder used once)."""
+        self._cache = cache if cache is not None else SessionCache()
         self._delta_limit = delta_limit
         self._chain_limit = chain_limit
 
@@ -126,17 +138,13 @@ class SnapshotEncoder:
         text = encode_state(state, entry.parts[skip:], base=base, skip=skip, previous=previous, kept=kept)
         return Encoded(text, base)
 
-    def forget(self, session_id: str) -> None:
-        """Drop what is cached of the session (its messages, encoded): it was erased."""
-        self._cache.pop(session_id, None)
-
     def restore_point_ok(self, state: SessionState, version: int) -> bool:
         """Whether the snapshot of ``state`` at ``version`` may be a restore point: this encoder
         wrote one holding this fold fewer than ``FULL_EVERY`` versions before, and the messages
         added since hold fewer than ``FULL_CHARS`` characters. (A step that added more has its
         state written now, in the commit that carries the same text, where the log's compression
         folds the two; left to a later commit, the text would be stored twice.)"""
-        cached = self._cache.get(state.session_id)
+        cached = self._cache.get(state.session_id, ENCODED)
         if cached is None or not cached.previous_version or not _same_fold(cached, state.messages):
             return False
         if version - cached.previous_version >= FULL_EVERY:
@@ -147,15 +155,15 @@ class SnapshotEncoder:
 
     def _entry(self, state: SessionState) -> _Encoded:
         messages = state.messages
-        cached = self._cache.pop(state.session_id, None)
+        cached = self._cache.get(state.session_id, ENCODED)
         if cached is None or not _same_fold(cached, messages):
             cached = _Encoded(messages, None, [])
         n = len(cached.parts)
-        cached.parts.extend(message_row(m) for m in messages[n:])
+        added = [message_row(m) for m in messages[n:]]
+        cached.parts.extend(added)
+        cached.nbytes += sum(PART_BYTES + len(part) for part in added)
         cached.last = messages[-1] if messages else None
-        self._cache[state.session_id] = cached
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self._cache.put(state.session_id, ENCODED, cached, cached.nbytes)
         return cached
 
 

@@ -16,7 +16,6 @@ import dataclasses
 import datetime as dt
 import json
 import weakref
-from collections import OrderedDict
 from typing import AsyncIterator, Callable
 
 import structlog
@@ -40,6 +39,7 @@ from .log.base import EventLog
 from .model_call import CallOutcome, LiveCalls, stream_call
 from .models.base import ModelRequest, ModelResponse
 from .models.endpoints import Endpoints
+from .session_cache import DEFAULT_CACHE_BYTES, ENTRY_BYTES, Kind, SessionCache, history_bytes
 from .states import Cause, SessionStatus
 from .steps import (
     CallModel,
@@ -68,9 +68,14 @@ REFOLDS = 8
 """Times a run folds again after a conflicting event slipped in, before giving up."""
 
 
+STATE: Kind[SessionState] = Kind("state")
+"""The folded state of a session, in the runner's ``SessionCache``."""
+
+
 class TurnRunner:
-    """Runs the turns of sessions on one log. Holds a bounded cache of folded sessions so a
-    turn reads only the events appended since the last one (flat per-turn cost)."""
+    """Runs the turns of sessions on one log. Keeps what it folded and encoded of each session
+    in a cache bounded by memory (engine.session_cache), so a turn reads only the events
+    appended since the last one (flat per-turn cost)."""
 
     def __init__(
         self,
@@ -78,7 +83,7 @@ class TurnRunner:
         agents: Callable[[str], Agent],
         *,
         producer: str = "worker",
-        cache_size: int = 1024,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
         snapshots: bool = True,
         spend_ledger: SpendLedger | None = None,
         clock: Clock = ev.now_ms,
@@ -90,7 +95,9 @@ class TurnRunner:
         models with every request; give every runner of a process the same one."""
         self.agents = agents
         self.producer = producer
-        self.snapshots = _snapshots.SnapshotEncoder(cache_size) if snapshots else None
+        self.cache = SessionCache(cache_bytes)
+        """What the runner keeps of each session between turns, at most ``cache_bytes``."""
+        self.snapshots = _snapshots.SnapshotEncoder(self.cache) if snapshots else None
         """Writes a snapshot after every tool step and turn end; None turns them off (benchmarks)."""
         self.spend_ledger = spend_ledger
         """Answers what a user spent today, for per-user daily budgets."""
@@ -99,10 +106,8 @@ class TurnRunner:
         (engine.tools.recovery); tests inject one that runs ahead of the wall clock."""
         self.tools = ToolStep(log, clock, self.snapshots)
         """Runs the tool steps of this runner's turns."""
-        self.context = ContextManager(log, cache_size, self.endpoints)
+        self.context = ContextManager(log, self.cache, self.endpoints)
         """Keeps every model step within the agent's context budgets (seed §3)."""
-        self._cache: OrderedDict[str, SessionState] = OrderedDict()
-        self._cache_size = cache_size
         # one lock per session while someone holds or waits for it; dropped after, so a worker
         # that sees millions of sessions does not keep millions of locks
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -114,29 +119,23 @@ class TurnRunner:
 
     async def load(self, session_id: str) -> SessionState:
         """The session's state, caught up with the log."""
-        state = self._cache.pop(session_id, None)
+        state = self.cache.get(session_id, STATE)
+        self.cache.discard(session_id, STATE)  # a fold that fails leaves nothing half-folded
         if state is None:
             state = await self._from_snapshot(session_id)
         newer = await self.log.read_session(session_id, state.version if state else 0)
         state = fold(session_id, newer, state)
         if not state.exists:
             raise SessionNotFoundError(session_id)
-        if any(type(e) is ev.SessionErased for e in newer):  # the fold scrubbed itself: so do the caches
-            self._erased(session_id)
+        if any(type(e) is ev.SessionErased for e in newer):  # the fold scrubbed itself: so does the cache
+            self.cache.discard(session_id)  # encoded messages, token counts, trim candidates
         self.remember(state)
         return state
-
-    def _erased(self, session_id: str) -> None:
-        self.context.forget(session_id)
-        if self.snapshots is not None:
-            self.snapshots.forget(session_id)
 
     def remember(self, state: SessionState) -> None:
         """Cache ``state``, a fold of the session's events as the log holds them (a session
         this process just created starts there, so loading it reads only what came after)."""
-        self._cache[state.session_id] = state
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self.cache.put(state.session_id, STATE, state, ENTRY_BYTES + history_bytes(state.messages))
 
     async def _from_snapshot(self, session_id: str) -> SessionState | None:
         """The latest snapshot's state, or None to fold from the start (none, or unreadable)."""
@@ -152,7 +151,7 @@ class TurnRunner:
         return await self.load(session_id)
 
     def forget(self, session_id: str) -> None:
-        self._cache.pop(session_id, None)
+        self.cache.discard(session_id, STATE)
 
     def lock(self, session_id: str) -> asyncio.Lock:
         """Serialises this process's writers of one session (the log's version check guards

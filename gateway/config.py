@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from turnlog.consumers.health import MAX_PROJECTION_LAG_S
+from turnlog.consumers.turn_worker import MAX_CONCURRENT_TURNS
 
 from .limits import Limits
 
@@ -17,6 +18,8 @@ class GatewayConfig:
     limits: Limits = field(default_factory=Limits)
     run_worker: bool = True
     """Run turns in this process (the TurnWorker); False when workers run elsewhere."""
+    max_turns: int = MAX_CONCURRENT_TURNS
+    """Turns of different sessions the worker in this process runs at once."""
     poll_s: float = 1.0
     """How often an event stream re-reads the log for writers in other processes."""
     ping_s: float = 15.0

@@ -118,7 +118,12 @@ class Gateway:
         self.live_subscriber = live_subscriber
         self.worker = (
             TurnWorker(
-                event_log, agents, worker_id="gateway-worker", on_item=self._on_item, endpoints=self.endpoints
+                event_log,
+                agents,
+                worker_id="gateway-worker",
+                on_item=self._on_item,
+                endpoints=self.endpoints,
+                max_concurrent_turns=self.config.max_turns,
             )
             if self.config.run_worker
             else None

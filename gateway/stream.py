@@ -151,7 +151,10 @@ class SessionStream:
         return await self._catch_up(upto=item.version) if item.version > self._version else []
 
     async def _catch_up(self, upto: int | None = None) -> list[LogRecord | Ephemeral]:
-        records = await self.log.read_session_records(self.session_id, self._version)
+        if upto is None:
+            records = await self.log.read_session_records(self.session_id, self._version)
+        else:  # a live notice of ``upto``: the log need not look for more than that
+            records = await self.log.read_session_records_through(self.session_id, self._version, upto)
         out: list[LogRecord | Ephemeral] = []
         for record in records:
             if upto is not None and record.event.version > upto:

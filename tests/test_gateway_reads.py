@@ -23,6 +23,7 @@ from turnlog.projections.store import ProjectionStore
 READS = (
     "read_session",
     "read_session_records",
+    "read_session_records_through",
     "latest_snapshot",
     "snapshots_between",
     "versions_of",

@@ -334,3 +334,33 @@ async def test_a_store_on_an_embeddings_endpoint(
     assert [m.text for m in found] == ["用户偏好使用顺丰快递发货"]
     # the write learns the dimension from its own vectors: no probe call
     assert len(server.embedding_requests) == 2
+
+
+class CountingEmbedder:
+    """The real embedder, noting every text it was asked to embed."""
+
+    def __init__(self, inner: UniversalSentenceEncoder) -> None:
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.texts: list[str] = []
+
+    def embed(self, texts: Any) -> np.ndarray:
+        self.texts += list(texts)
+        return self.inner.embed(texts)
+
+
+async def test_a_search_for_a_user_with_no_memories_embeds_nothing(
+    engine: str, embedder: UniversalSentenceEncoder, tmp_path: Path
+) -> None:
+    counting = CountingEmbedder(embedder)
+    store = embedded(engine, counting, tmp_path / "qdrant")
+    try:
+        assert await store.search("alice", "Which carrier do I prefer?") == []
+        assert counting.texts == []  # no memories: the query is not embedded
+        await store.remember("alice", "The user prefers the carrier DHL.", "preference", time_ms=1000)
+        assert await store.search("bob", "Which carrier do I prefer?") == []
+        assert counting.texts == ["The user prefers the carrier DHL."]
+        found = await store.search("alice", "Which carrier do I prefer?", min_score=0.1)
+        assert [m.text for m in found] == ["The user prefers the carrier DHL."]
+        assert counting.texts[-1] == "Which carrier do I prefer?"
+    finally:
+        await store.close()

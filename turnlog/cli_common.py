@@ -66,6 +66,31 @@ AfterExpiryOption = Annotated[
         "(env TURNLOG_AFTER_EXPIRY; default: refuse).",
     ),
 ]
+MaxTurnsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-turns",
+        min=1,
+        help="Turns of different sessions this process runs at once (env TURNLOG_MAX_TURNS, default 10000).",
+    ),
+]
+ConnectionsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--model-connections",
+        min=1,
+        help="HTTP connections each model client may hold: one per call in flight "
+        "(env TURNLOG_MODEL_CONNECTIONS, default 10000).",
+    ),
+]
+KeepaliveOption = Annotated[
+    float | None,
+    typer.Option(
+        "--model-keepalive",
+        min=0,
+        help="Seconds an idle model connection is kept (env TURNLOG_MODEL_KEEPALIVE_S, default 5).",
+    ),
+]
 HealthPortOption = Annotated[
     int | None,
     typer.Option(min=1, max=65535, help="Serve /healthz and /readyz on this port (all interfaces)."),

@@ -20,10 +20,13 @@ from .cli_common import (
     AgentsOption,
     ApiKeyOption,
     BaseUrlOption,
+    ConnectionsOption,
     HealthPortOption,
     HomeOption,
     IdleExpiryOption,
     KafkaOption,
+    KeepaliveOption,
+    MaxTurnsOption,
     MemoryOption,
     ModelOption,
     PartitionsOption,
@@ -34,7 +37,7 @@ from .cli_common import (
     console,
     run,
 )
-from .config import ModelSettings, home_dir
+from .config import ModelSettings, home_dir, max_turns_from_env
 
 commands = typer.Typer()
 
@@ -112,6 +115,9 @@ def serve_cmd(
     idle_expiry: IdleExpiryOption = None,
     retain_closed_for: RetainOption = None,
     after_expiry: AfterExpiryOption = None,
+    max_turns: MaxTurnsOption = None,
+    model_connections: ConnectionsOption = None,
+    model_keepalive: KeepaliveOption = None,
 ) -> None:
     """Serve the HTTP gateway (sessions, messages, event streams, metrics, /healthz and /readyz):
     on the embedded backend, or on Kafka + PostgreSQL (--kafka, --postgres; with --no-worker it
@@ -122,12 +128,15 @@ def serve_cmd(
     root = home_dir(home)
     keys_file = keys or Path(os.environ.get("TURNLOG_KEYS") or root / DEFAULT_KEYS_FILE)
     try:
+        settings = ModelSettings.from_env(
+            base_url, api_key, model, connections=model_connections, keepalive_s=model_keepalive
+        )
         serve(
-            ReadSide(root, kafka, topic, partitions, postgres, schema),
-            ModelSettings.from_env(base_url, api_key, model),
+            ReadSide(root, kafka, topic, partitions, postgres, schema), settings,
             agents=agents, host=host, port=port, keys_file=keys_file, run_worker=worker,
             run_projector=projector, run_memory=memory, sample_rate=sample_rate, drain_delay_s=drain_delay,
             lifecycle=LifecycleOptions(idle_expiry, retain_closed_for, after_expiry),
+            max_turns=max_turns_from_env(max_turns, MAX_CONCURRENT_TURNS),
         )  # fmt: skip
     except TurnlogError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
@@ -143,9 +152,7 @@ def worker_cmd(
     topic: TopicOption = "turnlog.events",
     partitions: PartitionsOption = 8,
     worker_id: Annotated[str, typer.Option("--id", help="Producer name on the events it writes.")] = "worker",
-    max_turns: Annotated[
-        int, typer.Option("--max-turns", min=1, help="Turns of different sessions run at once.")
-    ] = MAX_CONCURRENT_TURNS,
+    max_turns: MaxTurnsOption = None,
     agents: AgentsOption = None,
     memory: MemoryOption = True,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
@@ -157,6 +164,8 @@ def worker_cmd(
     idle_expiry: IdleExpiryOption = None,
     retain_closed_for: RetainOption = None,
     after_expiry: AfterExpiryOption = None,
+    model_connections: ConnectionsOption = None,
+    model_keepalive: KeepaliveOption = None,
 ) -> None:
     """Run your agents' turns (until SIGTERM, which lets each turn in flight finish its step):
     for the Kafka partitions this process is assigned (--kafka), or for messages posted to the
@@ -167,14 +176,21 @@ def worker_cmd(
     from .lifecycle import LifecycleOptions
 
     side = ReadSide(home_dir(home), kafka, topic, partitions, postgres, schema)
-    settings = ModelSettings.from_env(base_url, api_key, model)
+    try:
+        settings = ModelSettings.from_env(
+            base_url, api_key, model, connections=model_connections, keepalive_s=model_keepalive
+        )
+        turns = max_turns_from_env(max_turns, MAX_CONCURRENT_TURNS)
+    except TurnlogError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
     run(
         run_worker(
             side,
             settings,
             agents=agents,
             worker_id=worker_id,
-            max_turns=max_turns,
+            max_turns=turns,
             memory=memory,
             health_options=HealthOptions(health_port),
             lifecycle=LifecycleOptions(idle_expiry, retain_closed_for, after_expiry),

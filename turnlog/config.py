@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from turnlog.engine.errors import ConfigurationError
 from turnlog.engine.models.base import Model
+from turnlog.engine.models.connections import ModelConnections
+
+CONNECTIONS_ENV = "TURNLOG_MODEL_CONNECTIONS"
+KEEPALIVE_ENV = "TURNLOG_MODEL_KEEPALIVE_S"
+MAX_TURNS_ENV = "TURNLOG_MAX_TURNS"
 
 
 @dataclass(frozen=True)
@@ -15,16 +21,26 @@ class ModelSettings:
     base_url: str | None
     api_key: str | None
     model: str | None
+    connections: ModelConnections = field(default_factory=ModelConnections)
+    """The model client's connection pool (--model-connections, --model-keepalive, or
+    TURNLOG_MODEL_CONNECTIONS, TURNLOG_MODEL_KEEPALIVE_S): for the model built here, and for
+    agents modules that build their own (``context.settings.connections``)."""
 
     @staticmethod
     def from_env(
-        base_url: str | None = None, api_key: str | None = None, model: str | None = None
+        base_url: str | None = None,
+        api_key: str | None = None,
+        model: str | None = None,
+        *,
+        connections: int | None = None,
+        keepalive_s: float | None = None,
     ) -> ModelSettings:
         env = os.environ.get
         return ModelSettings(
             base_url=base_url or env("TURNLOG_BASE_URL") or env("OPENAI_BASE_URL"),
             api_key=api_key or env("TURNLOG_API_KEY") or env("OPENAI_API_KEY"),
             model=model or env("TURNLOG_MODEL"),
+            connections=connections_from_env(connections, keepalive_s),
         )
 
     @property
@@ -40,7 +56,52 @@ class ModelSettings:
                 f"a model endpoint is set ({self.base_url}) but no model name; pass --model NAME "
                 "or set TURNLOG_MODEL"
             )
-        return OpenAICompatibleModel(self.model, base_url=self.base_url, api_key=self.api_key)
+        return OpenAICompatibleModel(
+            self.model, base_url=self.base_url, api_key=self.api_key, connections=self.connections
+        )
+
+
+def connections_from_env(
+    connections: int | None = None, keepalive_s: float | None = None
+) -> ModelConnections:
+    """The model client's pool: the options given, else the environment, else the defaults."""
+    default = ModelConnections()
+    size = connections if connections is not None else _env_number(CONNECTIONS_ENV, int)
+    keep = keepalive_s if keepalive_s is not None else _env_number(KEEPALIVE_ENV, float)
+    try:
+        return ModelConnections(
+            default.max_connections if size is None else size,
+            default.keepalive_s if keep is None else keep,
+        )
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"{exc} (from --model-connections / {CONNECTIONS_ENV} or --model-keepalive / {KEEPALIVE_ENV})"
+        ) from None
+
+
+def max_turns_from_env(option: int | None, default: int) -> int:
+    """The worker's turn limit: the option, else TURNLOG_MAX_TURNS, else ``default``."""
+    turns = option if option is not None else _env_number(MAX_TURNS_ENV, int)
+    if turns is None:
+        return default
+    if turns < 1:
+        raise ConfigurationError(
+            f"the turn limit must be at least 1, not {turns} (--max-turns or {MAX_TURNS_ENV}); "
+            "size it for the turns one process may run at once"
+        )
+    return turns
+
+
+def _env_number(name: str, kind: type[int] | type[float]) -> Any:
+    """The environment variable ``name`` as a number, None when unset or empty."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigurationError(f"{name}={raw!r} is not {what}; set it to one or unset it") from None
 
 
 def home_dir(path: str | Path | None = None) -> Path:

@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from turnlog.consumers.turn_worker import MAX_CONCURRENT_TURNS
 from turnlog.engine import extras
 from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.errors import ConfigurationError
@@ -66,12 +67,14 @@ def serve(
     sample_rate: float,
     drain_delay_s: float = 0.0,
     lifecycle: LifecycleOptions | None = None,
+    max_turns: int = MAX_CONCURRENT_TURNS,
 ) -> None:
     """Run the gateway until interrupted: on the embedded log in ``side.home``, or on Kafka +
     PostgreSQL (``side.kafka``, ``side.postgres``). Unless ``run_worker`` is False the turn worker
     runs here too (on Kafka: a member of the owners' group), with the memory consumers its agents
-    call for (``run_memory``); unless ``run_projector`` is False, the projector and analytics.
-    SIGTERM makes ``/readyz`` answer 503 at once and stops the server ``drain_delay_s`` later."""
+    call for (``run_memory``), at most ``max_turns`` at once; unless ``run_projector`` is False,
+    the projector and analytics. SIGTERM makes ``/readyz`` answer 503 at once and stops the
+    server ``drain_delay_s`` later."""
     _require_gateway()
     from turnlog.gateway import GatewayConfig, KeyStore
     from turnlog.gateway.observe import configure_json_logs
@@ -91,23 +94,16 @@ def serve(
     keys = KeyStore.from_file(keys_file)
     directory = deployed_agents(agents, AgentContext(side.home, settings, "serve"))
     (lifecycle or LifecycleOptions()).apply(directory)
-    config = GatewayConfig(run_worker=run_worker, run_projector=run_projector, log_sample_rate=sample_rate)
+    config = GatewayConfig(
+        run_worker=run_worker, run_projector=run_projector, log_sample_rate=sample_rate, max_turns=max_turns
+    )
     configure_json_logs()
     tracing = otlp_tracer_provider()
     try:
         asyncio.run(
-            _serve(
-                side,
-                directory,
-                keys,
-                config,
-                tracing,
-                host=host,
-                port=port,
-                memory=run_memory,
-                drain_delay_s=drain_delay_s,
-            )  # fmt: skip
-        )
+            _serve(side, directory, keys, config, tracing,
+                   host=host, port=port, memory=run_memory, drain_delay_s=drain_delay_s)
+        )  # fmt: skip
     finally:
         if tracing is not None:
             tracing.shutdown()  # flushes the spans still batched

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -22,11 +21,12 @@ from ..log.base import EventLog
 from ..messages import SUMMARY_HEADER, summary_message
 from ..models.base import Model, ModelRequest
 from ..models.endpoints import Endpoints
+from ..session_cache import ENTRY_BYTES, Kind, SessionCache
 from ..tools import ToolRegistry
 from . import archive, builtins, compaction, memory
 from .assemble import system_blocks, turn_blocks
 from .summarize import summarize
-from .tally import TokenTally, message_tokens, within_budget
+from .tally import COUNT_BYTES, TokenTally, message_tokens, within_budget
 
 SUMMARY_SHARE = 8
 """A summary takes at most 1/8 of the history budget."""
@@ -46,21 +46,21 @@ class HistorySize:
     """Tokens of the history: every message but the current user message."""
 
 
+TRIM_INDEX: Kind[compaction.TrimIndex] = Kind("trim index")
+"""A session's trim candidates, in the runner's ``SessionCache``."""
+
+
 class ContextManager:
-    def __init__(self, log: EventLog, cache_size: int = 1024, endpoints: Endpoints | None = None) -> None:
+    def __init__(
+        self, log: EventLog, cache: SessionCache | None = None, endpoints: Endpoints | None = None
+    ) -> None:
+        """``cache``: the runner's, for the token tally and the trim indexes (None: one of its own)."""
         self.log = log
         self.endpoints = endpoints
         """The process's model endpoints, for the summariser's calls."""
-        self.tally = TokenTally(cache_size)
-        self._trim_indexes: OrderedDict[str, compaction.TrimIndex] = OrderedDict()
-        """Each session's trim candidates, read once per message (bounded like the tally)."""
-        self._cache_size = cache_size
+        self._cache = cache if cache is not None else SessionCache()
+        self.tally = TokenTally(self._cache)
         self._tool_tokens: weakref.WeakKeyDictionary[ToolRegistry, int] = weakref.WeakKeyDictionary()
-
-    def forget(self, session_id: str) -> None:
-        """Drop what is cached of the session (its trim candidates, its message counts): it was erased."""
-        self._trim_indexes.pop(session_id, None)
-        self.tally.forget(session_id)
 
     def measure(self, state: SessionState, agent: Agent) -> HistorySize:
         counts, total = self.tally.counts(state.session_id, state.messages, agent.model.token_counter)
@@ -152,10 +152,9 @@ class ContextManager:
         return self._add_trim(w, step, items, size, budget, agent)
 
     def _trim_index(self, session_id: str) -> compaction.TrimIndex:
-        index = self._trim_indexes.pop(session_id, None) or compaction.TrimIndex()
-        self._trim_indexes[session_id] = index
-        if len(self._trim_indexes) > self._cache_size:
-            self._trim_indexes.popitem(last=False)
+        """The session's trim candidates, read once per message (in the runner's cache)."""
+        index = self._cache.get(session_id, TRIM_INDEX) or compaction.TrimIndex()
+        self._cache.put(session_id, TRIM_INDEX, index, ENTRY_BYTES + COUNT_BYTES * index.seen)
         return index
 
     def _add_trim(

@@ -7,12 +7,12 @@ Per-step counting therefore costs the step's new messages, not the history's len
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypeVar
 
 from ..messages import ChatMessage
 from ..models.tokens import TOKENS_PER_MESSAGE, TokenCounter
+from ..session_cache import ENTRY_BYTES, Kind, SessionCache
 
 
 def message_tokens(counter: TokenCounter, message: ChatMessage) -> int:
@@ -47,22 +47,24 @@ class _Counts:
     total: int = 0
 
 
+COUNTS: Kind[_Counts] = Kind("token counts")
+"""A session's per-message token counts, in the runner's ``SessionCache``."""
+COUNT_BYTES = 40
+"""A counted message's cost: its int and its list slot."""
+
+
 class TokenTally:
     """Per-message token counts of the sessions a runner serves (bounded, least recent dropped)."""
 
-    def __init__(self, cache_size: int = 1024) -> None:
-        self._cache: OrderedDict[str, _Counts] = OrderedDict()
-        self._cache_size = cache_size
-
-    def forget(self, session_id: str) -> None:
-        self._cache.pop(session_id, None)
+    def __init__(self, cache: SessionCache | None = None) -> None:
+        self._cache = cache if cache is not None else SessionCache()
 
     def counts(
         self, session_id: str, messages: list[ChatMessage], counter: TokenCounter
     ) -> tuple[Sequence[int], int]:
         """Tokens of each message of ``messages`` (the session's history list), in order, and
         their sum."""
-        entry = self._cache.pop(session_id, None)
+        entry = self._cache.get(session_id, COUNTS)
         n = len(entry.per_message) if entry else 0
         if (
             entry is None
@@ -75,7 +77,5 @@ class TokenTally:
             tokens = message_tokens(counter, message)
             entry.per_message.append(tokens)
             entry.total += tokens
-        self._cache[session_id] = entry
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self._cache.put(session_id, COUNTS, entry, ENTRY_BYTES + COUNT_BYTES * len(entry.per_message))
         return entry.per_message, entry.total

@@ -272,6 +272,15 @@ class EventLog(abc.ABC):
         consumer group assigns them)."""
         return range(self.partitions)
 
+    async def read_session_records_through(
+        self, session_id: str, after_version: int, version: int
+    ) -> list[LogRecord]:
+        """``read_session_records`` for a caller that knows the session's ``version`` is committed
+        (a live notice of it arrived): a log whose reader already holds that version may answer
+        from what it holds, without asking whether more was appended since (on Kafka, a round
+        trip to the broker for the partition's end). It may return records beyond ``version``."""
+        return await self.read_session_records(session_id, after_version)
+
     @abc.abstractmethod
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         """A session's events with version > after_version, in order."""

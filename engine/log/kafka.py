@@ -321,6 +321,16 @@ class KafkaEventLog(EventLog):
         await self._reader.load(index, [session_id])
         return index.session_records_after(session_id, after_version)
 
+    async def read_session_records_through(
+        self, session_id: str, after_version: int, version: int
+    ) -> list[LogRecord]:
+        owner = self._owners[self.partition_of(session_id)]
+        index = owner.index
+        if not owner.owned and index.version(session_id) < version:
+            index = await self._reader.caught_up(index)
+        await self._reader.load(index, [session_id])
+        return index.session_records_after(session_id, after_version)
+
     async def session_version(self, session_id: str) -> int:
         return (await self._index(self.partition_of(session_id))).version(session_id)
 

@@ -269,10 +269,10 @@ class SqliteEventLog(EventLog):
             pass
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
-        return [record.event for record in await self.read_sessionrecords_at(session_id, after_version)]
+        return [record.event for record in await self.read_session_records(session_id, after_version)]
 
     @_after_own_writes
-    async def read_sessionrecords_at(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
+    async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
         key = self._session(session_id)
         if key is None:
             return []

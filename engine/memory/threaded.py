@@ -2,8 +2,11 @@
 
 Both engines block, so a store runs every engine call on one worker thread of its own (which
 also makes a write's look-up-then-write atomic within the process) and embeds on the default
-executor, never on the event loop. A subclass supplies the engine calls, run on that thread;
-this class turns them into the async protocol and the engine's errors into ``MemoryStoreError``.
+executor, never on the event loop. A search first counts the user's current memories (an index
+look-up) and embeds the query only if there are any: embedding is most of a search's cost, and
+most users of a deployment with memory on have none stored yet. A subclass supplies the engine
+calls, run on that thread; this class turns them into the async protocol and the engine's errors
+into ``MemoryStoreError``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class ThreadedMemoryStore(ABC):
     ) -> list[Memory]:
         if not query.strip() or limit < 1:
             return []
+        if not await self._call(self._count, user_id, True):
+            return []  # a user with no memories: nothing to embed the query for
         vector = await self._embed_one(query)
         return await self._call(self._query, user_id, vector, tuple(tags), min_score, limit)
 

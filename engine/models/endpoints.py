@@ -32,6 +32,8 @@ class Endpoint:
     """The provider's model name at that URL."""
     limits: EndpointLimits = field(default_factory=EndpointLimits, compare=False)
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy, compare=False)
+    connections: int | None = field(default=None, compare=False)
+    """The calling client's connection pool (engine.models.connections); None: not bounded here."""
 
     def __str__(self) -> str:
         return f"{self.model} at {self.url}"
@@ -57,9 +59,11 @@ class Endpoints:
     def limiter(self, endpoint: Endpoint) -> Limiter:
         limiter = self._limiters.get(endpoint)
         if limiter is None:
-            limiter = self._limiters[endpoint] = Limiter(endpoint.limits, self.clock)
-        elif limiter.limits != endpoint.limits:
-            limiter.limits = endpoint.limits
+            limiter = self._limiters[endpoint] = Limiter(endpoint.limits, self.clock, endpoint.connections)
+        else:
+            if limiter.limits != endpoint.limits:
+                limiter.limits = endpoint.limits
+            limiter.connections = endpoint.connections
         return limiter
 
     def breakers(self) -> Iterator[Breaker]:

@@ -39,6 +39,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Sequence
 
+import httpx2
 import openai
 
 from ..errors import ModelError
@@ -46,6 +47,7 @@ from ..events import ToolCallSpec
 from ..messages import ChatMessage
 from .base import EndpointWait, Model, ModelChunk, ModelRequest, ModelResponse, TextDelta, Usage
 from .breaker import BreakerPolicy
+from .connections import ModelConnections
 from .endpoints import Endpoint, Endpoints
 from .openai_errors import EXCERPT_CHARS, closed_before_answering, endpoint_error, excerpt
 from .ratelimit import EndpointLimits, Limiter, Ticket, reset_after
@@ -152,10 +154,12 @@ class OpenAICompatibleModel(Model):
         limits: EndpointLimits | None = None,
         breaker: BreakerPolicy | None = None,
         endpoints: Endpoints | None = None,
+        connections: ModelConnections | None = None,
     ) -> None:
         """``limits``: what this process may send the endpoint (none by default); ``breaker``:
         when its circuit breaker opens (engine.models.breaker); ``endpoints``: the registry used
-        when a request carries none (by default one of the model's own)."""
+        when a request carries none (by default one of the model's own); ``connections``: the
+        client's pool (engine.models.connections; ignored with a ``client`` of your own)."""
         self.name = model
         self.provider_model = model
         """The model name sent to the endpoint; ``name`` is what turnlog records (a router renames it)."""
@@ -165,16 +169,23 @@ class OpenAICompatibleModel(Model):
         """Cap on one answer's length (a small model can run away); None leaves it to the server."""
         self._token_counter = token_counter
         self._owns_client = client is None
+        self.connections = connections or ModelConnections()
         self._client = client or openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key or "unused",
             timeout=request_timeout_s,
             max_retries=max_retries,
-            http_client=openai.DefaultAioHttpClient(timeout=request_timeout_s),
+            http_client=openai.DefaultAioHttpClient(
+                timeout=request_timeout_s, limits=_pool(self.connections)
+            ),
         )
         self.endpoints = endpoints or Endpoints()
         self._endpoint = Endpoint(
-            self.base_url, model, limits or EndpointLimits(), breaker or BreakerPolicy()
+            self.base_url,
+            model,
+            limits or EndpointLimits(),
+            breaker or BreakerPolicy(),
+            self.connections.max_connections if client is None else None,
         )
 
     @property
@@ -365,6 +376,15 @@ class OpenAICompatibleModel(Model):
         counter = self.token_counter
         produced = text + "".join(c.name + c.arguments_json for c in calls)
         return Usage(count_chat_tokens(counter, request.messages, request.tools), counter.count(produced))
+
+
+def _pool(connections: ModelConnections) -> httpx2.Limits:
+    """The SDK transport's pool: every connection may be kept alive (a burst of answers that
+    end together leaves its connections for the next calls, not for a new TCP handshake each)."""
+    n = connections.max_connections
+    return httpx2.Limits(
+        max_connections=n, max_keepalive_connections=n, keepalive_expiry=connections.keepalive_s
+    )
 
 
 class _StreamedError(Exception):

@@ -1,4 +1,5 @@
-"""Client-side limits per model endpoint: calls in flight, requests and tokens per minute.
+"""Client-side limits per model endpoint: calls in flight, requests and tokens per minute, and
+the client's connections (a call waits for a free one here, where its stream shows the wait).
 
 A worker running hundreds of sessions provokes the 429s it then fails over on, unless it keeps
 within what the provider allows. The limiter admits a call's request when every limit allows
@@ -82,9 +83,12 @@ class _Waiter:
 class Limiter:
     """One endpoint's limits and queue, shared by every call of the process to it."""
 
-    def __init__(self, limits: EndpointLimits, clock: Clock) -> None:
+    def __init__(self, limits: EndpointLimits, clock: Clock, connections: int | None = None) -> None:
         self.limits = limits
         self.clock = clock
+        self.connections = connections
+        """The model client's connection pool (engine.models.connections): a call streams on a
+        connection of its own, so no more calls go out at once than it holds."""
         self.in_flight = 0
         self.held_until = 0.0
         self.hold_reason = ""
@@ -144,6 +148,8 @@ class Limiter:
         limits = self.limits
         if limits.max_in_flight is not None and self.in_flight >= limits.max_in_flight:
             return f"{self.in_flight} calls are in flight to the endpoint, its client-side maximum"
+        if self.connections is not None and self.in_flight >= self.connections:
+            return f"all {self.connections} connections to the endpoint are in use; waiting for one"
         if self._queued:
             return f"{self._queued} calls wait for the endpoint's client-side limits"
         return "the endpoint's client-side request or token rate is used up for now"
@@ -165,6 +171,8 @@ class Limiter:
         """None if a call of ``tokens`` may go now; else when to look again (inf: at a release)."""
         limits = self.limits
         if limits.max_in_flight is not None and self.in_flight >= limits.max_in_flight:
+            return math.inf
+        if self.connections is not None and self.in_flight >= self.connections:
             return math.inf
         until = self.held_until
         if limits.requests_per_minute is not None:

@@ -1,0 +1,70 @@
+"""What a runner keeps of sessions between turns is bounded by memory, not by count: whole
+sessions are evicted least recently used first, the session in use never, and a session evicted
+is read back from the log with nothing lost (the model is sent its whole history)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, FunctionModel, ModelRequest, SqliteEventLog
+from turnlog.engine.session_cache import ENTRY_BYTES, MESSAGE_BYTES, Kind, SessionCache, history_bytes
+from turnlog.engine.turn import STATE
+
+A: Kind[str] = Kind("a")
+B: Kind[str] = Kind("b")
+
+
+def test_sessions_are_evicted_whole_least_recently_used_first() -> None:
+    cache = SessionCache(budget_bytes=1000)
+    cache.put("s1", A, "s1-a", 300)
+    cache.put("s1", B, "s1-b", 100)
+    cache.put("s2", A, "s2-a", 400)
+    assert (cache.bytes, len(cache)) == (800, 2)
+    assert cache.get("s1", A) == "s1-a"  # s1 is now the most recently used
+    cache.put("s3", A, "s3-a", 300)  # 1100 > 1000: s2 goes, not s1
+    assert (cache.get("s2", A), cache.get("s1", B), cache.get("s3", A)) == (None, "s1-b", "s3-a")
+    assert (cache.bytes, cache.evicted) == (700, 1)
+    cache.put("s3", A, "s3-a2", 900)  # re-weighed in place; s1 (both of its values) goes
+    assert (cache.get("s1", A), cache.get("s1", B), cache.bytes) == (None, None, 900)
+    cache.put("s3", B, "s3-b", 500)  # the session in use alone over the budget: it stays
+    assert (len(cache), cache.bytes, cache.get("s3", B)) == (1, 1400, "s3-b")
+    cache.discard("s3", A)
+    assert (cache.bytes, cache.get("s3", A)) == (500, None)
+    cache.discard("s3")
+    assert (len(cache), cache.bytes) == (0, 0)
+
+
+def test_a_history_is_weighed_by_its_text_and_its_messages() -> None:
+    from turnlog.engine.messages import ChatMessage
+
+    messages = [ChatMessage.user("x" * 1000), ChatMessage("assistant", "y" * 10)]
+    assert history_bytes(messages) == 2 * MESSAGE_BYTES + 1010
+    assert history_bytes(messages, 1) == MESSAGE_BYTES + 10
+
+
+async def test_a_worker_keeps_what_its_budget_allows_and_reads_evicted_sessions_back(tmp_path: Path) -> None:
+    def answer(request: ModelRequest) -> str:
+        users = [m.content for m in request.messages if m.role == "user"]
+        return f"seen {len(users)}: " + "z" * 2000
+
+    model = FunctionModel(answer, name="m")
+    log = SqliteEventLog(tmp_path / "log.db", partitions=2)
+    budget = 150_000  # a few sessions of a few long messages each (about 25 KB a session)
+    api = AgentSessions(log, AgentDirectory([Agent.build("a", model)]), cache_bytes=budget)
+    sids = [(await api.create_session("a", "u")).session_id for _ in range(12)]
+    for round_ in range(3):
+        for sid in sids:
+            async for _ in api.send_user_message(sid, f"message {round_} " + "q" * 1000):
+                pass
+    cache = api.runner.cache
+    assert cache.bytes <= budget
+    assert 1 < len(cache) < len(sids)
+    assert cache.evicted > 0
+    # the evicted sessions' turns were right: the model saw every message of each session
+    last_round = model.requests[-len(sids) :]
+    assert [sum(1 for m in r.messages if m.role == "user") for r in last_round] == [3] * len(sids)
+    kept = [sid for sid in sids if cache.get(sid, STATE) is not None]
+    state = cache.get(kept[-1], STATE)
+    assert state is not None and len(state.messages) >= 6
+    assert cache.bytes >= len(kept) * (ENTRY_BYTES + history_bytes(state.messages)) // 2
+    await log.close()
