@@ -448,20 +448,20 @@ async def run_case(case: Case, model_url: str, args: argparse.Namespace) -> dict
     port = free_port()
     common = ["--model-url", model_url]
     common += ["--encrypt"] if case.encrypt else []
-    keys = key_store_env(case)
+    key_env = key_store_env(case)
     gw_args = ["gateway", "--home", str(case.home), "--port", str(port), *common]
     if case.kafka:
         gw_args += ["--kafka", case.kafka, "--topic", case.topic, "--postgres", str(case.postgres)]
         gw_args += ["--schema", case.schema]
     with contextlib.ExitStack() as stack:
-        gw = stack.enter_context(process(bench_command(*gw_args), name=f"{case.name}-gateway", env=keys))
+        gw = stack.enter_context(process(bench_command(*gw_args), name=f"{case.name}-gateway", env=key_env))
         await wait_accepting(port, gw, "the gateway")
         workers = []
         for i in range(case.workers):
             worker_args = ["worker", "--kafka", str(case.kafka), "--topic", case.topic, "--id", f"w{i}"]
             name = f"{case.name}-worker-{i}"
             command = bench_command(*worker_args, *common)
-            workers.append(stack.enter_context(process(command, name=name, env=keys)))
+            workers.append(stack.enter_context(process(command, name=name, env=key_env)))
         if case.workers > 1:
             await wait_owners(case)  # a rebalance while measuring would move partitions mid-run
         meter = CpuMeter({"gateway": [gw.pid], "workers": [w.pid for w in workers], **service_pids(case)})
@@ -545,6 +545,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         floor = await measure_model_floor(model_url, args)
         for shape in args.shapes.split(","):
             for case in cases(args.cases.split(","), Path(tmp) / shape):
+                if shape == "real" and not case.encrypt and case.kafka is None:
+                    print(f"{case.name} (real): skipped, `turnlog serve` always encrypts", file=sys.stderr)
+                    continue
                 if shape == "real":
                     result = await production_real.run_case(case, model_url, args)
                 else:

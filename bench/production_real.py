@@ -242,11 +242,11 @@ async def run_case(case: Case, model_url: str, args: argparse.Namespace) -> dict
     port = free_port()
     gateway_command, worker_commands = commands(case, port, model_url)
     with contextlib.ExitStack() as stack:
-        keys = key_store_env(case)
-        gw = stack.enter_context(process(gateway_command, name=f"{case.name}-real-gateway", env=keys))
+        key_env = key_store_env(case)
+        gw = stack.enter_context(process(gateway_command, name=f"{case.name}-real-gateway", env=key_env))
         await wait_accepting(port, gw, "the gateway")
         workers = [
-            stack.enter_context(process(command, name=f"{case.name}-real-worker-{i}", env=keys))
+            stack.enter_context(process(command, name=f"{case.name}-real-worker-{i}", env=key_env))
             for i, command in enumerate(worker_commands)
         ]
         if case.workers > 1:
