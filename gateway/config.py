@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from turnlog.consumers.health import MAX_PROJECTION_LAG_S
 from turnlog.consumers.turn_worker import MAX_CONCURRENT_TURNS
+from turnlog.engine.session_cache import DEFAULT_CACHE_BYTES
 
 from .limits import Limits
 
@@ -20,6 +21,9 @@ class GatewayConfig:
     """Run turns in this process (the TurnWorker); False when workers run elsewhere."""
     max_turns: int = MAX_CONCURRENT_TURNS
     """Turns of different sessions the worker in this process runs at once."""
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+    """What this process's turn runners keep of idle sessions between turns (its API's and its
+    worker's each: engine.session_cache)."""
     poll_s: float = 1.0
     """How often an event stream re-reads the log for writers in other processes."""
     ping_s: float = 15.0

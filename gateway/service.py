@@ -100,7 +100,10 @@ class Gateway:
         self.limits = self.config.limits
         self.log = event_log
         self.store = store
-        self.api = AgentSessions(event_log, agents, producer="gateway", endpoints=self.endpoints)
+        self.api = AgentSessions(
+            event_log, agents, producer="gateway", endpoints=self.endpoints,
+            cache_bytes=self.config.cache_bytes,
+        )  # fmt: skip
         self.hub = LiveHub()
         self.guard = Guard(keys, self.limits)
         self.streams = StreamCounter(self.limits.streams_per_user)
@@ -118,16 +121,13 @@ class Gateway:
         self.live_subscriber = live_subscriber
         self.worker = (
             TurnWorker(
-                event_log,
-                agents,
-                worker_id="gateway-worker",
-                on_item=self._on_item,
-                endpoints=self.endpoints,
-                max_concurrent_turns=self.config.max_turns,
+                event_log, agents, worker_id="gateway-worker", on_item=self._on_item,
+                endpoints=self.endpoints, max_concurrent_turns=self.config.max_turns,
+                cache_bytes=self.config.cache_bytes,
             )
             if self.config.run_worker
             else None
-        )
+        )  # fmt: skip
         self.companions = list(companions) if self.worker is not None else []
         self.eraser = open_eraser(self.api, store)
         """Erases content (the admin DELETE routes, retention); finishes at start what a crash

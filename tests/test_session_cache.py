@@ -4,11 +4,28 @@ is read back from the log with nothing lost (the model is sent its whole history
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from tests.gateway_support import build_gateway
+from turnlog.config import cache_bytes_from_env
 from turnlog.engine import Agent, AgentDirectory, AgentSessions, FunctionModel, ModelRequest, SqliteEventLog
-from turnlog.engine.session_cache import ENTRY_BYTES, MESSAGE_BYTES, Kind, SessionCache, history_bytes
+from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.session_cache import (
+    DEFAULT_CACHE_BYTES,
+    ENTRY_BYTES,
+    MESSAGE_BYTES,
+    Kind,
+    SessionCache,
+    history_bytes,
+)
 from turnlog.engine.turn import STATE
+
+REPO = Path(__file__).resolve().parent.parent
 
 A: Kind[str] = Kind("a")
 B: Kind[str] = Kind("b")
@@ -68,3 +85,26 @@ async def test_a_worker_keeps_what_its_budget_allows_and_reads_evicted_sessions_
     assert state is not None and len(state.messages) >= 6
     assert cache.bytes >= len(kept) * (ENTRY_BYTES + history_bytes(state.messages)) // 2
     await log.close()
+
+
+def test_the_cache_budget_is_a_deployment_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TURNLOG_CACHE_MB", raising=False)
+    assert cache_bytes_from_env(None, DEFAULT_CACHE_BYTES) == DEFAULT_CACHE_BYTES
+    monkeypatch.setenv("TURNLOG_CACHE_MB", "64")
+    assert cache_bytes_from_env(None, DEFAULT_CACHE_BYTES) == 64 << 20
+    assert cache_bytes_from_env(8, DEFAULT_CACHE_BYTES) == 8 << 20  # the option wins
+    monkeypatch.setenv("TURNLOG_CACHE_MB", "0")
+    with pytest.raises(ConfigurationError, match="at least 1 MB, not 0 .--cache-mb or TURNLOG_CACHE_MB"):
+        cache_bytes_from_env(None, DEFAULT_CACHE_BYTES)
+
+    # a gateway's two runners (its API's and its worker's) each keep at most that
+    gw, *_ = build_gateway(tmp_path, cache_bytes=8 << 20)
+    assert gw.worker is not None
+    assert gw.api.runner.cache.budget_bytes == gw.worker.runner.cache.budget_bytes == 8 << 20
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "TURNLOG_CACHE_MB": "lots"}
+    run = subprocess.run(
+        [sys.executable, "-m", "turnlog", "worker", "--home", str(tmp_path / "w")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2 and "TURNLOG_CACHE_MB='lots' is not a whole number" in run.stdout + run.stderr

@@ -74,6 +74,15 @@ MaxTurnsOption = Annotated[
         help="Turns of different sessions this process runs at once (env TURNLOG_MAX_TURNS, default 10000).",
     ),
 ]
+CacheOption = Annotated[
+    int | None,
+    typer.Option(
+        "--cache-mb",
+        min=1,
+        help="Memory (MB) the turn runner keeps of idle sessions between turns, least recently used "
+        "evicted first (env TURNLOG_CACHE_MB, default 256).",
+    ),
+]
 ConnectionsOption = Annotated[
     int | None,
     typer.Option(

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from turnlog.consumers.turn_worker import MAX_CONCURRENT_TURNS
 from turnlog.engine.errors import TurnlogError
+from turnlog.engine.session_cache import DEFAULT_CACHE_BYTES
 
 from .app import ReadSide
 from .cli_common import (
@@ -20,6 +21,7 @@ from .cli_common import (
     AgentsOption,
     ApiKeyOption,
     BaseUrlOption,
+    CacheOption,
     ConnectionsOption,
     HealthPortOption,
     HomeOption,
@@ -37,7 +39,7 @@ from .cli_common import (
     console,
     run,
 )
-from .config import ModelSettings, home_dir, max_turns_from_env
+from .config import ModelSettings, cache_bytes_from_env, home_dir, max_turns_from_env
 
 commands = typer.Typer()
 
@@ -118,6 +120,7 @@ def serve_cmd(
     max_turns: MaxTurnsOption = None,
     model_connections: ConnectionsOption = None,
     model_keepalive: KeepaliveOption = None,
+    cache_mb: CacheOption = None,
 ) -> None:
     """Serve the HTTP gateway (sessions, messages, event streams, metrics, /healthz and /readyz):
     on the embedded backend, or on Kafka + PostgreSQL (--kafka, --postgres; with --no-worker it
@@ -128,15 +131,15 @@ def serve_cmd(
     root = home_dir(home)
     keys_file = keys or Path(os.environ.get("TURNLOG_KEYS") or root / DEFAULT_KEYS_FILE)
     try:
-        settings = ModelSettings.from_env(
-            base_url, api_key, model, connections=model_connections, keepalive_s=model_keepalive
-        )
+        pool, keepalive = model_connections, model_keepalive
         serve(
-            ReadSide(root, kafka, topic, partitions, postgres, schema), settings,
+            ReadSide(root, kafka, topic, partitions, postgres, schema),
+            ModelSettings.from_env(base_url, api_key, model, connections=pool, keepalive_s=keepalive),
             agents=agents, host=host, port=port, keys_file=keys_file, run_worker=worker,
             run_projector=projector, run_memory=memory, sample_rate=sample_rate, drain_delay_s=drain_delay,
             lifecycle=LifecycleOptions(idle_expiry, retain_closed_for, after_expiry),
             max_turns=max_turns_from_env(max_turns, MAX_CONCURRENT_TURNS),
+            cache_bytes=cache_bytes_from_env(cache_mb, DEFAULT_CACHE_BYTES),
         )  # fmt: skip
     except TurnlogError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
@@ -166,6 +169,7 @@ def worker_cmd(
     after_expiry: AfterExpiryOption = None,
     model_connections: ConnectionsOption = None,
     model_keepalive: KeepaliveOption = None,
+    cache_mb: CacheOption = None,
 ) -> None:
     """Run your agents' turns (until SIGTERM, which lets each turn in flight finish its step):
     for the Kafka partitions this process is assigned (--kafka), or for messages posted to the
@@ -181,6 +185,7 @@ def worker_cmd(
             base_url, api_key, model, connections=model_connections, keepalive_s=model_keepalive
         )
         turns = max_turns_from_env(max_turns, MAX_CONCURRENT_TURNS)
+        cache_bytes = cache_bytes_from_env(cache_mb, DEFAULT_CACHE_BYTES)
     except TurnlogError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
@@ -192,6 +197,7 @@ def worker_cmd(
             worker_id=worker_id,
             max_turns=turns,
             memory=memory,
+            cache_bytes=cache_bytes,
             health_options=HealthOptions(health_port),
             lifecycle=LifecycleOptions(idle_expiry, retain_closed_for, after_expiry),
         )  # fmt: skip

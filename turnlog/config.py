@@ -14,6 +14,8 @@ from turnlog.engine.models.connections import ModelConnections
 CONNECTIONS_ENV = "TURNLOG_MODEL_CONNECTIONS"
 KEEPALIVE_ENV = "TURNLOG_MODEL_KEEPALIVE_S"
 MAX_TURNS_ENV = "TURNLOG_MAX_TURNS"
+CACHE_ENV = "TURNLOG_CACHE_MB"
+MB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,20 @@ def max_turns_from_env(option: int | None, default: int) -> int:
             "size it for the turns one process may run at once"
         )
     return turns
+
+
+def cache_bytes_from_env(option_mb: int | None, default: int) -> int:
+    """What a runner keeps of idle sessions: the option (MB), else TURNLOG_CACHE_MB, else ``default``
+    bytes (engine.session_cache)."""
+    mb = option_mb if option_mb is not None else _env_number(CACHE_ENV, int)
+    if mb is None:
+        return default
+    if mb < 1:
+        raise ConfigurationError(
+            f"the session cache must be at least 1 MB, not {mb} (--cache-mb or {CACHE_ENV}); "
+            "size it for the idle sessions a process keeps folded between turns"
+        )
+    return int(mb * MB)
 
 
 def _env_number(name: str, kind: type[int] | type[float]) -> Any:

@@ -22,6 +22,7 @@ from turnlog.engine import AgentDirectory, AgentSessions, EventLog, KafkaEventLo
 from turnlog.engine.errors import ConfigurationError
 from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
 from turnlog.engine.log.local_live import LocalLive
+from turnlog.engine.session_cache import DEFAULT_CACHE_BYTES
 from turnlog.projections.store import ProjectionStore
 
 from .agents import AgentContext, deployed_agents
@@ -121,6 +122,7 @@ async def run_worker(
     worker_id: str,
     max_turns: int,
     memory: bool,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
     health_options: HealthOptions = HealthOptions(),
     lifecycle: LifecycleOptions | None = None,
 ) -> int:
@@ -141,8 +143,9 @@ async def run_worker(
             await live.share(event_log, "worker", publish=True, subscribe=False)
         publish = live.publisher.publish if live.publisher is not None else None
         worker = TurnWorker(
-            event_log, directory, worker_id=worker_id, max_concurrent_turns=max_turns, on_item=publish
-        )
+            event_log, directory, worker_id=worker_id, max_concurrent_turns=max_turns, on_item=publish,
+            cache_bytes=cache_bytes,
+        )  # fmt: skip
         companions: list[Companion] = []
         if memory:
             companions += memory_consumers(

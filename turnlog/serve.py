@@ -17,6 +17,7 @@ from turnlog.engine.agent import AgentDirectory
 from turnlog.engine.errors import ConfigurationError
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.log.sqlite import SqliteEventLog
+from turnlog.engine.session_cache import DEFAULT_CACHE_BYTES
 
 from .agents import AgentContext, deployed_agents
 from .app import ReadSide
@@ -68,6 +69,7 @@ def serve(
     drain_delay_s: float = 0.0,
     lifecycle: LifecycleOptions | None = None,
     max_turns: int = MAX_CONCURRENT_TURNS,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
 ) -> None:
     """Run the gateway until interrupted: on the embedded log in ``side.home``, or on Kafka +
     PostgreSQL (``side.kafka``, ``side.postgres``). Unless ``run_worker`` is False the turn worker
@@ -95,7 +97,8 @@ def serve(
     directory = deployed_agents(agents, AgentContext(side.home, settings, "serve"))
     (lifecycle or LifecycleOptions()).apply(directory)
     config = GatewayConfig(
-        run_worker=run_worker, run_projector=run_projector, log_sample_rate=sample_rate, max_turns=max_turns
+        run_worker=run_worker, run_projector=run_projector, log_sample_rate=sample_rate, max_turns=max_turns,
+        cache_bytes=cache_bytes,
     )
     configure_json_logs()
     tracing = otlp_tracer_provider()
