@@ -83,29 +83,29 @@ def connections_from_env(
 
 def max_turns_from_env(option: int | None, default: int) -> int:
     """The worker's turn limit: the option, else TURNLOG_MAX_TURNS, else ``default``."""
-    turns = option if option is not None else _env_number(MAX_TURNS_ENV, int)
-    if turns is None:
-        return default
-    if turns < 1:
-        raise ConfigurationError(
-            f"the turn limit must be at least 1, not {turns} (--max-turns or {MAX_TURNS_ENV}); "
-            "size it for the turns one process may run at once"
-        )
-    return turns
+    hint = "the turns one process may run at once"
+    turns = _positive_setting(option, "--max-turns", MAX_TURNS_ENV, "the turn limit", hint)
+    return default if turns is None else turns
 
 
 def cache_bytes_from_env(option_mb: int | None, default: int) -> int:
     """What a runner keeps of idle sessions: the option (MB), else TURNLOG_CACHE_MB, else ``default``
     bytes (engine.session_cache)."""
-    mb = option_mb if option_mb is not None else _env_number(CACHE_ENV, int)
-    if mb is None:
-        return default
-    if mb < 1:
+    hint = "the idle sessions a process keeps folded between turns"
+    mb = _positive_setting(option_mb, "--cache-mb", CACHE_ENV, "the session cache", hint, unit=" MB")
+    return default if mb is None else mb * MB
+
+
+def _positive_setting(
+    option: int | None, flag: str, env: str, what: str, hint: str, *, unit: str = ""
+) -> int | None:
+    """A whole-number setting of at least 1: the option, else the environment, else None."""
+    value = option if option is not None else _env_number(env, int)
+    if value is not None and value < 1:
         raise ConfigurationError(
-            f"the session cache must be at least 1 MB, not {mb} (--cache-mb or {CACHE_ENV}); "
-            "size it for the idle sessions a process keeps folded between turns"
+            f"{what} must be at least 1{unit}, not {value} ({flag} or {env}); size it for {hint}"
         )
-    return int(mb * MB)
+    return value
 
 
 def _env_number(name: str, kind: type[int] | type[float]) -> Any:
