@@ -136,16 +136,23 @@ def _projections(side: ReadSide) -> Finding:
         path = side.home / "projections.db"
         state = "present" if path.exists() else "not created yet (the first command that folds creates it)"
         return Finding("projections", f"embedded at {path}: {state}")
-    import psycopg
-
-    try:
-        with psycopg.connect(side.postgres, connect_timeout=5) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        reason = " ".join(str(exc).split())
+    reason = _postgres_problem(side.postgres)
+    if reason is not None:
         fix = "start it (scripts/postgres.sh start) or fix --postgres"
         return Finding("projections", f"PostgreSQL does not answer: {reason}; {fix}", True)
     return Finding("projections", f"PostgreSQL answers (schema {side.schema})")
+
+
+def _postgres_problem(dsn: str) -> str | None:
+    """Why the database at ``dsn`` does not answer a query, or None when it does."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return " ".join(str(exc).split())
+    return None
 
 
 def _encryption(side: ReadSide) -> Finding:
@@ -164,15 +171,10 @@ def _encryption(side: ReadSide) -> Finding:
         )
     try:
         MasterKeys.load(None)  # the environment's: a Kafka process has no default file
-        if spec.startswith(("postgresql://", "postgres://")):
-            import psycopg
-
-            with psycopg.connect(spec, connect_timeout=5) as conn:
-                conn.execute("SELECT 1")
-    except (TurnlogError, OSError, ImportError) as exc:
+    except (TurnlogError, OSError) as exc:
         return Finding("encryption", f"TURNLOG_KEYSTORE is set but the keys do not open: {exc}", True)
-    except Exception as exc:  # psycopg's errors: the database does not answer
-        reason = " ".join(str(exc).split())
+    reason = _postgres_problem(spec) if spec.startswith(("postgresql://", "postgres://")) else None
+    if reason is not None:
         return Finding("encryption", f"the key store at {_redacted(spec)} does not answer: {reason}", True)
     return Finding("encryption", f"on: key store {_redacted(spec)}, master key {_master_key_source(None)}")
 
