@@ -558,6 +558,12 @@ async def test_a_held_append_whose_commit_fails_fails_its_sessions_next_append(l
         finally:
             FailingCommits.failing = False
         assert await log.session_version("x") == 1
+        partition = log.partition_of("x")
+        first = (await log.read_partition(partition, 0))[0].offset
+        held = await log.read_partition(partition, first)  # not from the records it held (sqlite_recent)
+        assert [(r.event.session_id, r.event.type) for r in held if r.event.session_id == "x"] == [
+            ("x", "SessionCreated")
+        ]
         with pytest.raises(LogUnavailableError, match="returned before its COMMIT") as lost:
             await log.append([turn_started("x", 3)], expected_version=2)
         assert "Fold the session again" in str(lost.value)

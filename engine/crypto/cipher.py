@@ -18,6 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from functools import partial
+from typing import Callable
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -54,6 +55,7 @@ class ContentCipher:
         self._lock = threading.Lock()
         self._seq = keys.erased_since(1 << 62)[0]
         self._checked = time.monotonic()
+        self._forget_listeners: list[Callable[[str], None]] = []
 
     # -- the log's side ------------------------------------------------------------------------
 
@@ -122,6 +124,21 @@ class ContentCipher:
             self._erased[session_id] = None
             if len(self._erased) > CACHE:
                 self._erased.popitem(last=False)
+        for listener in self._forget_listeners:
+            listener(session_id)
+
+    def erased(self, session_id: str) -> bool:
+        """Whether this process knows the session is erased (no key store read)."""
+        return session_id in self._erased
+
+    def on_forget(self, listener: Callable[[str], None], *, remove: bool = False) -> None:
+        """Call ``listener`` with each session this cipher forgets from now on (``remove``:
+        stop). It may be called on any thread: it must only note the session."""
+        if remove:
+            if listener in self._forget_listeners:
+                self._forget_listeners.remove(listener)
+        else:
+            self._forget_listeners.append(listener)
 
     # -- keys ----------------------------------------------------------------------------------
 

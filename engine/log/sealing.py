@@ -10,7 +10,7 @@ The in-memory log has none: it keeps objects, nothing is encoded.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from .. import codec
 from ..errors import EventError
@@ -36,6 +36,14 @@ class Sealer(Protocol):
 
     def scrub(self, event: Event) -> Event:
         """An event of an erased session as it reads once its key is gone."""
+        ...
+
+    def erased(self, session_id: str) -> bool:
+        """Whether this process knows the session is erased."""
+        ...
+
+    def on_forget(self, listener: Callable[[str], None], *, remove: bool = False) -> None:
+        """Call ``listener`` with each session found erased from now on (on any thread)."""
         ...
 
     def seal_text(self, session_id: str, text: str, label: str) -> str: ...
@@ -84,6 +92,13 @@ class RecordCodec:
 
     def scrub(self, event: Event) -> Event:
         return event if self.sealer is None else self.sealer.scrub(event)
+
+    def erased(self, session_id: str) -> bool:
+        return self.sealer is not None and self.sealer.erased(session_id)
+
+    def on_forget(self, listener: Callable[[str], None], *, remove: bool = False) -> None:
+        if self.sealer is not None:
+            self.sealer.on_forget(listener, remove=remove)
 
     def seal_text(self, session_id: str, text: str, label: str) -> str:
         return text if self.sealer is None else self.sealer.seal_text(session_id, text, label)

@@ -54,6 +54,7 @@ from .sqlite_layout import (
     SNAPSHOTS_FROM,
     migrate,
 )
+from .sqlite_recent import RecentRecords
 from .submissions import SUBMITTED_TYPES, submission_keys
 from .zdict import pack
 
@@ -130,12 +131,12 @@ class SqliteEventLog(EventLog):
         self.partitions = self._fix_partitions(partitions)
         self._index_old_submissions()
         self._waiters: list[asyncio.Future[None]] = []
-        self._lost: dict[str, LogUnavailableError] = {}
-        """Sessions whose redoable append was lost after it returned (``_lose``)."""
-        self.group: GroupCommit | None = None
-        """The appends' group commit (None for an in-memory database)."""
+        self._lost: dict[str, LogUnavailableError] = {}  # redoable appends lost after returning
+        self.group: GroupCommit | None = None  # the appends' group commit (none in memory)
         self.live: LocalLive | None = None
         """The processes on this machine sharing the file, told of each append (``share_live``)."""
+        self.recent = RecentRecords()  # answers reads of what it appended last: no decoding
+        self.records.on_forget(self.recent.forget)
         self.held_rows = HeldRows(compress=compress)
         """The rows of the redoable appends held in the group commit's open transaction (a
         group commit without held rows holds no append)."""
@@ -202,7 +203,9 @@ class SqliteEventLog(EventLog):
         if self.live is not None:  # a held append is announced once committed (other processes read it)
             behind = group is not None and group.behind()
             self.live.appended(session_id, events[-1].version, events[-1].type, committed=not behind)
-        return [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+        records = [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
+        self._hold_recent(records, expected_version)
+        return records
 
     async def _append_next(self, event: Event) -> LogRecord:
         """Sequenced in the write transaction (``sqlite_jobs.next_job``): concurrent submissions
@@ -210,7 +213,18 @@ class SqliteEventLog(EventLog):
         partition = partition_for(event.session_id, self.partitions)
         sequenced, positions = await self._write(next_job(event, partition, self.compress, self.records))
         self._notify()
-        return LogRecord(partition, positions[0], sequenced)
+        record = LogRecord(partition, positions[0], sequenced)
+        self._hold_recent([record], sequenced.version - 1)
+        return record
+
+    def _hold_recent(self, records: list[LogRecord], expected_version: int) -> None:
+        """Keep an append's records for this process's reads, unless its session is erased:
+        then the file holds them as erased, and so must every read."""
+        session_id = records[0].event.session_id
+        if self.records.erased(session_id):
+            self.recent.drop_session(session_id)
+        else:
+            self.recent.add(records, expected_version)
 
     def _raise_lost(self, session_id: str) -> None:
         """Raise the error a lost redoable append of the session left (``_lose``), once."""
@@ -220,7 +234,9 @@ class SqliteEventLog(EventLog):
 
     def _lose(self, session_id: str, error: BaseException) -> None:
         """A redoable append of the session returned and then its COMMIT failed: its next
-        append fails with this, whatever its version (once; then the session goes on)."""
+        append fails with this, whatever its version (once; then the session goes on). The
+        records held for reads go: the lost ones' positions may be taken by other appends."""
+        self.recent.clear()
         self._lost[session_id] = LogUnavailableError(
             f"an earlier append of session {session_id} returned before its COMMIT and then could not "
             f"be committed ({type(error).__name__}: {error}); it is not on the log. Fold the session "
@@ -283,6 +299,15 @@ class SqliteEventLog(EventLog):
             for i in range(max(after_version + 1 - v, 0), len(records)):
                 out.append(LogRecord(p, o + i, decode(p, o + i, records[i])))
         return out
+
+    @_after_own_writes
+    async def read_session_records_through(
+        self, session_id: str, after_version: int, version: int
+    ) -> list[LogRecord]:
+        """From the records held (``recent``) when they hold every one through ``version``."""
+        self.records.reading()  # the cipher learns of other processes' erasures: their records go
+        held = self.recent.session_after(session_id, after_version, version)
+        return held if held is not None else await self.read_session_records(session_id, after_version)
 
     @_after_own_writes
     async def latest_snapshot(self, session_id: str, at_or_before: int | None = None) -> Event | None:
@@ -367,6 +392,9 @@ class SqliteEventLog(EventLog):
         if limit <= 0:
             return out
         decode = self._decoder()
+        held = self.recent.partition_run(partition, offset, limit)
+        if held is not None:
+            return held
         cursor = self._db.execute(FROM_POSITION, (partition, offset))
         try:  # row by row: a batch is decompressed only if its events are wanted
             for position, value in cursor:
@@ -430,6 +458,7 @@ class SqliteEventLog(EventLog):
         if self.live is not None:
             await self.live.close()
         self._db.close()
+        self.records.on_forget(self.recent.forget, remove=True)
         if self._owns_sealer and self.records.sealer is not None:
             self.records.sealer.close()
 

@@ -1,0 +1,118 @@
+"""The records this process appended last, decoded, for this process's readers.
+
+In one embedded process every consumer (the turn worker, the projector, analytics, observability,
+memory) and every event stream reads what was just appended, and each read of the file
+decompresses, decodes and decrypts the same records again: five to six times per event. The log
+keeps the last ``capacity`` records it appended, as ``append`` returned them, and answers a read
+from them when every record it returns is held here. It never answers with anything a read of
+the file would not give once this process's writes are committed (the log waits for that
+first, as for any read):
+
+* only this process's appends are held: a read that reaches a position or a version another
+  process wrote, or one older than the oldest held, reads the file;
+* a redoable append whose COMMIT failed after it returned empties it (``clear``): its positions
+  may be taken by other appends;
+* an erased session's records are dropped (``drop_session``): when this process appends the
+  erasure, and when the cipher finds another process erased it, so its content reads as erased,
+  as it does from the file.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+from .base import LogRecord
+
+CAPACITY = 4096
+"""Records held: about what the consumers of a busy process trail the appends by (events of a
+few hundred turns)."""
+
+
+class RecentRecords:
+    """The last ``capacity`` records this process appended, by position and by session (module
+    docstring for when a read may be answered from them)."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.capacity = capacity
+        self._order: deque[LogRecord] = deque()
+        self._at: dict[int, LogRecord] = {}
+        """By position: positions are the log's, over all partitions."""
+        self._sessions: dict[str, deque[LogRecord]] = {}
+        """Each session's held records of consecutive versions, oldest first."""
+        self._forgotten: deque[str] = deque()
+        """Sessions found erased (``forget``, any thread), dropped before the next read."""
+        self.hits = 0
+        """Reads answered from here (for tests and benchmarks)."""
+
+    def add(self, records: Sequence[LogRecord], expected_version: int) -> None:
+        """Hold the records of one append (the session's versions after ``expected_version``)."""
+        if not records or self.capacity <= 0:
+            return
+        session_id = records[0].event.session_id
+        tail = self._sessions.get(session_id)
+        if tail is None or tail[-1].event.version != expected_version:  # another process's in between
+            tail = self._sessions[session_id] = deque()
+        for record in records:
+            self._order.append(record)
+            self._at[record.offset] = record
+            tail.append(record)
+        while len(self._order) > self.capacity:
+            self._evict(self._order.popleft())
+
+    def partition_run(self, partition: int, offset: int, limit: int) -> list[LogRecord] | None:
+        """The partition's records from ``offset`` on (at most ``limit``) as far as every
+        position from ``offset`` is held (a position is the log's: the partitions' records
+        interleave); None if none is."""
+        self._drop_forgotten()
+        at = self._at
+        run: list[LogRecord] = []
+        record = at.get(offset)
+        while record is not None and len(run) < limit:
+            if record.partition == partition:
+                run.append(record)
+            offset += 1
+            record = at.get(offset)
+        if not run:
+            return None
+        self.hits += 1
+        return run
+
+    def session_after(self, session_id: str, after_version: int, through: int) -> list[LogRecord] | None:
+        """The session's records with version > ``after_version``, when every one of them up to
+        ``through`` is held; else None."""
+        self._drop_forgotten()
+        tail = self._sessions.get(session_id)
+        if not tail or tail[0].event.version > after_version + 1 or tail[-1].event.version < through:
+            return None
+        self.hits += 1
+        return [record for record in tail if record.event.version > after_version]
+
+    def forget(self, session_id: str) -> None:
+        """The session was erased (the cipher's listener: any thread, so only noted here)."""
+        self._forgotten.append(session_id)
+
+    def _drop_forgotten(self) -> None:
+        while self._forgotten:
+            self.drop_session(self._forgotten.popleft())
+
+    def drop_session(self, session_id: str) -> None:
+        """Forget the session's records (it was erased): its reads go to the file."""
+        for record in self._sessions.pop(session_id, ()):
+            if self._at.get(record.offset) is record:
+                del self._at[record.offset]
+
+    def clear(self) -> None:
+        self._order.clear()
+        self._at.clear()
+        self._sessions.clear()
+
+    def _evict(self, record: LogRecord) -> None:
+        if self._at.get(record.offset) is record:
+            del self._at[record.offset]
+        session_id = record.event.session_id
+        tail = self._sessions.get(session_id)
+        if tail and tail[0] is record:
+            tail.popleft()
+            if not tail:
+                del self._sessions[session_id]

@@ -1,0 +1,132 @@
+"""The embedded log answers this process's reads of what it appended last from the records it
+holds (engine/log/sqlite_recent.py): every such read equals what a process reading the file
+gets, with another process appending to the same partitions and sessions in between, after an
+erasure in either process, and it is answered without the file when it can be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.erasure_support import markers_of, planted
+from turnlog.engine import events as ev
+from turnlog.engine.crypto.cipher import ContentCipher
+from turnlog.engine.crypto.fields import scrubbed
+from turnlog.engine.log.base import LogRecord
+from turnlog.engine.log.sqlite import SqliteEventLog
+
+PARTITIONS = 2
+
+
+def session_in(partition: int, tag: str) -> str:
+    """A session id that the log puts in ``partition``."""
+    n = 0
+    while True:
+        sid = f"{tag}-{n}"
+        if SqliteEventLog.partition_of(_SHAPE, sid) == partition:
+            return sid
+        n += 1
+
+
+class _Shape:
+    partitions = PARTITIONS
+
+
+_SHAPE = _Shape()
+
+
+async def paged(log: SqliteEventLog, partition: int, limit: int) -> list[LogRecord]:
+    """The partition read from 0 the way a consumer reads it: ``limit`` records at a time."""
+    out: list[LogRecord] = []
+    offset = 0
+    while records := await log.read_partition(partition, offset, limit):
+        out += records
+        offset = records[-1].offset + 1
+    return out
+
+
+async def as_the_file_has_it(path: Path, partition: int) -> list[LogRecord]:
+    fresh = SqliteEventLog(path, partitions=PARTITIONS)
+    try:
+        return await paged(fresh, partition, 500)
+    finally:
+        await fresh.close()
+
+
+async def test_reads_of_what_this_process_appended_equal_the_files(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    log, other = SqliteEventLog(path, partitions=PARTITIONS), SqliteEventLog(path, partitions=PARTITIONS)
+    try:
+        ours, theirs, both = session_in(0, "ours"), session_in(0, "theirs"), session_in(1, "both")
+        events = {sid: planted(sid, f"M{sid}") for sid in (ours, theirs, both)}
+        for i, _ in enumerate(events[ours]):  # one event of each kind at a time, interleaved
+            await log.append([events[ours][i]], expected_version=i)
+            await other.append([events[theirs][i]], expected_version=i)
+            writer = log if i % 3 else other  # the session both processes write to
+            await writer.append([events[both][i]], expected_version=i)
+        log.recent.hits = 0
+        for partition in range(PARTITIONS):
+            for limit in (1, 3, 500):
+                assert await paged(log, partition, limit) == await as_the_file_has_it(path, partition)
+        assert log.recent.hits > 0, "the records this process appended were read from the file"
+
+        last = len(events[ours])
+        for after in range(last):
+            through = await log.read_session_records_through(ours, after, last)
+            assert [r.event for r in through] == events[ours][after:]
+        whole = await log.read_session_records_through(both, 0, last)  # the other wrote some of it
+        assert [r.event for r in whole] == events[both]
+        assert whole == await other.read_session_records(both)
+    finally:
+        await log.close()
+        await other.close()
+
+
+async def test_an_erasure_in_another_process_reaches_the_records_held(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    log, other = SqliteEventLog(path, partitions=PARTITIONS), SqliteEventLog(path, partitions=PARTITIONS)
+    try:
+        gone, kept = session_in(0, "gone"), session_in(0, "kept")
+        erased, still = planted(gone, "GONExq"), planted(kept, "KEPTxq")
+        await log.append(erased, expected_version=0)
+        await log.append(still, expected_version=0)
+        assert [r.event for r in await log.read_partition(0, 0)] == erased + still  # held, plain
+
+        cipher = other.records.sealer
+        assert isinstance(cipher, ContentCipher)
+        assert cipher.keys.destroy([gone], "e1", ev.now_ms()) == [gone]
+        cipher.forget(gone)
+
+        read = [r.event for r in await paged(log, 0, 1)]  # from the second on, from what is held
+        assert read == [scrubbed(e) for e in erased] + still
+        assert not markers_of(read, "GONExq")
+        assert read == [r.event for r in await as_the_file_has_it(path, 0)]
+        through = await log.read_session_records_through(gone, 0, len(erased))
+        assert [r.event for r in through] == [scrubbed(e) for e in erased]
+    finally:
+        await log.close()
+        await other.close()
+
+
+async def test_content_appended_after_its_session_was_erased_here_reads_erased(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    log = SqliteEventLog(path, partitions=PARTITIONS)
+    try:
+        sid = session_in(1, "late")
+        first = planted(sid, "EARLYxq")
+        await log.append(first, expected_version=0)
+        cipher = log.records.sealer
+        assert isinstance(cipher, ContentCipher)
+        assert cipher.keys.destroy([sid], "e1", ev.now_ms()) == [sid]
+        cipher.forget(sid)  # what the eraser does in this process, before the erasure's event
+        assert not markers_of([r.event for r in await paged(log, 1, 1)], "EARLYxq")
+        late = ev.UserMessageReceived(
+            session_id=sid, version=len(first) + 1, message_id="late", text="LATExq"
+        )
+        await log.append([late], expected_version=len(first))
+        read = [r.event for r in await paged(log, 1, 1)]
+        assert not markers_of(read, "EARLYxq") and not markers_of(read, "LATExq")
+        assert read == [r.event for r in await as_the_file_has_it(path, 1)]
+        through = await log.read_session_records_through(sid, len(first), len(first) + 1)
+        assert [r.event.text for r in through] == [scrubbed(late).text]
+    finally:
+        await log.close()
