@@ -91,11 +91,29 @@ def pending_approvals(state: SessionState) -> list[dict[str, Any]]:
 
 def event_json(event: ev.Event) -> dict[str, Any]:
     """An event's fields as JSON, with its type; heavy state bodies replaced by their size."""
-    body = dataclasses.asdict(event)
+    names = _FIELDS.get(type(event))
+    if names is None:
+        names = _FIELDS[type(event)] = tuple(f.name for f in dataclasses.fields(event))
+    body = {name: _plain(getattr(event, name)) for name in names}
     if type(event) in HEAVY:
         body["state_json_chars"] = len(body.pop("state_json"))
     body["type"] = event.type
     return body
+
+
+_FIELDS: dict[type[ev.Event], tuple[str, ...]] = {}
+"""Each event type's field names, in order."""
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as ``dataclasses.asdict`` gives it (a tuple of specs as a tuple of dicts),
+    without its deep copy of every field: an event's values are immutable."""
+    if isinstance(value, tuple):
+        return tuple(
+            dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else _plain(v)
+            for v in value
+        )
+    return value
 
 
 def written(gw: Gateway, records: Sequence[LogRecord]) -> list[dict[str, Any]]:

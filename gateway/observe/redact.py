@@ -64,7 +64,27 @@ CARD_NUMBER = re.compile(r"\b\d(?:[ \-]?\d){12,18}\b")
 timestamps stay)."""
 
 
+MEMO_SIZE = 8192
+"""Words redacted lately, and key names checked: a process's log lines repeat their sessions'
+and turns' ids, states, causes and tool names many times, and each redaction runs every pattern
+above. Only single words up to ``MEMO_CHARS`` are kept (not text: a summary, an error)."""
+MEMO_CHARS = 64
+_memo: dict[str, str] = {}
+_secret_keys: dict[str, bool] = {}
+
+
 def redact_text(text: str) -> str:
+    if len(text) > MEMO_CHARS or " " in text:
+        return _redact_text(text)
+    done = _memo.get(text)
+    if done is None:
+        if len(_memo) >= MEMO_SIZE:
+            _memo.clear()
+        done = _memo[text] = _redact_text(text)
+    return done
+
+
+def _redact_text(text: str) -> str:
     text = SECRET_ASSIGNMENT.sub(_assignment, text)
     text = SECRET_VALUE.sub(REDACTED, text)
     text = CARD_NUMBER.sub(_card, text)
@@ -84,8 +104,18 @@ def _card(found: re.Match[str]) -> str:
     return "[CARD]" if total % 10 == 0 else found.group()
 
 
+def secret_key(key: str) -> bool:
+    """Whether values under this key name are secrets (``SECRET_KEY``)."""
+    found = _secret_keys.get(key)
+    if found is None:
+        if len(_secret_keys) >= MEMO_SIZE:
+            _secret_keys.clear()
+        found = _secret_keys[key] = SECRET_KEY.search(key) is not None
+    return found
+
+
 def redact(value: Any, key: str = "") -> Any:
-    if key and SECRET_KEY.search(key):
+    if key and secret_key(key):
         return REDACTED
     if isinstance(value, str):
         return redact_text(value)
