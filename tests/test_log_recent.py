@@ -130,3 +130,26 @@ async def test_content_appended_after_its_session_was_erased_here_reads_erased(t
         assert [r.event.text for r in through] == [scrubbed(late).text]
     finally:
         await log.close()
+
+
+async def test_a_session_read_from_what_is_held_stops_at_what_another_process_appended(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "log.db"
+    log, other = SqliteEventLog(path, partitions=PARTITIONS), SqliteEventLog(path, partitions=PARTITIONS)
+    try:
+        sid = session_in(0, "shared")
+        events = planted(sid, "SHAREDxq")
+        half = len(events) // 2
+        await log.append(events[:half], expected_version=0)
+        log.recent.hits = 0
+        assert [r.event for r in await log.read_session_records(sid, 1)] == events[1:half]
+        assert log.recent.hits == 1, "what this process appended last was read from the file"
+        await other.append(events[half:], expected_version=half)  # the session goes on elsewhere
+        read = await log.read_session_records(sid, 1)
+        assert [r.event for r in read] == events[1:]
+        assert read == await other.read_session_records(sid, 1)
+        assert await log.read_session(sid, len(events)) == []
+    finally:
+        await log.close()
+        await other.close()

@@ -335,15 +335,20 @@ async def test_corrupt_row_raises_malformed_naming_partition_and_offset(
         )
     raw.close()
 
-    with pytest.raises(
-        MalformedEventError, match=rf"partition {bad.partition} offset {bad.offset}: not a turnlog"
-    ):
-        await log.read_session("a")
-    with pytest.raises(MalformedEventError, match=rf"partition {bad.partition} offset {bad.offset}"):
-        await log.read_partition(bad.partition, 0)
-    # records around it are still readable
-    assert await versions_after(log, "a", 2) == [3]
-    assert [r.event.version for r in await log.read_partition(bad.partition, 0, limit=1)] == [1]
+    # a reader of the file (the writer reads what it appended from memory: engine/log/sqlite_recent.py)
+    reader = SqliteEventLog(log_path, partitions=log.partitions)
+    try:
+        with pytest.raises(
+            MalformedEventError, match=rf"partition {bad.partition} offset {bad.offset}: not a turnlog"
+        ):
+            await reader.read_session("a")
+        with pytest.raises(MalformedEventError, match=rf"partition {bad.partition} offset {bad.offset}"):
+            await reader.read_partition(bad.partition, 0)
+        # records around it are still readable
+        assert await versions_after(reader, "a", 2) == [3]
+        assert [r.event.version for r in await reader.read_partition(bad.partition, 0, limit=1)] == [1]
+    finally:
+        await reader.close()
 
 
 async def versions_after(log: SqliteEventLog, session_id: str, after: int) -> list[int]:

@@ -49,6 +49,7 @@ from .sqlite_layout import (
     BATCHES,
     FROM_POSITION,
     FROM_VERSION,
+    LAST_VERSION,
     SCHEMA,
     SESSIONS_OF,
     SNAPSHOTS_FROM,
@@ -292,8 +293,13 @@ class SqliteEventLog(EventLog):
         key = self._session(session_id)
         if key is None:
             return []
-        out: list[LogRecord] = []
         decode = self._decoder()
+        last = self.recent.held_through(session_id, after_version)
+        if last is not None and last == self._last_version(key):  # this process appended them
+            held = self.recent.session_after(session_id, after_version, last)
+            if held is not None:
+                return held
+        out: list[LogRecord] = []
         for p, o, v, value in self._db.execute(FROM_VERSION, (key, after_version + 1)).fetchall():
             records = records_at(p, o, value)
             for i in range(max(after_version + 1 - v, 0), len(records)):
@@ -369,11 +375,10 @@ class SqliteEventLog(EventLog):
     @_after_own_writes
     async def session_version(self, session_id: str) -> int:
         key = self._session(session_id)
-        if key is None:
-            return 0
-        row = self._db.execute(
-            "SELECT version + count - 1 FROM batches WHERE session = ? ORDER BY version DESC LIMIT 1", (key,)
-        ).fetchone()
+        return 0 if key is None else self._last_version(key)
+
+    def _last_version(self, key: int) -> int:
+        row = self._db.execute(LAST_VERSION, (key,)).fetchone()
         return 0 if row is None else int(row[0])
 
     @_after_own_writes

@@ -77,6 +77,8 @@ FROM_VERSION = (
 )
 """A session's batches from the one that holds version ?2 on: none when the session ends before
 ?2 (a reader that is caught up reads no value, so decompresses none)."""
+LAST_VERSION = "SELECT version + count - 1 FROM batches WHERE session = ? ORDER BY version DESC LIMIT 1"
+"""A session's last version (no row: none)."""
 SNAPSHOTS_FROM = (
     "SELECT partition, position, version, value FROM batches WHERE session = ?1 AND version >= "
     "COALESCE((SELECT version FROM batches WHERE session = ?1 AND version <= ?2 AND snapshot <= ?2 "

@@ -96,6 +96,15 @@ class RecentRecords:
         while self._forgotten:
             self.drop_session(self._forgotten.popleft())
 
+    def held_through(self, session_id: str, after_version: int) -> int | None:
+        """The last version held of the session when every one after ``after_version`` up to
+        it is held; else None."""
+        self._drop_forgotten()
+        tail = self._sessions.get(session_id)
+        if not tail or tail[0].event.version > after_version + 1:
+            return None
+        return tail[-1].event.version
+
     def drop_session(self, session_id: str) -> None:
         """Forget the session's records (it was erased): its reads go to the file."""
         for record in self._sessions.pop(session_id, ()):
