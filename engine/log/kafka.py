@@ -327,7 +327,7 @@ class KafkaEventLog(EventLog):
         owner = self._owners[self.partition_of(session_id)]
         index = owner.index
         if not owner.owned and index.version(session_id) < version:
-            index = await self._reader.caught_up(index)
+            await self._reader.read_through(index, session_id, version)
         await self._reader.load(index, [session_id])
         return index.session_records_after(session_id, after_version)
 

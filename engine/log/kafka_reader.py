@@ -29,6 +29,9 @@ from .sealing import PLAIN, RecordCodec
 log = structlog.get_logger("turnlog.kafka")
 OPERATION_TIMEOUT_S = 30.0
 """A bound on one transaction or one catch-up read: past it the outcome counts as unknown."""
+NOTICE_WAIT_S = 0.5
+"""How long a read for a version a live notice announced reads on for it: the notice may come
+before the commit's markers make it visible to a read_committed reader (a few ms)."""
 
 
 def read_consumer(bootstrap: str, client_id: str) -> AIOKafkaConsumer:
@@ -79,9 +82,28 @@ class PartitionReader:
                 return
             try:
                 async with asyncio.timeout(OPERATION_TIMEOUT_S):
-                    await self._read_to_end(consumer, part)
+                    await self._read_to_end(consumer, part, until)
             except (KafkaError, TimeoutError) as exc:
                 raise LogUnavailableError(f"reading partition {part.partition} failed: {exc!r}") from exc
+
+    async def read_through(self, part: PartitionIndex, session_id: str, version: int) -> None:
+        """Read the partition on until the index holds ``version`` of the session (a live notice
+        said it is committed), at most ``NOTICE_WAIT_S``: no round trip for the partition's end,
+        and a notice that came before the commit's markers is still met."""
+        consumer = self._started()
+        async with self.lock:
+            if part.version(session_id) >= version:
+                return
+            tp = self._tp(part.partition)
+            deadline = asyncio.get_running_loop().time() + NOTICE_WAIT_S
+            try:
+                _assign(consumer, tp, part.next_offset)
+                while part.version(session_id) < version and asyncio.get_running_loop().time() < deadline:
+                    await self._read_batch(consumer, part, tp)
+            except KafkaError as exc:
+                raise LogUnavailableError(f"reading partition {part.partition} failed: {exc!r}") from exc
+            finally:
+                consumer.pause(tp)
 
     async def caught_up(self, part: PartitionIndex) -> PartitionIndex:
         """``part`` (a partition this process does not own), caught up with everything committed
@@ -92,9 +114,12 @@ class PartitionReader:
             await self.catch_up(part, until=end)
         return part
 
-    async def _read_to_end(self, consumer: AIOKafkaConsumer, part: PartitionIndex) -> None:
+    async def _read_to_end(self, consumer: AIOKafkaConsumer, part: PartitionIndex, end: int | None) -> None:
+        """Read to ``end`` (the caller asked the broker for it just before: its records are
+        what this read must have), or to the end the broker gives now."""
         tp = self._tp(part.partition)
-        end = (await consumer.end_offsets([tp]))[tp]
+        if end is None:
+            end = (await consumer.end_offsets([tp]))[tp]
         if part.own_marker and end == part.next_offset + 1:
             part.add([], end)  # nothing after our own last transaction but its commit marker
             part.own_marker = False
@@ -110,20 +135,25 @@ class PartitionReader:
         tp = self._tp(part.partition)
         _assign(consumer, tp, part.next_offset)
         while part.next_offset < end:
-            # short polls: a stretch of commit or abort markers returns no records, and the
-            # position moves past it with the fetch, not with the poll's timeout
-            batch = (await consumer.getmany(tp, timeout_ms=50, max_records=1000)).get(tp, [])
-            position = await consumer.position(tp)
-            decoded = [decode_record(part.partition, msg, self.codec) for msg in batch]
-            if part.unloaded:
-                sids = {r.event.session_id for r in decoded if isinstance(r, LogRecord)}
-                if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:
-                    await self._load_locked(consumer, part, entries)
-                    consumer.seek(tp, position)
-            for msg, entry in zip(batch, decoded, strict=True):
-                part.add_consumed(msg, entry)
-            part.add([], position)
+            await self._read_batch(consumer, part, tp)
         consumer.pause(tp)  # no background long polls between catch-ups
+
+    async def _read_batch(self, consumer: AIOKafkaConsumer, part: PartitionIndex, tp: TopicPartition) -> None:
+        """Index the next records of ``tp`` (assigned, at the index's next offset); a session
+        the session index names is read first (``_load_locked``). A short poll: a stretch of
+        commit or abort markers returns no records, and the position moves past it with the
+        fetch, not with the poll's timeout."""
+        batch = (await consumer.getmany(tp, timeout_ms=50, max_records=1000)).get(tp, [])
+        position = await consumer.position(tp)
+        decoded = [decode_record(part.partition, msg, self.codec) for msg in batch]
+        if part.unloaded:
+            sids = {r.event.session_id for r in decoded if isinstance(r, LogRecord)}
+            if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:
+                await self._load_locked(consumer, part, entries)
+                consumer.seek(tp, position)
+        for msg, entry in zip(batch, decoded, strict=True):
+            part.add_consumed(msg, entry)
+        part.add([], position)
 
     async def load(self, part: PartitionIndex, session_ids: Iterable[str]) -> None:
         """Fold the sessions the session index names that this process has not read yet."""
