@@ -185,7 +185,7 @@ class KafkaEventLog(EventLog):
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):  # hand over offsets, session index: a successor reads less
-            await flush_all(self._owners, force_index=True)
+            await flush_all(self._owners, force=True)
         await self._direct.close()
         committers = [o.committer for o in self._owners if o.committer is not None]
         for task in [*self._background, *committers, *([self._sequencing] if self._sequencing else [])]:
@@ -380,9 +380,10 @@ class KafkaEventLog(EventLog):
         return self._committed[key]
 
     async def commit(self, group: str, partition: int, offset: int) -> None:
-        """Recorded at once for this process; on Kafka with the partition's next transaction
-        (or when the owner is idle), so a fenced zombie cannot move a group's offsets; for a
-        partition this process does not own, only if ``persist_offsets`` named the group."""
+        """Recorded at once for this process; on Kafka with one of the partition's
+        transactions, at most every ``OFFSETS_EVERY_S`` (kafka_commits), so a fenced zombie
+        cannot move a group's offsets; for a partition this process does not own, only if
+        ``persist_offsets`` named the group."""
         self._check_partition(partition)
         self._committed[(group, partition)] = offset
         owner = self._owners[partition]

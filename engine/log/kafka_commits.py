@@ -12,7 +12,6 @@ unknown outcome, so the owner takes the partition again and re-reads it (``Parti
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -30,6 +29,10 @@ from .kafka_records import Poison, event_headers, own_poison
 from .kafka_sessions import WATERMARK, encode_entry, encode_watermark
 
 log = structlog.get_logger("turnlog.kafka")
+OFFSETS_EVERY_S = 1.0
+"""How often a consumer group's offsets on a partition ride its transactions (each costs the
+broker two more requests): the group's members are at-least-once, so after a crash they handle
+up to this much more again. Closing commits them all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class Writes:
     dead: Sequence[Poison] = ()
     index: Sequence[tuple[bytes, bytes]] = ()
     """Session index records (key, value), the watermark last."""
+    force_offsets: bool = False
 
 
 async def transact(
@@ -50,12 +54,15 @@ async def transact(
     inbox_offset: int | None = None,
     dead: Sequence[Poison] = (),
     force_index: bool = False,
+    force_offsets: bool = False,
 ) -> list[LogRecord]:
     """One transaction on the owner's partition (see the module doc); returns the events'
-    records. Called with ``owner.lock`` held by the partition's owner."""
+    records. Called with ``owner.lock`` held by the partition's owner. A group's pending
+    offsets ride it if ``OFFSETS_EVERY_S`` passed since the group's last (or ``force_offsets``)."""
     indexing, entries = take_index(owner, force_index)
     try:
-        return await _run_transaction(owner, events, Writes(inbox_offset, dead, entries))
+        writes = Writes(inbox_offset, dead, entries, force_offsets)
+        return await _run_transaction(owner, events, writes)
     except BaseException:
         owner.index.dirty |= indexing  # written with the next transaction
         raise
@@ -88,7 +95,7 @@ async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: W
     assert producer is not None
     # aiokafka commits one consumer group's offsets per transaction (a second group fails the
     # transaction): the inbox offset if any, else one pending group's
-    group = None if writes.inbox_offset is not None else next(iter(owner.pending_commits), None)
+    group = None if writes.inbox_offset is not None else due_group(owner, writes.force_offsets)
     committing = owner.pending_commits[group] if group is not None else 0
     try:
         async with asyncio.timeout(OPERATION_TIMEOUT_S), producer.transaction():
@@ -99,8 +106,10 @@ async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: W
     except (KafkaError, TimeoutError) as exc:
         # the outcome is unknown: re-acquire (aborting it if still open) and re-read the partition
         raise await owner.reset(exc) from exc
-    if group is not None and owner.pending_commits.get(group) == committing:
-        del owner.pending_commits[group]  # unless a newer offset came in meanwhile
+    if group is not None:
+        owner.offsets_at[group] = asyncio.get_running_loop().time()
+        if owner.pending_commits.get(group) == committing:
+            del owner.pending_commits[group]  # unless a newer offset came in meanwhile
     owner.index.dead_sources.update(poison.source for poison in writes.dead)
     records = [LogRecord(owner.partition, m.offset, e) for m, e in zip(metas, events, strict=True)]
     await _index_committed(owner, records)
@@ -207,15 +216,30 @@ async def _commit_group(owner: PartitionOwner) -> None:
     settle_group(owner.index, group, records)
 
 
-async def flush(owner: PartitionOwner, force_index: bool = False) -> None:
-    """Commit the partition's pending group offsets, and the session index when due
-    (``force_index``: now), in a transaction of their own, if it has any."""
-    if _flush_due(owner, force_index):
+def due_group(owner: PartitionOwner, force: bool = False) -> str | None:
+    """A consumer group whose pending offsets are to ride the next transaction: aiokafka
+    commits one group's per transaction (a second fails it)."""
+    now = asyncio.get_running_loop().time()
+    for group in owner.pending_commits:
+        if force or now - owner.offsets_at.get(group, -OFFSETS_EVERY_S) >= OFFSETS_EVERY_S:
+            return group
+    return None
+
+
+async def flush(owner: PartitionOwner, force: bool = False) -> None:
+    """Commit the partition's pending group offsets when due, and the session index when due,
+    in transactions of their own; ``force`` (closing): every group's, and the index, now."""
+    for _ in range(len(owner.pending_commits) + 1):  # one group a transaction
+        if not _flush_due(owner, force):
+            return
         async with owner.lock:
-            if _flush_due(owner, force_index):  # again: an append may have carried it
-                with contextlib.suppress(LogError):
-                    await transact(owner, [], force_index=force_index)
+            if not _flush_due(owner, force):  # again: an append may have carried it
+                return
+            try:
+                await transact(owner, [], force_index=force, force_offsets=force)
+            except LogError:
+                return
 
 
-def _flush_due(owner: PartitionOwner, force_index: bool) -> bool:
-    return owner.owned and bool(owner.pending_commits or index_due(owner, force_index))
+def _flush_due(owner: PartitionOwner, force: bool) -> bool:
+    return owner.owned and (due_group(owner, force) is not None or index_due(owner, force))

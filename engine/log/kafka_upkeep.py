@@ -19,10 +19,10 @@ from .kafka_poison import settle
 log = structlog.get_logger("turnlog.kafka")
 
 
-async def flush_all(owners: Sequence[PartitionOwner], force_index: bool = False) -> None:
-    """Commit pending group offsets, and the session index when due (``force_index``: now),
-    every owned partition in its own transaction, all at once."""
-    await asyncio.gather(*(flush(owner, force_index) for owner in owners))
+async def flush_all(owners: Sequence[PartitionOwner], force: bool = False) -> None:
+    """Commit pending group offsets and the session index when due (``force``: now), every
+    owned partition in transactions of its own, all partitions at once."""
+    await asyncio.gather(*(flush(owner, force) for owner in owners))
 
 
 async def tail_owned(owners: Sequence[PartitionOwner]) -> None:
