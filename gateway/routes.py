@@ -257,19 +257,21 @@ class Routes:
         return JSONResponse(document([a.agent_id for a in self.gw.api.agents]))
 
 
-async def _sse(stream: SessionStream) -> AsyncIterator[ServerSentEvent]:
-    async for message in stream:
-        yield ServerSentEvent(
-            data=message.data, event=message.event, id=None if message.id is None else str(message.id)
+async def _sse(stream: SessionStream) -> AsyncIterator[bytes]:
+    """The stream's messages, what was ready together in one write (a commit's events)."""
+    async for batch in stream.message_batches():
+        yield b"".join(
+            ServerSentEvent(data=m.data, event=m.event, id=None if m.id is None else str(m.id)).encode()
+            for m in batch
         )
 
 
-async def _no_events() -> AsyncIterator[ServerSentEvent]:
+async def _no_events() -> AsyncIterator[bytes]:
     return
     yield  # an async generator that yields nothing (never started: a HEAD has no body)
 
 
-def _event_stream(events: AsyncIterator[ServerSentEvent], ping_s: float = 15.0) -> Response:
+def _event_stream(events: AsyncIterator[bytes], ping_s: float = 15.0) -> Response:
     return EventSourceResponse(events, ping=ping_s, headers={"Cache-Control": "no-store"})
 
 

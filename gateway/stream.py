@@ -78,6 +78,9 @@ def waiting_message(wait: ModelWaiting) -> StreamMessage:
     return StreamMessage("waiting", json.dumps({name: getattr(wait, name) for name in fields}))
 
 
+MAX_BATCH = 64
+"""The most items a stream hands over at once (``SessionStream.batches``)."""
+
 Ephemeral = ModelDelta | ModelWaiting
 """What a stream carries between the log's events and never replays."""
 
@@ -103,27 +106,40 @@ class SessionStream:
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[StreamMessage]:
-        async for item in self.items():
-            yield ephemeral_message(item) if isinstance(item, Ephemeral) else event_message(item)
+        async for batch in self.message_batches():
+            for message in batch:
+                yield message
+
+    async def message_batches(self) -> AsyncIterator[list[StreamMessage]]:
+        """``batches`` as SSE messages: an answer writes each list at once."""
+        async for batch in self.batches():
+            yield [ephemeral_message(i) if isinstance(i, Ephemeral) else event_message(i) for i in batch]
 
     async def items(self) -> AsyncIterator[LogRecord | Ephemeral]:
         """The session's log records after ``after_position`` and live deltas, in order, forever."""
+        async for batch in self.batches():
+            for item in batch:
+                yield item
+
+    async def batches(self) -> AsyncIterator[list[LogRecord | Ephemeral]]:
+        """What ``items`` yields, a list at a time: what was ready together (a commit's events,
+        the deltas queued meanwhile), at most ``MAX_BATCH`` items, never an empty list."""
         if self._closed:
             return
         queue = self._queue = self.hub.subscribe(self.session_id)
         try:
-            for out in await self._catch_up():
+            if out := await self._catch_up():
                 yield out
             while True:
                 try:
                     item: LiveItem | None = await asyncio.wait_for(queue.get(), self.poll_s)
                 except TimeoutError:
                     item = None
-                for out in await self._on(item):
+                out = await self._on(item)
+                while not queue.empty() and len(out) < MAX_BATCH:
+                    out += await self._on(queue.get_nowait())
+                if out:
                     yield out
-                while not queue.empty():
-                    for out in await self._on(queue.get_nowait()):
-                        yield out
         finally:
             self.close()
 
