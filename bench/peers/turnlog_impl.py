@@ -31,6 +31,7 @@ the previous one ran). The fsync pass (--count-fsyncs) counts them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import AsyncIterator
@@ -95,6 +96,9 @@ class TurnlogAdapter(FrameworkAdapter):
     async def open(self, persistence: str, db_path: str | None) -> None:
         # TURNLOG_BENCH_PLAIN=1: content encryption off, to measure what it costs (A/B)
         plain = {"encrypt": False} if os.environ.get("TURNLOG_BENCH_PLAIN") else {}
+        if db_path is not None and not os.path.exists(db_path):  # the harness removed the log:
+            with contextlib.suppress(FileNotFoundError):  # its key store goes too (another run's
+                os.remove(db_path.removesuffix(".db") + ".keys.db")  # master key may be gone)
         if persistence == "sqlite":
             self.log = SqliteEventLog(db_path, durability="power", **plain)
         elif persistence == "sqlite_normal":
