@@ -79,7 +79,8 @@ def waiting_message(wait: ModelWaiting) -> StreamMessage:
 
 
 MAX_BATCH = 64
-"""The most items a stream hands over at once (``SessionStream.batches``)."""
+"""How many items a stream gathers from its queue before it hands them over
+(``SessionStream.batches``)."""
 
 Ephemeral = ModelDelta | ModelWaiting
 """What a stream carries between the log's events and never replays."""
@@ -123,7 +124,8 @@ class SessionStream:
 
     async def batches(self) -> AsyncIterator[list[LogRecord | Ephemeral]]:
         """What ``items`` yields, a list at a time: what was ready together (a commit's events,
-        the deltas queued meanwhile), at most ``MAX_BATCH`` items, never an empty list."""
+        the deltas queued meanwhile), never an empty list. Queued items stop joining a list
+        once it holds ``MAX_BATCH`` (one catch-up's records stay in one list)."""
         if self._closed:
             return
         queue = self._queue = self.hub.subscribe(self.session_id)

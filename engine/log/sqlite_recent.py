@@ -20,6 +20,7 @@ first, as for any read):
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import Sequence
 
 from .base import LogRecord
@@ -81,12 +82,12 @@ class RecentRecords:
     def session_after(self, session_id: str, after_version: int, through: int) -> list[LogRecord] | None:
         """The session's records with version > ``after_version``, when every one of them up to
         ``through`` is held; else None."""
-        self._drop_forgotten()
-        tail = self._sessions.get(session_id)
-        if not tail or tail[0].event.version > after_version + 1 or tail[-1].event.version < through:
+        last = self.held_through(session_id, after_version)
+        if last is None or last < through:
             return None
         self.hits += 1
-        return [record for record in tail if record.event.version > after_version]
+        tail = self._sessions[session_id]  # consecutive versions: skip to the first one wanted
+        return list(islice(tail, max(after_version + 1 - tail[0].event.version, 0), None))
 
     def forget(self, session_id: str) -> None:
         """The session was erased (the cipher's listener: any thread, so only noted here)."""

@@ -9,6 +9,7 @@ results and arguments are the usual carriers (a result summary, the sampled full
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, MutableMapping
 
@@ -69,19 +70,12 @@ MEMO_SIZE = 8192
 and turns' ids, states, causes and tool names many times, and each redaction runs every pattern
 above. Only single words up to ``MEMO_CHARS`` are kept (not text: a summary, an error)."""
 MEMO_CHARS = 64
-_memo: dict[str, str] = {}
-_secret_keys: dict[str, bool] = {}
 
 
 def redact_text(text: str) -> str:
     if len(text) > MEMO_CHARS or " " in text:
         return _redact_text(text)
-    done = _memo.get(text)
-    if done is None:
-        if len(_memo) >= MEMO_SIZE:
-            _memo.clear()
-        done = _memo[text] = _redact_text(text)
-    return done
+    return _redact_word(text)
 
 
 def _redact_text(text: str) -> str:
@@ -104,14 +98,13 @@ def _card(found: re.Match[str]) -> str:
     return "[CARD]" if total % 10 == 0 else found.group()
 
 
+_redact_word = functools.lru_cache(maxsize=MEMO_SIZE)(_redact_text)
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
 def secret_key(key: str) -> bool:
     """Whether values under this key name are secrets (``SECRET_KEY``)."""
-    found = _secret_keys.get(key)
-    if found is None:
-        if len(_secret_keys) >= MEMO_SIZE:
-            _secret_keys.clear()
-        found = _secret_keys[key] = SECRET_KEY.search(key) is not None
-    return found
+    return SECRET_KEY.search(key) is not None
 
 
 def redact(value: Any, key: str = "") -> Any:
