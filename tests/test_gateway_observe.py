@@ -176,6 +176,34 @@ def test_redaction_by_key_name_and_by_pattern() -> None:
     }
 
 
+def test_json_log_lines_are_redacted_and_stamped() -> None:
+    """`turnlog serve`'s processor chain, as configured: every field a caller logs is redacted;
+    the level and time stamp it adds after the redaction come out as they are."""
+    import io
+    import json
+
+    from turnlog.gateway.observe.logs import configure_json_logs
+
+    stream, before = io.StringIO(), structlog.get_config()
+    configure_json_logs(stream)
+    try:
+        structlog.get_logger("turnlog.test").info(
+            "tool.execution", api_key="k-123", summary=f"used {SECRET}", session_id="s-1", attempts=2
+        )
+    finally:
+        structlog.configure(**before)
+    line = json.loads(stream.getvalue())
+    assert {k: line[k] for k in ("api_key", "summary", "session_id", "attempts", "event", "level")} == {
+        "api_key": "[REDACTED]",
+        "summary": "used [REDACTED]",
+        "session_id": "s-1",
+        "attempts": 2,
+        "event": "tool.execution",
+        "level": "info",
+    }
+    assert line["timestamp"].endswith("Z") and line["timestamp"][:2] == "20"
+
+
 async def test_metrics_follow_the_events(tmp_path: Path) -> None:
     log, api, metrics, sid = await run_one_turn(tmp_path)
     consumer = ObservabilityConsumer(log, logger=EventLogger(0), metrics=metrics)

@@ -25,12 +25,14 @@ logger = structlog.get_logger("turnlog.events")
 
 
 def configure_json_logs(stream: TextIO = sys.stderr, level: int = logging.INFO) -> None:
-    """Route structlog to JSON lines with secrets redacted (what ``turnlog serve`` uses)."""
+    """Route structlog to JSON lines with secrets redacted (what ``turnlog serve`` uses). The
+    redaction runs before the level and time stamp are added: they hold no secret, and a time
+    stamp, new on every line, would miss the redaction's memo and run every pattern."""
     structlog.configure(
         processors=[
+            redact_processor,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            redact_processor,
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
