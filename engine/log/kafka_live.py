@@ -120,7 +120,7 @@ class KafkaLivePublisher:
 
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, client_id=f"{self.origin.decode()}-live", acks=1, linger_ms=5
+            bootstrap_servers=self.bootstrap, client_id=f"{self.origin.decode()}-live", acks=1, linger_ms=0
         )
         await self._producer.start()
         self._sender = asyncio.create_task(self._send_loop(), name="turnlog-live-sender")

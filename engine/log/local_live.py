@@ -113,13 +113,18 @@ class LocalLive:
 
     def appended(self, session_id: str, version: int, event_type: str, *, committed: bool) -> None:
         """The log appended ``session_id`` up to ``version``; not ``committed`` yet: announce it
-        at ``release``."""
+        at ``release``. With no peer there is no one to tell (one that joins later polls the log
+        once), and nothing is encoded."""
+        if not self._peers:
+            return
         message = {"k": "append", "s": session_id, "v": version, "t": event_type}
         self._send(_line(message), hold=not committed)
 
     def publish(self, item: StreamItem) -> None:
         """A turn worker's stream item (its ``on_item``): deltas and waits go out; events are
         announced by the log itself when committed, progress notes stay local."""
+        if not self._peers:
+            return
         if isinstance(item, ModelDelta):
             message = {"k": "delta", "s": item.session_id, "u": item.turn_id, "n": item.step, "x": item.text}
             self._send(_line(message))
