@@ -21,6 +21,8 @@ Processes, all on this machine:
   own CPU per turn (engine CPU per turn = the deployment's CPU per turn minus that);
 * ``embedded``: one gateway process (SQLite log and projections, the turn worker, projector,
   analytics and observability consumers in it);
+* ``embedded-1`` (real shape only): `turnlog serve --no-worker` and one `turnlog worker` on the
+  same SQLite file, the turns on a second core;
 * ``kafka-N``: a gateway process on Kafka + PostgreSQL that owns no partition (it posts through
   the inbox, reads the log, and projects into PostgreSQL) and N turn-worker processes in the
   owners' group.
@@ -483,10 +485,15 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             "turn end p50 by round (ms)",
             lambda r: " / ".join(map(str, r.get("turn_end_p50_ms_by_round", ["-"]))),
         ),
+        (
+            "POST -> first event by leg, p50 (ms)",
+            lambda r: ", ".join(f"{k} {v}" for k, v in r.get("first_event_p50_ms_by_leg", {}).items()) or "-",
+        ),
         ("event latency p50 / p95 / max (ms)", lambda r: _ms(r.get("event_latency_ms", {}))),
         ("projector lag p50 / p95 / max (ms)", lambda r: _ms(r.get("projector_lag_ms", {}))),
         ("CPU per turn (ms)", lambda r: _cpu(r.get("cpu_ms_per_turn", {}))),
         ("model client alone, CPU per turn (ms)", lambda r: r["model_client_cpu_ms_per_turn"]),
+        ("the driver's clients, CPU per turn (ms)", lambda r: r.get("driver_cpu_ms_per_turn", "-")),
         (
             "engine CPU per turn (ms) / model client's",
             lambda r: f"{r['engine_cpu_ms_per_turn']} ({r['engine_over_model_client']}x)",
@@ -547,6 +554,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for case in cases(args.cases.split(","), Path(tmp) / shape):
                 if shape == "real" and not case.encrypt and case.kafka is None:
                     print(f"{case.name} (real): skipped, `turnlog serve` always encrypts", file=sys.stderr)
+                    continue
+                if shape == "bare" and case.workers and case.kafka is None:
+                    print(f"{case.name} (bare): skipped, a real-shape case only", file=sys.stderr)
                     continue
                 if shape == "real":
                     result = await production_real.run_case(case, model_url, args)

@@ -51,7 +51,8 @@ def cases(names: list[str], root: Path) -> list[Case]:
     for name in names:
         encrypt = not name.endswith("-plain")
         if name.startswith("embedded"):
-            out.append(Case(name, root / name, encrypt=encrypt))
+            split = name.startswith("embedded-1")
+            out.append(Case(name, root / name, workers=1 if split else 0, encrypt=encrypt))
             continue
         workers = int(name.split("-")[1])
         out.append(

@@ -47,6 +47,13 @@ TEXT = "Where is order A-1?"
 class Turn:
     posted: float = 0.0
     started: float = 0.0
+    posted_wall: float = 0.0
+    on_log_wall: float = 0.0
+    """The ``time_ms`` of the turn's UserMessageReceived and TurnStarted (wall clock, s)."""
+    started_wall: float = 0.0
+    call_wall: float = 0.0
+    """The ``time_ms`` of the turn's first ModelCallStarted (committed with its TurnStarted)."""
+    seen_wall: float = 0.0
     ended: asyncio.Future[float] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -110,11 +117,16 @@ class BrowserStream:
         self.last_id = event_id
         body = json.loads(data)
         self.seen.latencies.append(now_wall - body["time_ms"] / 1000)
-        turn = self.turns.get(body.get("message_id") or "")
+        turn = self.turns.get(body.get("message_id") or body.get("turn_id") or "")
         if turn is None:
             return
+        if kind == "UserMessageReceived":
+            turn.on_log_wall = body["time_ms"] / 1000
+        if kind == "ModelCallStarted" and not turn.call_wall:
+            turn.call_wall = body["time_ms"] / 1000
         if kind == "TurnStarted" and not turn.started:
-            turn.started = now
+            turn.started, turn.started_wall, turn.seen_wall = now, body["time_ms"] / 1000, now_wall
+            self.turns[body["turn_id"]] = turn  # its model calls name the turn, not the message
         elif kind == "TurnFinished" and not turn.ended.done():
             turn.ended.set_result(now)
 
@@ -165,7 +177,7 @@ async def converse(http: aiohttp.ClientSession, user: User, turns: int, rounds: 
         message_id = f"{user.sid}-t{t}"
         turn = user.stream.turns[message_id] = Turn()
         rounds[t].append(turn)
-        turn.posted = time.perf_counter()
+        turn.posted, turn.posted_wall = time.perf_counter(), time.time()
         await post(http, user.sid, user.headers, message_id)
         await asyncio.wait_for(turn.ended, 600)
 
@@ -186,9 +198,9 @@ async def drive(port: int, keys: list[str], turns: int, meter: CpuMeter) -> dict
         seen.latencies.clear()
         rounds: list[list[Turn]] = [[] for _ in range(turns)]
         meter.start()
-        started = time.perf_counter()
+        started, driver_started = time.perf_counter(), time.process_time()
         await asyncio.gather(*(converse(http, u, turns, rounds) for u in users[1:]))
-        wall = time.perf_counter() - started
+        wall, driver_s = time.perf_counter() - started, time.process_time() - driver_started
         meter.stop()
         for task in streams:
             task.cancel()
@@ -201,6 +213,7 @@ async def drive(port: int, keys: list[str], turns: int, meter: CpuMeter) -> dict
         "turns_per_s": round(len(measured) / wall, 1),
         "post_to_first_event_ms": percentiles([t.started - t.posted for t in measured]),
         "post_to_turn_end_ms": percentiles([t.ended.result() - t.posted for t in measured]),
+        "first_event_p50_ms_by_leg": first_event_legs(measured),
         "turn_end_p50_ms_by_round": [
             percentiles([t.ended.result() - t.posted for t in r]).get("p50") for r in rounds
         ],
@@ -208,7 +221,22 @@ async def drive(port: int, keys: list[str], turns: int, meter: CpuMeter) -> dict
         "stream_reconnects": seen.reconnects,
         "events_repeated": seen.out_of_order,
         "cpu_ms_per_turn": {name: round(s * 1000 / len(measured), 2) for name, s in meter.spent.items()},
+        "driver_cpu_ms_per_turn": round(driver_s * 1000 / len(measured), 2),
     }
+
+
+def first_event_legs(turns: list[Turn]) -> dict[str, float | None]:
+    """POST -> first event in legs (p50 each, ms), from the events' own ``time_ms`` (when the
+    process that wrote each made it): the user's message made, the turn started, its first
+    model call started (the recall and the context before it), and the stream's TurnStarted,
+    which is committed with that call's start (the commit and the delivery)."""
+    legs = {
+        "post_to_message": [t.on_log_wall - t.posted_wall for t in turns if t.on_log_wall],
+        "message_to_turn_started": [t.started_wall - t.on_log_wall for t in turns if t.on_log_wall],
+        "turn_started_to_first_call": [t.call_wall - t.started_wall for t in turns if t.call_wall],
+        "first_call_to_stream": [t.seen_wall - t.call_wall for t in turns if t.call_wall],
+    }
+    return {name: percentiles(values).get("p50") for name, values in legs.items()}
 
 
 def make_keys(home: Path, count: int) -> list[str]:
@@ -223,7 +251,11 @@ def commands(case: Case, port: int, model_url: str) -> tuple[list[str], list[lis
     model = ["--agents", AGENTS, "--base-url", model_url, "--model", "bench-model", "--api-key", "bench"]
     keys = ["--keys", str(case.home / "keys.toml")]
     if not case.kafka:
-        return turnlog_command("serve", "--home", str(case.home), "--port", str(port), *keys, *model), []
+        home = ["--home", str(case.home)]
+        gateway = turnlog_command("serve", *home, "--port", str(port), *keys, *model)
+        if not case.workers:
+            return gateway, []
+        return [*gateway, "--no-worker"], [turnlog_command("worker", *home, *model)]
     kafka = ["--kafka", case.kafka, "--topic", case.topic]
     gateway = turnlog_command(
         "serve", "--home", str(case.home / "gateway"), "--port", str(port), *keys, *model, *kafka,
