@@ -13,7 +13,8 @@ Phases, each measured on the process (/proc: resident memory, CPU):
 2. N sessions created (each its own user and key), nothing run: ``rss_sessions``;
 3. one message posted to each: N turns start, each waiting on the slow model; once the slow
    server holds N calls, ``rss_inflight`` (per in-flight turn: its rise over phase 2, / N);
-4. CPU while only waiting, over ``--idle-window`` seconds;
+4. CPU while only waiting, over ``--idle-window`` seconds, cut to end before the first slow
+   answer is due (``answered_during_idle`` checks that none came);
 5. 20 further sessions (``--active``), each holding its SSE stream as a browser does, converse
    ``--turns`` turns with the fast agent while the N wait: their event latency (received on the
    stream minus the producer's time stamp) and POST -> first event;
@@ -105,6 +106,25 @@ async def wait_for(condition: Any, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.5)
 
 
+MARGIN_S = 2.0
+"""How long before the first slow answer is due the idle window ends."""
+
+
+def idle_window(wanted_s: float, until_answers_s: float) -> float:
+    """``--idle-window``, cut to end ``MARGIN_S`` before the first slow answer can arrive, so the
+    CPU it measures is waiting only; a window under a second says to use a longer ``--latency``
+    (posting took most of it)."""
+    window = min(wanted_s, until_answers_s - MARGIN_S)
+    if window < 1.0:
+        raise SystemExit(
+            f"posting left {until_answers_s:.0f} s before the first answer: no idle window to "
+            f"measure; run with a longer --latency"
+        )
+    if window < wanted_s:
+        print(f"idle window cut to {window:.1f} s (the first answers are due)", file=sys.stderr)
+    return window
+
+
 async def cpu_over(pid: int, seconds: float) -> float:
     """The process's CPU over ``seconds``, as a share of one core."""
     before, started = CpuMeter.cpu_s(pid) or 0.0, time.perf_counter()
@@ -155,6 +175,7 @@ async def drive(
         slow = await create_slow(http, keys[1 + active :])
         await asyncio.sleep(2.0)
         out["rss_sessions_mb"] = round(rss_mb(pid), 1)
+        first_answer_at = time.perf_counter() + args.latency  # no call is answered before this
         out["post_all_s"] = round(await post_all(http, slow), 1)
 
         async def all_waiting() -> bool:
@@ -162,7 +183,10 @@ async def drive(
 
         await wait_for(all_waiting, args.latency, f"{n} calls waiting at the slow model")
         out["rss_inflight_mb"] = round(rss_mb(pid), 1)
-        out["idle_cpu_core_share"] = round(await cpu_over(pid, args.idle_window), 4)
+        window = idle_window(args.idle_window, first_answer_at - time.perf_counter())
+        out["idle_window_s"] = round(window, 1)
+        out["idle_cpu_core_share"] = round(await cpu_over(pid, window), 4)
+        out["answered_during_idle"] = (await slow_stats(http, slow_port))["answered"]
         out["rss_inflight_after_idle_mb"] = round(rss_mb(pid), 1)
         before = CpuMeter.cpu_s(pid) or 0.0
         out.update(await active_phase(http, keys[1 : 1 + active], args.turns))

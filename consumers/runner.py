@@ -1,9 +1,13 @@
 """A consumer group member on the log: read each assigned partition from its committed offset,
-hand every record to a handler, commit after the handler returns.
+hand every record to a handler, commit what the handler has returned for.
 
 At-least-once: a record whose handler did not return (crash, kill) is delivered again to the
-next member, so handlers are idempotent (the turn worker folds the session and finds nothing to
-do; the projector's version guard skips what it applied).
+next member, and so are those handled since the last commit, so handlers are idempotent (the
+memory consumer's store dedups a restated fact; the projector's version guard skips what it
+applied). A member commits at the end of each batch it reads and, within a batch, once
+``COMMIT_EVERY_S`` has passed since its last commit: a commit is a write on the embedded log,
+one per record cost more than the records' handling, and after a crash at most about that long
+of handling (one slow handler) is done again.
 
 Without an explicit partition list a member works on the partitions its log owns
 (``EventLog.owned_partitions``: all of them on the embedded log, the consumer group's assignment
@@ -15,6 +19,7 @@ offset where it was; the record is handled again on the next poll, by whoever ow
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Awaitable, Callable, Sequence
 
 import structlog
@@ -24,11 +29,13 @@ from turnlog.engine.log.base import EventLog, LogRecord
 
 Handler = Callable[[LogRecord], Awaitable[None]]
 log = structlog.get_logger("turnlog.consumer")
+COMMIT_EVERY_S = 1.0
+"""Within a batch, a member commits what it handled once this long has passed (module docstring)."""
 
 
 class GroupConsumer:
     """A member of a consumer group on the log: hands each record of its partitions to a handler
-    and commits once it returns (at least once; module docstring)."""
+    and commits what it returned for (at least once; module docstring)."""
 
     def __init__(
         self,
@@ -61,14 +68,32 @@ class GroupConsumer:
 
     async def _drain(self, partition: int) -> int:
         handled = 0
-        while records := await self.log.read_partition(
-            partition, await self.log.committed(self.group, partition), self.batch
-        ):
-            for record in records:
-                await self.handler(record)
-                await self.log.commit(self.group, partition, record.offset + 1)
-                handled += 1
+        offset = await self.log.committed(self.group, partition)
+        while records := await self.log.read_partition(partition, offset, self.batch):
+            committed, since = offset, time.monotonic()
+            try:
+                for record in records:
+                    await self.handler(record)
+                    offset, handled = record.offset + 1, handled + 1
+                    if time.monotonic() - since >= COMMIT_EVERY_S:
+                        await self.log.commit(self.group, partition, offset)
+                        committed, since = offset, time.monotonic()
+            except BaseException:
+                if offset > committed:
+                    await self._commit_handled(partition, offset)
+                raise
+            if offset > committed:
+                await self.log.commit(self.group, partition, offset)
         return handled
+
+    async def _commit_handled(self, partition: int, offset: int) -> None:
+        """After a record failed (or the member was cancelled): keep what was handled before it
+        handled; if that commit fails too, those records come again (at least once), and the
+        record's own failure is the one raised."""
+        try:
+            await self.log.commit(self.group, partition, offset)
+        except Exception as exc:
+            log.warning("consumer.commit_failed", group=self.group, partition=partition, error=repr(exc))
 
     async def run(self) -> None:
         """Poll until ``stop()``; wakes on appends to an embedded log, else every idle_wait_s."""
