@@ -76,7 +76,9 @@ async def test_what_was_handled_before_a_failure_stays_handled(event_log: Counti
     assert await event_log.committed(GROUP, 0) == 6
 
 
-async def test_a_slow_batch_commits_as_it_goes(event_log: CountingLog, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_slow_batch_commits_as_it_goes(
+    event_log: CountingLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(runner, "COMMIT_EVERY_S", 0.0)  # every handler took "long"
 
     async def handle(record: LogRecord) -> None:

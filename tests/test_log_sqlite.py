@@ -61,6 +61,36 @@ async def test_append_then_read_session_in_version_order(log: SqliteEventLog) ->
     assert offsets == sorted(set(offsets))
 
 
+async def test_a_session_another_process_starts_is_read_once_it_is_there(log_path: Path) -> None:
+    """A reader keeps the session keys it found (they never change) but not an absence: a
+    session another process appends after a read that found nothing is read the next time."""
+    reader, writer = SqliteEventLog(log_path, partitions=4), SqliteEventLog(log_path, partitions=4)
+    try:
+        assert await reader.read_session("late") == []
+        await writer.append([msg("late", 1, "one")], expected_version=0)
+        assert await versions(reader, "late") == [1]
+        await writer.append([msg("late", 2, "two")], expected_version=1)
+        assert await versions(reader, "late") == [1, 2]  # its kept key reads what came after
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+def test_session_keys_keep_what_they_found_up_to_their_bound(tmp_path: Path) -> None:
+    from turnlog.engine.log.sqlite_layout import SessionKeys
+
+    db = sqlite3.connect(tmp_path / "keys.db")
+    db.execute("CREATE TABLE sessions (key INTEGER PRIMARY KEY, session_id TEXT NOT NULL UNIQUE)")
+    db.executemany("INSERT INTO sessions (session_id) VALUES (?)", [("a",), ("b",), ("c",)])
+    keys = SessionKeys(kept=2)
+    assert [keys.of(db, s) for s in ("a", "b", "nobody")] == [1, 2, None]
+    db.execute("DELETE FROM sessions")  # (never done to a log: shows what is answered from memory)
+    assert keys.of(db, "a") == 1 and keys.of(db, "b") == 2
+    db.execute("INSERT INTO sessions (key, session_id) VALUES (3, 'c')")
+    assert keys.of(db, "c") == 3  # the bound drops the oldest found, "a"
+    assert keys.of(db, "a") is None and keys.of(db, "b") == 2
+
+
 async def test_stale_expected_version_raises_concurrency_error_and_writes_nothing(
     log: SqliteEventLog,
 ) -> None:

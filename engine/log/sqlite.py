@@ -44,7 +44,7 @@ from .sealing import RecordCodec, Sealer
 from .sqlite_batch import decode_at, delimited_events, records_at
 from .sqlite_commit import HOLD_S, GroupCommit, commit_every_hold
 from .sqlite_held import HeldRows
-from .sqlite_jobs import SESSION_KEY, Head, held_job, next_job, row_job
+from .sqlite_jobs import Head, held_job, next_job, row_job
 from .sqlite_layout import (
     BATCHES,
     FROM_POSITION,
@@ -53,6 +53,7 @@ from .sqlite_layout import (
     SCHEMA,
     SESSIONS_OF,
     SNAPSHOTS_FROM,
+    SessionKeys,
     migrate,
 )
 from .sqlite_recent import RecentRecords
@@ -137,6 +138,7 @@ class SqliteEventLog(EventLog):
         self.live: LocalLive | None = None
         """The processes on this machine sharing the file, told of each append (``share_live``)."""
         self.recent = RecentRecords()  # answers reads of what it appended last: no decoding
+        self._keys = SessionKeys()
         self.records.on_forget(self.recent.forget)
         self.held_rows = HeldRows(compress=compress)
         """The rows of the redoable appends held in the group commit's open transaction (a
@@ -431,8 +433,7 @@ class SqliteEventLog(EventLog):
 
     def _session(self, session_id: str) -> int | None:
         """The session's key, as the committed log has it (None: no events)."""
-        row = self._db.execute(SESSION_KEY, (session_id,)).fetchone()
-        return None if row is None else int(row[0])
+        return self._keys.of(self._db, session_id)
 
     @_after_own_writes
     async def committed(self, group: str, partition: int) -> int:

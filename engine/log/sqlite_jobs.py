@@ -19,11 +19,11 @@ from ..events import Event
 from .sealing import PLAIN, RecordCodec
 from .sqlite_batch import delimited_events
 from .sqlite_held import HeldRows
+from .sqlite_layout import SESSION_KEY
 from .submissions import submission_keys
 from .zdict import pack
 
 T = TypeVar("T")
-SESSION_KEY = "SELECT key FROM sessions WHERE session_id = ?"
 HEADS = (
     "SELECT s.key, (SELECT version + count - 1 FROM batches WHERE session = s.key ORDER BY version DESC "
     "LIMIT 1), (SELECT position + count - 1 FROM batches ORDER BY position DESC LIMIT 1) "

@@ -77,6 +77,7 @@ FROM_VERSION = (
 )
 """A session's batches from the one that holds version ?2 on: none when the session ends before
 ?2 (a reader that is caught up reads no value, so decompresses none)."""
+SESSION_KEY = "SELECT key FROM sessions WHERE session_id = ?"
 LAST_VERSION = "SELECT version + count - 1 FROM batches WHERE session = ? ORDER BY version DESC LIMIT 1"
 """A session's last version (no row: none)."""
 SNAPSHOTS_FROM = (
@@ -204,3 +205,30 @@ def _batch(run: list[tuple[Row, bytes]], compress: bool) -> tuple[object, ...]:
     snapshot = next((row[3] for row, _ in run if row[4] == "SnapshotTaken"), None)
     value = pack_batch([record for _, record in run], compress=compress)
     return (position, partition, session, version, len(run), snapshot, value)
+
+
+KEYS_KEPT = 65536
+"""Session keys a ``SessionKeys`` keeps (a few MB); older ones are asked for again."""
+
+
+class SessionKeys:
+    """Session id -> its key in the ``sessions`` table, as a reader found it committed. Nothing
+    updates or deletes a committed ``sessions`` row, so a key once found is kept (the last
+    ``KEYS_KEPT``) and every later read of the session spares the lookup; a session without one
+    is asked for again (an append may commit it)."""
+
+    def __init__(self, kept: int = KEYS_KEPT) -> None:
+        self.kept = kept
+        self._keys: dict[str, int] = {}
+
+    def of(self, db: sqlite3.Connection, session_id: str) -> int | None:
+        key = self._keys.get(session_id)
+        if key is not None:
+            return key
+        row = db.execute(SESSION_KEY, (session_id,)).fetchone()
+        if row is None:
+            return None
+        if len(self._keys) >= self.kept:
+            del self._keys[next(iter(self._keys))]  # the oldest found
+        key = self._keys[session_id] = int(row[0])
+        return key
