@@ -48,11 +48,11 @@ class Turn:
     posted: float = 0.0
     started: float = 0.0
     posted_wall: float = 0.0
-    on_log_wall: float = 0.0
-    """The ``time_ms`` of the turn's UserMessageReceived and TurnStarted (wall clock, s)."""
+    message_wall: float = 0.0
     started_wall: float = 0.0
     call_wall: float = 0.0
-    """The ``time_ms`` of the turn's first ModelCallStarted (committed with its TurnStarted)."""
+    """The ``time_ms`` (s) of the turn's UserMessageReceived, TurnStarted and first
+    ModelCallStarted (committed with its TurnStarted): when the process that wrote each made it."""
     seen_wall: float = 0.0
     ended: asyncio.Future[float] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -121,7 +121,7 @@ class BrowserStream:
         if turn is None:
             return
         if kind == "UserMessageReceived":
-            turn.on_log_wall = body["time_ms"] / 1000
+            turn.message_wall = body["time_ms"] / 1000
         if kind == "ModelCallStarted" and not turn.call_wall:
             turn.call_wall = body["time_ms"] / 1000
         if kind == "TurnStarted" and not turn.started:
@@ -231,8 +231,8 @@ def first_event_legs(turns: list[Turn]) -> dict[str, float | None]:
     model call started (the recall and the context before it), and the stream's TurnStarted,
     which is committed with that call's start (the commit and the delivery)."""
     legs = {
-        "post_to_message": [t.on_log_wall - t.posted_wall for t in turns if t.on_log_wall],
-        "message_to_turn_started": [t.started_wall - t.on_log_wall for t in turns if t.on_log_wall],
+        "post_to_message": [t.message_wall - t.posted_wall for t in turns if t.message_wall],
+        "message_to_turn_started": [t.started_wall - t.message_wall for t in turns if t.message_wall],
         "turn_started_to_first_call": [t.call_wall - t.started_wall for t in turns if t.call_wall],
         "first_call_to_stream": [t.seen_wall - t.call_wall for t in turns if t.call_wall],
     }
