@@ -137,8 +137,7 @@ class SqliteEventLog(EventLog):
         self.group: GroupCommit | None = None  # the appends' group commit (none in memory)
         self.live: LocalLive | None = None
         """The processes on this machine sharing the file, told of each append (``share_live``)."""
-        self.recent = RecentRecords()  # answers reads of what it appended last: no decoding
-        self._keys = SessionKeys()
+        self.recent, self._keys = RecentRecords(), SessionKeys()  # what spares reads of the file
         self.records.on_forget(self.recent.forget)
         self.held_rows = HeldRows(compress=compress)
         """The rows of the redoable appends held in the group commit's open transaction (a
