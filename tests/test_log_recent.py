@@ -153,3 +153,30 @@ async def test_a_session_read_from_what_is_held_stops_at_what_another_process_ap
     finally:
         await log.close()
         await other.close()
+
+
+async def test_what_is_held_is_bounded_by_weight_and_the_rest_is_read_from_the_file(
+    tmp_path: Path,
+) -> None:
+    """The held records weigh at most the budget (their share of each append's encoded bytes
+    plus an overhead each); the oldest go first, and reads of them go to the file, unchanged."""
+    from turnlog.engine.log import sqlite_recent
+
+    log = SqliteEventLog(tmp_path / "log.db", partitions=PARTITIONS)
+    budget = 3 * sqlite_recent.RECORD_OVERHEAD + 2_000  # a few records, whatever their size
+    log.recent = sqlite_recent.RecentRecords(budget_bytes=budget)
+    try:
+        sid = session_in(0, "bounded")
+        events = planted(sid, "BOUNDEDzq")
+        for i, event in enumerate(events):
+            await log.append([event], expected_version=i)
+            assert 0 < log.recent.weight <= budget
+        first_held = next(v + 1 for v in range(len(events)) if log.recent.held_through(sid, v) is not None)
+        assert 1 < first_held < len(events), "the budget keeps a few of the newest records"
+        log.recent.hits = 0
+        assert [r.event for r in await log.read_session_records(sid)] == events  # from the file
+        assert log.recent.hits == 0
+        assert [r.event for r in await log.read_session_records(sid, len(events) - 1)] == events[-1:]
+        assert log.recent.hits == 1  # the newest is held
+    finally:
+        await log.close()

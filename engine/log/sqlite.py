@@ -206,27 +206,28 @@ class SqliteEventLog(EventLog):
             behind = group is not None and group.behind()
             self.live.appended(session_id, events[-1].version, events[-1].type, committed=not behind)
         records = [LogRecord(partition, pos, e) for pos, e in zip(positions, events, strict=True)]
-        self._hold_recent(records, expected_version)
+        self._hold_recent(records, expected_version, len(body))
         return records
 
     async def _append_next(self, event: Event) -> LogRecord:
         """Sequenced in the write transaction (``sqlite_jobs.next_job``): concurrent submissions
         take consecutive versions."""
         partition = partition_for(event.session_id, self.partitions)
-        sequenced, positions = await self._write(next_job(event, partition, self.compress, self.records))
+        job = next_job(event, partition, self.compress, self.records)
+        sequenced, positions, size = await self._write(job)
         self._notify()
         record = LogRecord(partition, positions[0], sequenced)
-        self._hold_recent([record], sequenced.version - 1)
+        self._hold_recent([record], sequenced.version - 1, size)
         return record
 
-    def _hold_recent(self, records: list[LogRecord], expected_version: int) -> None:
+    def _hold_recent(self, records: list[LogRecord], expected_version: int, encoded_bytes: int) -> None:
         """Keep an append's records for this process's reads, unless its session is erased:
         then the file holds them as erased, and so must every read."""
         session_id = records[0].event.session_id
         if self.records.erased(session_id):
             self.recent.drop_session(session_id)
         else:
-            self.recent.add(records, expected_version)
+            self.recent.add(records, expected_version, encoded_bytes)
 
     def _raise_lost(self, session_id: str) -> None:
         """Raise the error a lost redoable append of the session left (``_lose``), once."""

@@ -103,15 +103,15 @@ def held_job(rows: HeldRows, head: Head, body: bytes, raise_lost: RaiseLost) -> 
 
 def next_job(
     event: Event, partition: int, compress: bool, records: RecordCodec = PLAIN
-) -> Job[tuple[Event, range]]:
+) -> Job[tuple[Event, range, int]]:
     """A submission to an existing session (``EventLog._append_next``), given the session's next
     version as the transaction sees it: concurrent submissions in one group commit take
     consecutive versions, and none is refused. It does not take a lost redoable append's error
     (``RaiseLost``): that belongs to the writer whose batch was lost. Returns the event as
-    appended and its position."""
+    appended, its position and its encoded size (uncompressed)."""
     sid = event.session_id
 
-    def write(db: sqlite3.Connection) -> tuple[Event, range]:
+    def write(db: sqlite3.Connection) -> tuple[Event, range, int]:
         session, actual, last = db.execute(HEADS, (sid,)).fetchone()
         if session is None:
             raise SessionNotFoundError(sid)
@@ -121,7 +121,7 @@ def next_job(
             refuse_held(db, keys)
         body = delimited_events([sequenced], records)
         row = (partition, session, sequenced.version, 1, None, pack(body) if compress else body)
-        return sequenced, insert_batch(db, keys, (last or 0) + 1, row)
+        return sequenced, insert_batch(db, keys, (last or 0) + 1, row), len(body)
 
     return write
 

@@ -3,7 +3,9 @@
 In one embedded process every consumer (the turn worker, the projector, analytics, observability,
 memory) and every event stream reads what was just appended, and each read of the file
 decompresses, decodes and decrypts the same records again: five to six times per event. The log
-keeps the last ``capacity`` records it appended, as ``append`` returned them, and answers a read
+keeps the records it appended last, as ``append`` returned them, as many as ``BUDGET_BYTES``
+allows by their estimated weight (a round of turns of a few hundred sessions, so a POST's fold of
+what the turn worker appended since the last one is held too), and answers a read
 from them when every record it returns is held here. It never answers with anything a read of
 the file would not give once this process's writes are committed (the log waits for that
 first, as for any read):
@@ -25,18 +27,22 @@ from typing import Sequence
 
 from .base import LogRecord
 
-CAPACITY = 4096
-"""Records held: about what the consumers of a busy process trail the appends by (events of a
-few hundred turns)."""
+BUDGET_BYTES = 16 << 20
+"""What the held records may weigh: the oldest go first past it."""
+RECORD_OVERHEAD = 400
+"""A decoded record's weight beyond its share of the append's encoded bytes (the event object,
+its fields, the record and the indexes' entries)."""
 
 
 class RecentRecords:
-    """The last ``capacity`` records this process appended, by position and by session (module
-    docstring for when a read may be answered from them)."""
+    """The records this process appended last, by position and by session, within
+    ``budget_bytes`` (module docstring for when a read may be answered from them)."""
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
-        self.capacity = capacity
-        self._order: deque[LogRecord] = deque()
+    def __init__(self, budget_bytes: int = BUDGET_BYTES) -> None:
+        self.budget_bytes = budget_bytes
+        self.weight = 0
+        """The held records' estimated bytes."""
+        self._order: deque[tuple[LogRecord, int]] = deque()
         self._at: dict[int, LogRecord] = {}
         """By position: positions are the log's, over all partitions."""
         self._sessions: dict[str, deque[LogRecord]] = {}
@@ -46,20 +52,25 @@ class RecentRecords:
         self.hits = 0
         """Reads answered from here (for tests and benchmarks)."""
 
-    def add(self, records: Sequence[LogRecord], expected_version: int) -> None:
-        """Hold the records of one append (the session's versions after ``expected_version``)."""
-        if not records or self.capacity <= 0:
+    def add(self, records: Sequence[LogRecord], expected_version: int, encoded_bytes: int) -> None:
+        """Hold the records of one append (the session's versions after ``expected_version``),
+        ``encoded_bytes`` long as the log stores them uncompressed."""
+        if not records or self.budget_bytes <= 0:
             return
         session_id = records[0].event.session_id
         tail = self._sessions.get(session_id)
         if tail is None or tail[-1].event.version != expected_version:  # another process's in between
             tail = self._sessions[session_id] = deque()
+        weight = encoded_bytes // len(records) + RECORD_OVERHEAD
         for record in records:
-            self._order.append(record)
+            self._order.append((record, weight))
             self._at[record.offset] = record
             tail.append(record)
-        while len(self._order) > self.capacity:
-            self._evict(self._order.popleft())
+        self.weight += weight * len(records)
+        while self.weight > self.budget_bytes and self._order:
+            evicted, evicted_weight = self._order.popleft()
+            self.weight -= evicted_weight
+            self._evict(evicted)
 
     def partition_run(self, partition: int, offset: int, limit: int) -> list[LogRecord] | None:
         """The partition's records from ``offset`` on (at most ``limit``) as far as every
@@ -113,6 +124,7 @@ class RecentRecords:
                 del self._at[record.offset]
 
     def clear(self) -> None:
+        self.weight = 0
         self._order.clear()
         self._at.clear()
         self._sessions.clear()
