@@ -87,9 +87,9 @@ class GroupConsumer:
         return handled
 
     async def _commit_handled(self, partition: int, offset: int) -> None:
-        """After a record failed (or the member was cancelled): keep what was handled before it
-        handled; if that commit fails too, those records come again (at least once), and the
-        record's own failure is the one raised."""
+        """After a record failed (or the member was cancelled): commit the records handled
+        before it; if that commit fails too, they come again (at least once), and the record's
+        own failure is the one raised."""
         try:
             await self.log.commit(self.group, partition, offset)
         except Exception as exc:

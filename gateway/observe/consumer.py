@@ -1,14 +1,15 @@
 """The observability consumer: its own group on the log, feeding logs, metrics and spans.
 
-At-least-once like every group member: after a crash the records since the last commit are seen
-again (a counter may count them twice; the analytics consumer is the exactly-once one). It
-commits once per batch read, not per record: these are log lines and counters, not turns.
+At-least-once like every group member (a ``consumers.runner.GroupConsumer``): after a crash the
+records since the last commit are seen again (a counter may count them twice; the analytics
+consumer is the exactly-once one).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from turnlog.consumers.runner import GroupConsumer
 from turnlog.engine import events as ev
 from turnlog.engine.fold import fold
 from turnlog.engine.log.base import EventLog, LogRecord
@@ -37,7 +38,7 @@ class ObservabilityConsumer:
         self.metrics = metrics
         self.spans = spans
         self.partitions = list(partitions) if partitions is not None else list(range(event_log.partitions))
-        self.batch = batch
+        self._member = GroupConsumer(event_log, GROUP, self.handle, partitions=self.partitions, batch=batch)
 
     async def handle(self, record: LogRecord) -> None:
         event = record.event
@@ -56,13 +57,4 @@ class ObservabilityConsumer:
 
     async def poll_once(self) -> int:
         """Handle everything currently on the partitions; return records handled."""
-        handled = 0
-        for partition in self.partitions:
-            while records := await self.log.read_partition(
-                partition, await self.log.committed(GROUP, partition), self.batch
-            ):
-                for record in records:
-                    await self.handle(record)
-                await self.log.commit(GROUP, partition, records[-1].offset + 1)
-                handled += len(records)
-        return handled
+        return await self._member.poll_once()
