@@ -613,6 +613,10 @@ def main() -> None:
         "--keep-topics", action="store_true", help="keep each Kafka case's topics, to read what happened"
     )
     args = parser.parse_args()
+    if args.command in ("gateway", "worker", "model-floor"):
+        from turnlog.collector import tune_collector
+
+        tune_collector()  # as `turnlog serve` and `turnlog worker` do: the floor runs as they do
     if args.command == "model-server":
         model_server(args.port, args.latency)
     elif args.command == "gateway":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any, Coroutine
+from typing import Annotated, Any, Coroutine, NoReturn
 
 import typer
 from rich.console import Console
@@ -106,11 +106,29 @@ HealthPortOption = Annotated[
 ]
 
 
+def run_service(coro: Coroutine[Any, Any, int]) -> None:
+    """``run`` for a program that runs until stopped, its collector tuned for that first
+    (turnlog.collector)."""
+    from .collector import tune_collector
+
+    try:
+        tune_collector()
+    except TurnlogError as exc:
+        coro.close()
+        fail(exc)
+    run(coro)
+
+
 def run(coro: Coroutine[Any, Any, int]) -> None:
     """Run a command's coroutine; a TurnlogError is its one-line message and exit status 2."""
     try:
         code = asyncio.run(coro)
     except TurnlogError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(exc)
     raise typer.Exit(code)
+
+
+def fail(exc: TurnlogError) -> NoReturn:
+    """End the command with ``exc``'s one-line message and exit status 2."""
+    console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+    raise typer.Exit(2) from None

@@ -37,7 +37,9 @@ from .cli_common import (
     SchemaOption,
     TopicOption,
     console,
+    fail,
     run,
+    run_service,
 )
 from .config import ModelSettings, cache_bytes_from_env, home_dir, max_turns_from_env
 
@@ -81,7 +83,7 @@ def projector(
     """Fold the Kafka log into the PostgreSQL read models, continuously (until SIGTERM)."""
     from .distributed import HealthOptions, run_projector
 
-    run(run_projector(kafka, topic, partitions, postgres, schema, HealthOptions(health_port)))
+    run_service(run_projector(kafka, topic, partitions, postgres, schema, HealthOptions(health_port)))
 
 
 @commands.command(name="serve")
@@ -142,8 +144,7 @@ def serve_cmd(
             cache_bytes=cache_bytes_from_env(cache_mb, DEFAULT_CACHE_BYTES),
         )  # fmt: skip
     except TurnlogError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(exc)
 
 
 @commands.command(name="worker")
@@ -187,9 +188,8 @@ def worker_cmd(
         turns = max_turns_from_env(max_turns, MAX_CONCURRENT_TURNS)
         cache_bytes = cache_bytes_from_env(cache_mb, DEFAULT_CACHE_BYTES)
     except TurnlogError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
-    run(
+        fail(exc)
+    run_service(
         run_worker(
             side,
             settings,
@@ -235,7 +235,7 @@ def lifecycle(
     side = ReadSide(home_dir(home), kafka, topic, partitions, postgres, schema)
     options = LifecycleOptions(idle_expiry, retain_closed_for, after_expiry)
     settings = ModelSettings.from_env()
-    run(
+    run_service(
         run_lifecycle(
             side,
             settings,
@@ -265,7 +265,7 @@ def memory(
     from .distributed import run_memory
 
     side = ReadSide(home_dir(home), kafka, topic, partitions)
-    run(run_memory(side, ModelSettings.from_env(base_url, api_key, model), agents=agents))
+    run_service(run_memory(side, ModelSettings.from_env(base_url, api_key, model), agents=agents))
 
 
 @commands.command()
@@ -279,7 +279,7 @@ def analytics(
     """Fold the Kafka log into the daily analytics tables in PostgreSQL, continuously (until SIGTERM)."""
     from .distributed import run_analytics
 
-    run(run_analytics(kafka, topic, partitions, postgres, schema))
+    run_service(run_analytics(kafka, topic, partitions, postgres, schema))
 
 
 @commands.command(name="export")
@@ -324,7 +324,6 @@ def add_key_cmd(
     try:
         key = add_key(keys_file, user, role)
     except TurnlogError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(exc)
     console.print(f"key for {user} ({role}), shown only now; its hash is in {keys_file}:", highlight=False)
     print(key)

@@ -15,6 +15,7 @@ CONNECTIONS_ENV = "TURNLOG_MODEL_CONNECTIONS"
 KEEPALIVE_ENV = "TURNLOG_MODEL_KEEPALIVE_S"
 MAX_TURNS_ENV = "TURNLOG_MAX_TURNS"
 CACHE_ENV = "TURNLOG_CACHE_MB"
+GC_YOUNG_ENV = "TURNLOG_GC_YOUNG"
 MB = 1 << 20
 
 
@@ -94,6 +95,18 @@ def cache_bytes_from_env(option_mb: int | None, default: int) -> int:
     hint = "the idle sessions a process keeps folded between turns"
     mb = _positive_setting(option_mb, "--cache-mb", CACHE_ENV, "the session cache", hint, unit=" MB")
     return default if mb is None else mb * MB
+
+
+def gc_young_from_env(default: int) -> int:
+    """How many allocations a long-running program lets pass between young collections
+    (turnlog.collector): TURNLOG_GC_YOUNG, else ``default``; 0 leaves Python's collector as it is."""
+    young = _env_number(GC_YOUNG_ENV, int)
+    if young is not None and young < 0:
+        raise ConfigurationError(
+            f"{GC_YOUNG_ENV}={young} must be 0 (Python's own collector settings) or a number of "
+            "allocations between young collections"
+        )
+    return default if young is None else young
 
 
 def _positive_setting(

@@ -21,6 +21,7 @@ from turnlog.engine.session_cache import DEFAULT_CACHE_BYTES
 
 from .agents import AgentContext, deployed_agents
 from .app import ReadSide
+from .collector import tune_collector
 from .config import ModelSettings
 from .distributed import LiveLinks
 from .lifecycle import LifecycleOptions
@@ -101,6 +102,7 @@ def serve(
         cache_bytes=cache_bytes,
     )
     configure_json_logs()
+    tune_collector()
     tracing = otlp_tracer_provider()
     try:
         asyncio.run(
