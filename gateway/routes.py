@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Callable
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -260,10 +260,7 @@ class Routes:
 async def _sse(stream: SessionStream) -> AsyncIterator[bytes]:
     """The stream's messages, what was ready together in one write (a commit's events)."""
     async for batch in stream.message_batches():
-        yield b"".join(
-            ServerSentEvent(data=m.data, event=m.event, id=None if m.id is None else str(m.id)).encode()
-            for m in batch
-        )
+        yield b"".join(m.encode() for m in batch)
 
 
 async def _no_events() -> AsyncIterator[bytes]:

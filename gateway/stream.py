@@ -19,6 +19,7 @@ catches up with writers whose items do not reach the hub at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -49,6 +50,12 @@ class StreamMessage:
     event: str
     data: str
     id: int | None = None
+
+    def encode(self) -> bytes:
+        """The message on the wire, in the lines sse-starlette writes (CRLF): ``data`` is JSON,
+        one line (its strings escape line breaks), and ``event`` one of the names above."""
+        head = "" if self.id is None else f"id: {self.id}\r\n"
+        return f"{head}event: {self.event}\r\ndata: {self.data}\r\n\r\n".encode()
 
 
 def event_payload(record: LogRecord) -> dict[str, Any]:
@@ -133,10 +140,13 @@ class SessionStream:
             if out := await self._catch_up():
                 yield out
             while True:
-                try:
-                    item: LiveItem | None = await asyncio.wait_for(queue.get(), self.poll_s)
-                except TimeoutError:
-                    item = None
+                item: LiveItem | None = None
+                if not queue.empty():
+                    item = queue.get_nowait()
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.poll_s):
+                            item = await queue.get()
                 out = await self._on(item)
                 while not queue.empty() and len(out) < MAX_BATCH:
                     out += await self._on(queue.get_nowait())

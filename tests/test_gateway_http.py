@@ -7,10 +7,12 @@ everything streamed with the log; force-finish; the OpenAPI document; the limits
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
 import pytest
+from sse_starlette import ServerSentEvent
 
 from tests.gateway_support import (
     AGENTS,
@@ -25,8 +27,11 @@ from tests.gateway_support import (
     turn_committed,
 )
 from turnlog.engine import events as ev
+from turnlog.engine.log.base import LogRecord
+from turnlog.engine.stream import ModelDelta
 from turnlog.gateway import Limits
 from turnlog.gateway.openapi import document
+from turnlog.gateway.stream import delta_message, event_message
 
 TIMEOUT = httpx.Timeout(30.0)
 
@@ -428,3 +433,19 @@ async def test_turns_run_by_a_separate_worker_process_reach_the_stream(tmp_path:
     assert [m.id for m in seen] == [r.offset for r in records]  # found by the stream's log poll
     assert {r.event.producer for r in records if r.event.type == "TurnFinished"} == {"separate-worker"}
     assert not [m for m in seen if m.event == "delta"]  # deltas stay in the worker's process
+
+
+def test_a_message_goes_on_the_wire_as_sse_starlette_writes_it_one_data_line() -> None:
+    """The stream encodes its messages itself; what a client reads is unchanged: every line
+    break or separator a user wrote stays inside the one ``data`` line (JSON escapes it)."""
+    text = "line one\nline two\r\nthree\rfour \u2028 five \u0085 ü"
+    message = ev.UserMessageReceived(session_id="s1", version=3, message_id="m1", user_id="alice", text=text)
+    delta = ModelDelta("s1", "t1", 0, text)
+    for streamed in (event_message(LogRecord(1, 42, message)), delta_message(delta)):
+        wire = streamed.encode()
+        id_ = None if streamed.id is None else str(streamed.id)
+        assert wire == ServerSentEvent(data=streamed.data, event=streamed.event, id=id_).encode()
+        lines = wire.decode().split("\r\n")
+        assert lines[-2:] == ["", ""] and all("\n" not in line and "\r" not in line for line in lines)
+        data = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(data[len("data: ") :])["text"] == text
