@@ -200,18 +200,12 @@ class AguiRoute:
         except ValidationError as exc:
             raise HttpError(422, "invalid_input", f"not a RunAgentInput: {exc.errors()[0]['msg']}") from None
         text = _user_text(run)
-        session_id = thread_session_id(principal.user, run.thread_id)
-        try:
-            state = await self.gw.api.get_state(session_id)
-        except SessionNotFoundError:
-            await self.gw.api.create_session(agent_id, principal.user, session_id=session_id)
-            state = await self.gw.api.get_state(session_id)
-        session_id = (await open_target(self.gw.api, state)).session_id  # an expired thread: its successor
-        with Holdings() as held:
+        with Holdings() as held:  # the stream's slot first: a refused run creates nothing
             release = self.gw.streams.take(principal.user)
             if release is None:
                 raise HttpError(429, "too_many_streams", "too many open streams; close one first")
             held.hold(release)
+            session_id = await self._thread_session(agent_id, principal.user, run.thread_id)
             after = (await self.gw.log.read_session_records(session_id))[-1].offset
             stream = SessionStream(self.gw.log, self.gw.hub, session_id, after, poll_s=self.gw.config.poll_s)
             held.hold(stream.close)
@@ -221,6 +215,17 @@ class AguiRoute:
             encoder = EventEncoder(accept=request.headers.get("accept", ""))
             body = _events(stream, RunMapper(run, session_id), posted.message_id, encoder)
             return held.answer(StreamingResponse(body, media_type=encoder.get_content_type()))
+
+    async def _thread_session(self, agent_id: str, user: str, thread_id: str) -> str:
+        """The session that carries the thread's next run: the thread's own, made on its first
+        run, or for an expired thread its successor."""
+        session_id = thread_session_id(user, thread_id)
+        try:
+            state = await self.gw.api.get_state(session_id)
+        except SessionNotFoundError:
+            await self.gw.api.create_session(agent_id, user, session_id=session_id)
+            state = await self.gw.api.get_state(session_id)
+        return (await open_target(self.gw.api, state)).session_id
 
 
 async def _events(

@@ -19,7 +19,17 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.gateway_support import KEYS, RunningGateway, auth, create, read_until, serve_gateway, sse_messages
+from tests.gateway_support import (
+    KEYS,
+    RunningGateway,
+    auth,
+    create,
+    open_log,
+    read_until,
+    serve_gateway,
+    sse_messages,
+)
+from turnlog.gateway.agui import thread_session_id
 from turnlog.gateway.lifetimes import Holdings
 
 TIMEOUT = httpx.Timeout(30.0)
@@ -124,6 +134,29 @@ async def test_agui_runs_hung_up_before_the_first_byte_free_their_slots(running:
     await settled(running)
     assert gw.streams.open_count("alice") == 0
     assert gw.hub.subscriptions() == subscribed
+
+
+async def test_an_agui_run_refused_for_its_stream_slot_creates_nothing(running: RunningGateway) -> None:
+    gw = running.gateway
+    body = {
+        "threadId": "t-refused", "runId": "r1", "state": {}, "tools": [], "context": [],
+        "forwardedProps": {}, "messages": [{"id": "m1", "role": "user", "content": "A-17?"}],
+    }  # fmt: skip
+    async with httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT) as client:
+        sid = (await create(client))["session_id"]
+        url = f"/v1/sessions/{sid}/events"
+        async with contextlib.AsyncExitStack() as streams:
+            for _ in range(gw.limits.streams_per_user):  # every one of alice's slots taken
+                await streams.enter_async_context(client.stream("GET", url, headers=auth("alice")))
+            await until(lambda: gw.streams.open_count("alice") == gw.limits.streams_per_user, "8 open")
+            refused = await client.post("/v1/agui/support", json=body, headers=auth("alice"))
+            assert (refused.status_code, refused.json()["error"]) == (429, "too_many_streams")
+    log = open_log(running.log_path)  # nothing of the refused run reached the log
+    try:
+        assert await log.read_session_records(thread_session_id("alice", "t-refused")) == []
+        assert [r.event.type for r in await log.read_session_records(sid)] == ["SessionCreated"]
+    finally:
+        await log.close()
 
 
 # -- the holdings of one answer, on a bare server ------------------------------------------------
