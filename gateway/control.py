@@ -59,7 +59,9 @@ class ControlRoutes:
         if not state.closed:  # a closed session runs nothing; the post says why (or continues it)
             self.gw.api.check_message(state, text)  # a message that would be refused stops nothing
         cancelled: Cancelled | None = None
-        if state.turn is not None or state.inbox:
+        # where another process owns the session (Kafka), a message posted a moment ago may not
+        # be on this read yet: the cancel goes through the inbox after it, and the owner decides
+        if state.turn is not None or state.inbox or not self.gw.api.owns(state.session_id):
             actor, reason = self._actor(request, state, "interrupted by a new message")
             try:
                 cancelled = await self.gw.api.cancel(state.session_id, reason, actor=actor)

@@ -182,6 +182,52 @@ async def after_a_restart(url: str, log: KafkaEventLog, sid: str, resume_at: int
     assert isinstance((await log.read_session(sid))[-1], (ev.SessionClosed, ev.SnapshotTaken))
 
 
+async def test_an_interrupt_stops_a_message_the_owner_has_not_sequenced_yet(tmp_path: Path) -> None:
+    """A message posted a moment before an interrupt may still be in the inbox, not on the log
+    the gateway reads: the interrupt's cancel goes through the inbox behind it anyway, so the
+    owner drops that message (or stops its turn) and only the interrupting message is answered."""
+    bootstrap, dsn = need_service("TURNLOG_KAFKA_BOOTSTRAP"), need_service("TURNLOG_POSTGRES_DSN")
+    write_keys(tmp_path / "keys.toml", KEYS)
+    topic, port = fresh_topic(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    with postgres_store(dsn) as store:
+        gateway = serve(tmp_path, bootstrap, topic, dsn, store.schema, port, "gateway")
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+                async with desk_worker(bootstrap, topic):
+                    await wait_answering(url, KEYS["alice"][0], gateway)
+                    created = await client.post("/v1/sessions", json={"agent": "desk"}, headers=auth("alice"))
+                    sid = created.json()["session_id"]
+                # no worker now: what the gateway posts waits in the inbox, off the log it reads
+                first = await post(client, sid, "messages", {"text": "Where is A-17?"})
+                interrupt = asyncio.create_task(post(client, sid, "interrupt", {"text": "Where is B-9?"}))
+                await asyncio.sleep(1.0)
+                assert not interrupt.done()  # its cancel waits for an owner to apply it
+                async with desk_worker(bootstrap, topic) as log:
+                    answer = await interrupt
+                    events = await until_answered(log, sid)
+        finally:
+            gateway.stop()
+            await delete_topics(bootstrap, topic)
+    stopped = answer["stopped_turn"] is not None
+    assert answer["dropped"] == ([] if stopped else [first["message_id"]])
+    assert sum(isinstance(e, ev.CancelRequested) for e in events) == 1
+    texts = [e.text for e in events if isinstance(e, ev.UserMessageReceived)]
+    assert texts == ["Where is A-17?", "Where is B-9?"]
+    turns = [e.reason for e in events if isinstance(e, ev.TurnFinished)]
+    assert turns == (["cancelled", "answered"] if stopped else ["answered"])
+
+
+async def until_answered(log: KafkaEventLog, sid: str) -> list[ev.Event]:
+    """The session's events once a turn of it has been answered (at most 30 s)."""
+    async with asyncio.timeout(30):
+        while True:
+            events = await log.read_session(sid)
+            if any(isinstance(e, ev.TurnFinished) and e.reason == "answered" for e in events):
+                return events
+            await asyncio.sleep(0.1)
+
+
 async def post(client: httpx.AsyncClient, sid: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
     response = await client.post(f"/v1/sessions/{sid}/{route}", json=body, headers=auth("alice"))
     assert response.status_code == 202, response.text
