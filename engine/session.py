@@ -269,7 +269,7 @@ class AgentSessions:
                 w, registry, call_id, decision, arguments=arguments, note=note, actor=actor
             )
 
-        if not self.owns(session_id):
+        if not self._owns(session_id):
             return await self._submit_decision(session_id, build)
         _, records = await self._admit(session_id, lambda state: self._decision(state, build))
         return records
@@ -309,7 +309,7 @@ class AgentSessions:
             if decision == "stop":
                 add_turn_finished(w, "budget", self.runner.snapshots)
 
-        if not self.owns(session_id):
+        if not self._owns(session_id):
             return await self._submit_decision(session_id, build)
         _, records = await self._admit(session_id, lambda state: self._decision(state, build))
         return records
@@ -372,7 +372,7 @@ class AgentSessions:
         another process owns the session's partition (Kafka), the owner applies the request from
         the inbox; this returns what it did once it is on the log."""
         reason = reason or "the user cancelled"
-        if not self.owns(session_id):
+        if not self._owns(session_id):
             return await self._request_cancel(session_id, reason, actor)
 
         def request(state: SessionState) -> ev.Event:
@@ -430,7 +430,7 @@ class AgentSessions:
                 )
             await self.log.wait_for_append(min(left, 0.2))
 
-    def owns(self, session_id: str) -> bool:
+    def _owns(self, session_id: str) -> bool:
         """Whether this process may append to the session (always, except on Kafka where the
         owners' group assigns partitions; requests for the others go through the inbox)."""
         return self.log.partition_of(session_id) in self.log.owned_partitions()
@@ -441,7 +441,7 @@ class AgentSessions:
         Where another process owns the session's partition (Kafka), the request goes through
         the log's inbox and the owner applies it (engine.log.kafka_inbox); this returns once
         the session is closed on the log."""
-        if not self.owns(session_id):
+        if not self._owns(session_id):
             return await self._request_close(session_id, reason, actor)
         request = ev.SessionClosed(
             session_id=session_id, version=0, reason=reason, actor=actor, producer=self.producer
@@ -453,7 +453,7 @@ class AgentSessions:
         """Close an idle session as expired if it is still at ``basis_version`` (engine.expiry);
         from a Kafka process that does not own it, through the inbox (the record is pending)."""
         request = expiry.request(session_id, basis_version, now_ms, self.producer)
-        if not self.owns(session_id):
+        if not self._owns(session_id):
             return await self.log.submit(request)
         return (await self._admit(session_id, lambda _state: request))[1]
 
@@ -484,7 +484,7 @@ class AgentSessions:
         inbox). Idempotent by the event's id: a repeat finds it on the log and does nothing."""
         sid = erased.session_id
         try:
-            if self.owns(sid):
+            if self._owns(sid):
                 await self._admit(sid, lambda _state: erased)
                 return
             if not (await self.runner.reload(sid)).exists:

@@ -56,17 +56,16 @@ class ControlRoutes:
         text = body.get("text")
         if not isinstance(text, str):
             raise HttpError(422, "invalid_input", "'text' must be a string")
+        cancelled: Cancelled | None = None
         if not state.closed:  # a closed session runs nothing; the post says why (or continues it)
             self.gw.api.check_message(state, text)  # a message that would be refused stops nothing
-        cancelled: Cancelled | None = None
-        # where another process owns the session (Kafka), a message posted a moment ago may not
-        # be on this read yet: the cancel goes through the inbox after it, and the owner decides
-        if state.turn is not None or state.inbox or not self.gw.api.owns(state.session_id):
             actor, reason = self._actor(request, state, "interrupted by a new message")
-            try:
+            try:  # whoever may append decides what there is to stop, on the session as it finds
+                # it: on Kafka the owner, after a message posted a moment ago and not yet on the
+                # log this process read
                 cancelled = await self.gw.api.cancel(state.session_id, reason, actor=actor)
             except NoTurnRunningError:
-                pass  # the turn ended and its messages were taken meanwhile: nothing to stop or drop
+                pass  # no turn runs and no message waits: nothing to stop or drop
         posted = await self.gw.api.post_user_message(state.session_id, text)
         if cancelled is None:
             answer = {"stopped_turn": None, "dropped": [], "events": written(self.gw, [posted])}
