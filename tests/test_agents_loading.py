@@ -3,19 +3,15 @@ TURNLOG_AGENTS variable or HOME/turnlog.toml; every mistake stops the program wi
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_support import turnlog
 from turnlog.agents import DEFAULT_AGENTS, AgentContext, AgentsTarget, agents_target, load_agents
 from turnlog.config import ModelSettings
 from turnlog.engine import AgentDirectory
 from turnlog.engine.errors import ConfigurationError
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def context(home: Path, program: str = "serve") -> AgentContext:
@@ -71,15 +67,6 @@ def test_the_option_then_the_environment_then_the_config_file_then_the_example(
     (tmp_path / "turnlog.toml").write_text("agents = [")
     with pytest.raises(ConfigurationError, match="is not valid TOML"):
         agents_target(None, tmp_path)
-
-
-def turnlog(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TURNLOG_", "OPENAI_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "turnlog", *args, "--home", str(home)],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={**clean, "COLUMNS": "200", "PYTHONPATH": str(REPO), **env},
-    )  # fmt: skip
 
 
 def test_every_program_stops_with_the_message(tmp_path: Path) -> None:

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.cli_support import REPO, turnlog
 from turnlog.collector import YOUNG
-
-REPO = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import gc, json, weakref
@@ -65,18 +64,9 @@ def test_the_young_threshold_is_a_deployment_setting() -> None:
 
 @pytest.mark.parametrize("program", ["serve", "worker"])
 def test_a_bad_setting_stops_the_program_with_what_to_do(tmp_path: Path, program: str) -> None:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TURNLOG_", "OPENAI_"))}
-    env = {**clean, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
-    made = subprocess.run(
-        [sys.executable, "-m", "turnlog", "add-key", "alice", "--home", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=120, cwd=REPO,
-    )  # fmt: skip
+    made = turnlog(tmp_path, "add-key", "alice")
     assert made.returncode == 0, made.stderr  # serve reads its key file before it starts
-    env["TURNLOG_GC_YOUNG"] = "-5"
-    run = subprocess.run(
-        [sys.executable, "-m", "turnlog", program, "--home", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=120, cwd=REPO,
-    )  # fmt: skip
+    run = turnlog(tmp_path, program, TURNLOG_GC_YOUNG="-5")
     out = run.stdout + run.stderr
     assert run.returncode == 2, out
     assert "TURNLOG_GC_YOUNG=-5 must be 0" in out and "Traceback" not in out
