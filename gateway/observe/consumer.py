@@ -37,8 +37,8 @@ class ObservabilityConsumer:
         self.logger = logger
         self.metrics = metrics
         self.spans = spans
-        self.partitions = list(partitions) if partitions is not None else list(range(event_log.partitions))
-        self._member = GroupConsumer(event_log, GROUP, self.handle, partitions=self.partitions, batch=batch)
+        every = list(partitions) if partitions is not None else list(range(event_log.partitions))
+        self._member = GroupConsumer(event_log, GROUP, self.handle, partitions=every, batch=batch)
 
     async def handle(self, record: LogRecord) -> None:
         event = record.event
