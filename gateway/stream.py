@@ -6,10 +6,11 @@ after the last one it saw. Token deltas go out between them as ``event: delta`` 
 they are ephemeral, never replayed, and a reconnect does not move past an event because of them.
 
 The hub wakes the stream when this process's worker commits or streams something, in commit
-order with the deltas in between, and the stream reads the log up to each event it is told of, so
-deltas land between the ModelCallStarted and ModelCallFinished they belong to. A delta whose model
-call is already finished on the stream (the stream read ahead) is dropped: the complete text is in
-the AssistantMessage. A model call that waits for its endpoint's client-side limits goes out the
+order with the deltas in between, and the stream reads the log up to the last of each run of
+events it is told of (one read for a commit's events), so deltas land between the
+ModelCallStarted and ModelCallFinished they belong to. A delta whose model call is already
+finished on the stream (the stream read ahead) is dropped: the complete text is in the
+AssistantMessage. A model call that waits for its endpoint's client-side limits goes out the
 same way, as ``event: waiting`` (``waiting: false`` when the wait is over). Items of a worker in
 another process reach the hub through Kafka's live topic or the embedded log's channel (a
 ``Committed`` notice stands in for an event: read it from the log); a poll every ``poll_s``
@@ -26,7 +27,7 @@ from typing import Any, AsyncIterator
 
 from turnlog.engine import events as ev
 from turnlog.engine.log.base import EventLog, LogRecord
-from turnlog.engine.stream import LiveItem, ModelDelta, ModelProgress, ModelWaiting
+from turnlog.engine.stream import Committed, LiveItem, ModelDelta, ModelProgress, ModelWaiting
 
 from .access import event_json
 from .hub import LiveHub
@@ -147,13 +148,28 @@ class SessionStream:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(self.poll_s):
                             item = await queue.get()
-                out = await self._on(item)
-                while not queue.empty() and len(out) < MAX_BATCH:
-                    out += await self._on(queue.get_nowait())
-                if out:
+                if out := await self._gather(queue, item):
                     yield out
         finally:
             self.close()
+
+    async def _gather(
+        self, queue: asyncio.Queue[LiveItem], item: LiveItem | None
+    ) -> list[LogRecord | Ephemeral]:
+        """``item`` and what is queued behind it, up to ``MAX_BATCH``. A run of committed events
+        with nothing ephemeral between them is read from the log once, through its last: one
+        read for a commit of several events, not one for each."""
+        out: list[LogRecord | Ephemeral] = []
+        through = 0  # the last version of the run of events not read yet
+        while True:
+            if isinstance(item, (ev.Event, Committed)):
+                through = max(through, item.version)
+            else:
+                out += await self._read_through(through) + await self._on(item)
+                through = 0
+            if queue.empty() or len(out) >= MAX_BATCH:
+                return out + await self._read_through(through)
+            item = queue.get_nowait()
 
     def close(self) -> None:
         """End the stream's subscription to the hub (once; a stream that never started has
@@ -163,7 +179,7 @@ class SessionStream:
             self.hub.unsubscribe(self.session_id, self._queue)
             self._queue = None
 
-    async def _on(self, item: LiveItem | None) -> list[LogRecord | Ephemeral]:
+    async def _on(self, item: Ephemeral | ModelProgress | None) -> list[LogRecord | Ephemeral]:
         if isinstance(item, Ephemeral):
             step = (item.turn_id, item.step)
             if step not in self._open_steps:  # its ModelCallStarted is committed: read it first
@@ -172,11 +188,12 @@ class SessionStream:
             return [item]
         if item is None:
             return await self._catch_up()
-        if isinstance(item, ModelProgress):
-            return []  # the terminal's progress line; SSE clients see the deltas and the events
-        # the hub delivers events in commit order, interleaved with the deltas between them:
-        # read the log only up to this event, so the deltas after it stay in their place
-        return await self._catch_up(upto=item.version) if item.version > self._version else []
+        return []  # ModelProgress, the terminal's progress line: SSE clients see deltas and events
+
+    async def _read_through(self, version: int) -> list[LogRecord | Ephemeral]:
+        """The records through ``version``: the hub delivers events in commit order, between the
+        deltas, so reading no further keeps the deltas after it in their place."""
+        return await self._catch_up(upto=version) if version > self._version else []
 
     async def _catch_up(self, upto: int | None = None) -> list[LogRecord | Ephemeral]:
         if upto is None:
