@@ -40,12 +40,15 @@ def auth(user: str) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def desk_worker(bootstrap: str, topic: str) -> AsyncIterator[KafkaEventLog]:
-    """The desk agent's turn worker in this process: owns every partition, publishes live items."""
+    """The desk agent's turn worker in this process: owns every partition, publishes live items
+    (each event with its offset)."""
     log = KafkaEventLog(
         bootstrap, topic=topic, partitions=PARTITIONS, client_id="desk-worker", session_timeout_ms=6000
     )
     await log.start()
-    publisher = KafkaLivePublisher(bootstrap, log.topics, PARTITIONS, origin="desk-worker")
+    publisher = KafkaLivePublisher(
+        bootstrap, log.topics, PARTITIONS, origin="desk-worker", own_record=log.own_record
+    )  # as turnlog.distributed.LiveLinks makes it: the gateway streams events before reading them
     await publisher.start()
     worker = TurnWorker(log, desk.directory(), worker_id="desk-worker", on_item=publisher.publish)
     running = asyncio.create_task(worker.run())

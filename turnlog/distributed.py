@@ -92,11 +92,17 @@ class LiveLinks:
                 log.partitions,
                 skip_origin=origin if publish else "",
                 records=log.records,
+                heard=log.heard,
             )
             await self.subscriber.start()
         if publish:
             self.publisher = KafkaLivePublisher(
-                log.bootstrap, log.topics, log.partitions, origin=origin, records=log.records
+                log.bootstrap,
+                log.topics,
+                log.partitions,
+                origin=origin,
+                records=log.records,
+                own_record=log.own_record,
             )
             await self.publisher.start()
 

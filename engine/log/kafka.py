@@ -47,6 +47,7 @@ from .base import (
     pending_record,
 )
 from .kafka_commits import append_grouped
+from .kafka_heard import HeardRecords
 from .kafka_index import PartitionIndex
 from .kafka_listing import owned_versions
 from .kafka_offsets import DirectOffsets
@@ -113,6 +114,8 @@ class KafkaEventLog(EventLog):
         self._owns_sealer = owns_sealer
         """``close`` closes the sealer too (its key store): the log was given one of its own."""
         self._reader = PartitionReader(self.topics, self.records)
+        self._heard = HeardRecords()
+        self.records.on_forget(self._heard.forget)
         shared = Owners(
             reader=self._reader,
             new_producer=self._owner_producer,
@@ -205,6 +208,7 @@ class KafkaEventLog(EventLog):
                 with contextlib.suppress(Exception):
                     await client.stop()
         self._producer = self._reader.consumer = self._inbox = self._sequencer.consumer = None
+        self.records.on_forget(self._heard.forget, remove=True)
         if self._owns_sealer and self.records.sealer is not None:
             self.records.sealer.close()
             self._owns_sealer = False
@@ -324,12 +328,31 @@ class KafkaEventLog(EventLog):
     async def read_session_records_through(
         self, session_id: str, after_version: int, version: int
     ) -> list[LogRecord]:
+        """From the index, else with the records the live topic named (``heard``) when they
+        fill the gap, else once the partition's reader has read on to ``version``."""
         owner = self._owners[self.partition_of(session_id)]
         index = owner.index
-        if not owner.owned and index.version(session_id) < version:
-            await self._reader.read_through(index, session_id, version)
         await self._reader.load(index, [session_id])
+        if not owner.owned and (indexed := index.version(session_id)) < version:
+            self._heard.drop_through(session_id, indexed)
+            last = max(indexed, after_version)
+            if (heard := self._heard.run(session_id, last, version)) is not None:
+                return index.session_records_after(session_id, after_version)[: last - after_version] + heard
+            await self._reader.read_through(index, session_id, version)
         return index.session_records_after(session_id, after_version)
+
+    def heard(self, record: LogRecord) -> None:
+        """A committed record the partition's owner named on the live topic (kafka_heard)."""
+        self._heard.add(record)
+
+    def own_record(self, session_id: str, version: int) -> LogRecord | None:
+        """The record of a session's ``version`` if this process owns its partition and holds it
+        (what its live items name: ``kafka_live``)."""
+        owner = self._owners[self.partition_of(session_id)]
+        records = owner.index.session_records.get(session_id) if owner.owned else None
+        if records and 0 < version <= len(records) and records[version - 1].event.version == version:
+            return records[version - 1]
+        return None
 
     async def session_version(self, session_id: str) -> int:
         return (await self._index(self.partition_of(session_id))).version(session_id)

@@ -14,7 +14,9 @@ Records: key = session id; header ``turnlog.live`` = ``event`` (Avro single-obje
 ``turnlog.engine.codec``), ``notice`` (JSON ``{"version", "type"}``), ``delta`` (JSON
 ``{"turn_id", "step", "text"}``) or ``waiting`` (a model call waiting for its endpoint, JSON of
 its fields); header ``turnlog.origin`` = the publishing process, so a process that also
-publishes can skip its own items.
+publishes can skip its own items; header ``turnlog.offset`` on an event its publisher committed
+itself = the event's offset in its partition, so a subscriber serves it as that record before
+its reader of the partition has it (``kafka_heard``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -31,12 +33,12 @@ from aiokafka.errors import KafkaError
 from ..errors import EventError
 from ..events import Event, SessionForked, SnapshotTaken
 from ..stream import Committed, LiveItem, ModelDelta, ModelProgress, ModelWaiting, StreamItem
-from .base import partition_for
+from .base import LogRecord, partition_for
 from .kafka_topics import TopicNames
 from .sealing import PLAIN, RecordCodec
 
 log = structlog.get_logger("turnlog.live")
-KIND, ORIGIN = "turnlog.live", "turnlog.origin"
+KIND, ORIGIN, OFFSET = "turnlog.live", "turnlog.origin", "turnlog.offset"
 HEAVY = (SnapshotTaken, SessionForked)
 """Events sent as a notice (their version) only: their state body can be hundreds of KB."""
 QUEUE_SIZE = 10_000
@@ -106,6 +108,7 @@ class KafkaLivePublisher:
         *,
         origin: str,
         records: RecordCodec = PLAIN,
+        own_record: Callable[[str, int], LogRecord | None] = lambda session_id, version: None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
@@ -113,6 +116,9 @@ class KafkaLivePublisher:
         self.origin = origin.encode()
         self.records = records
         """Encrypts what is published as the log's records are (its sealer)."""
+        self.own_record = own_record
+        """The record of an event this process committed (``KafkaEventLog.own_record``): its
+        offset goes out with the event."""
         self._queue: asyncio.Queue[Published] = asyncio.Queue(QUEUE_SIZE)
         self._producer: AIOKafkaProducer | None = None
         self._sender: asyncio.Task[None] | None = None
@@ -145,11 +151,18 @@ class KafkaLivePublisher:
                     value,
                     key=item.session_id.encode(),
                     partition=partition_for(item.session_id, self.partitions),
-                    headers=[(KIND, kind), (ORIGIN, self.origin)],
+                    headers=self._headers(item, kind),
                 )
             except KafkaError as exc:  # live items are best effort: streams read events from the log
                 self.dropped += 1
                 log.warning("live.send_failed", error=repr(exc), dropped=self.dropped)
+
+    def _headers(self, item: Published, kind: bytes) -> list[tuple[str, bytes]]:
+        headers = [(KIND, kind), (ORIGIN, self.origin)]
+        if isinstance(item, Event) and kind == b"event":
+            if (record := self.own_record(item.session_id, item.version)) is not None:
+                headers.append((OFFSET, str(record.offset).encode()))
+        return headers
 
     async def close(self) -> None:
         if self._sender is not None:
@@ -174,8 +187,11 @@ class KafkaLiveSubscriber:
         *,
         skip_origin: str = "",
         records: RecordCodec = PLAIN,
+        heard: Callable[[LogRecord], None] = lambda record: None,
     ) -> None:
         self.records = records
+        self.heard = heard
+        """Told of each event that came with its offset (``KafkaEventLog.heard``)."""
         self.bootstrap = bootstrap
         self.topics = topics
         self.partitions = partitions
@@ -215,7 +231,10 @@ class KafkaLiveSubscriber:
             return None
         key: bytes = getattr(msg, "key", b"") or b""
         try:
-            return decode(key.decode(), headers.get(KIND, b""), getattr(msg, "value", b""), self.records)
+            item = decode(key.decode(), headers.get(KIND, b""), getattr(msg, "value", b""), self.records)
+            if isinstance(item, Event) and (offset := headers.get(OFFSET)) is not None:
+                self.heard(LogRecord(partition_for(item.session_id, self.partitions), int(offset), item))
+            return item
         except (EventError, ValueError, KeyError, UnicodeDecodeError) as exc:
             log.warning("live.item_skipped", error=repr(exc))
             return None

@@ -1,0 +1,160 @@
+"""A process that owns no partition (a gateway) serves a session's newest events from what their
+owner named on the live topic (engine/log/kafka_heard.py): the same records, at the same offsets,
+as the partition holds, without reading the partition first; a run with a gap, or a session
+found erased since, is read from the partition."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.erasure_support import random_master
+from tests.services import kafka_log, need_service
+from turnlog.engine import events as ev
+from turnlog.engine.crypto.cipher import ContentCipher
+from turnlog.engine.crypto.keystore_sqlite import SqliteKeyStore
+from turnlog.engine.log.base import LogRecord
+from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.kafka_heard import HeardRecords
+from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
+from turnlog.engine.log.sealing import Sealer
+
+PARTITIONS = 2
+SID = "s-heard"
+
+
+def session(last: int, sid: str = SID) -> list[ev.Event]:
+    """A session's events 1..``last``: created, a message, then a turn's model calls."""
+    call: dict[str, Any] = {"session_id": sid, "turn_id": "t", "model": "m"}
+    events: list[ev.Event] = [
+        ev.SessionCreated(session_id=sid, version=1, agent_id="a", user_id="u"),
+        ev.UserMessageReceived(session_id=sid, version=2, message_id="m1", text="hi"),
+        ev.TurnStarted(session_id=sid, version=3, turn_id="t", message_id="m1"),
+    ]
+    for version in range(4, last + 1, 2):
+        step = (version - 4) // 2
+        events.append(
+            ev.ModelCallStarted(version=version, step=step, message_count=1, tools_offered=0, **call)
+        )
+        events.append(ev.ModelCallFinished(version=version + 1, step=step, status="ok", **call))
+    return events[:last]
+
+
+@dataclass
+class Pair:
+    """An owner of every partition publishing its items, and a process owning none that hears
+    them, wired as ``turnlog.distributed.LiveLinks`` wires them."""
+
+    owner: KafkaEventLog
+    gateway: KafkaEventLog
+    publisher: KafkaLivePublisher
+    items: AsyncIterator[Any]
+
+    async def committed(self, events: list[ev.Event], *, told: list[ev.Event]) -> None:
+        """Append ``events`` in the owner (one commit each two), publish ``told``, and wait until
+        the gateway heard the last of them."""
+        for start in range(0, len(events), 2):
+            await self.owner.append(events[start : start + 2], expected_version=events[start].version - 1)
+        for event in told:
+            self.publisher.publish(event)
+        await asyncio.wait_for(self._heard(told[-1].version), 30)
+
+    async def _heard(self, version: int) -> None:
+        async for item in self.items:
+            if isinstance(item, ev.Event) and item.version == version:
+                return
+
+    def partition_reads(self) -> list[int]:
+        """The versions the gateway reads its partition through from now on."""
+        calls: list[int] = []
+        read = self.gateway._reader.read_through
+
+        async def read_through(part: Any, session_id: str, version: int) -> None:
+            calls.append(version)
+            await read(part, session_id, version)
+
+        self.gateway._reader.read_through = read_through  # type: ignore[method-assign]
+        return calls
+
+
+@asynccontextmanager
+async def owner_and_gateway(sealer: Sealer | None = None) -> AsyncIterator[Pair]:
+    bootstrap = need_service("TURNLOG_KAFKA_BOOTSTRAP")
+    async with kafka_log(bootstrap, partitions=PARTITIONS) as owner:
+        topic = owner.topics.events
+        async with kafka_log(
+            bootstrap, partitions=PARTITIONS, topic=topic, owner=False, sealer=sealer
+        ) as gateway:
+            publisher = KafkaLivePublisher(
+                bootstrap, owner.topics, PARTITIONS, origin="owner", own_record=owner.own_record
+            )
+            subscriber = KafkaLiveSubscriber(bootstrap, owner.topics, PARTITIONS, heard=gateway.heard)
+            await subscriber.start()
+            await publisher.start()
+            try:
+                pair = Pair(owner, gateway, publisher, subscriber.items())
+                await pair.committed(session(3), told=session(3))
+                assert len(await gateway.read_session_records(SID)) == 3  # its index holds 1-3
+                yield pair
+            finally:
+                await publisher.close()
+                await subscriber.close()
+
+
+def as_the_log_has_them(records: list[LogRecord]) -> list[tuple[int, int, ev.Event]]:
+    return [(r.partition, r.offset, r.event) for r in records]
+
+
+async def test_the_events_the_owner_named_are_served_as_the_partition_holds_them() -> None:
+    async with owner_and_gateway() as pair:
+        events = session(7)
+        await pair.committed(events[3:], told=events[3:])
+        reads = pair.partition_reads()
+
+        served = await pair.gateway.read_session_records_through(SID, 1, 7)
+
+        assert as_the_log_has_them(served) == as_the_log_has_them(
+            await pair.owner.read_session_records(SID, 1)
+        )
+        assert [r.event.version for r in await pair.gateway.read_session_records_through(SID, 5, 7)] == [6, 7]
+        assert reads == []
+
+
+async def test_a_gap_in_what_was_heard_is_read_from_the_partition() -> None:
+    async with owner_and_gateway() as pair:
+        events = session(5)
+        await pair.committed(events[3:], told=events[4:])  # version 4 was never heard
+        reads = pair.partition_reads()
+
+        served = await pair.gateway.read_session_records_through(SID, 3, 5)
+
+        assert as_the_log_has_them(served) == as_the_log_has_them(
+            await pair.owner.read_session_records(SID, 3)
+        )
+        assert reads == [5]
+
+
+async def test_a_session_found_erased_keeps_nothing_heard(tmp_path: Path) -> None:
+    cipher = ContentCipher(SqliteKeyStore(tmp_path / "keys.db"), random_master())
+    async with owner_and_gateway(sealer=cipher) as pair:
+        events = session(5)
+        await pair.committed(events[3:], told=events[3:])
+        reads = pair.partition_reads()
+
+        cipher.forget(SID)  # what the gateway's codec does when it reads the session's erasure
+        await pair.gateway.read_session_records_through(SID, 3, 5)
+
+        assert reads == [5]
+    cipher.close()
+
+
+def test_the_least_recently_heard_session_goes_first() -> None:
+    heard = HeardRecords(sessions=2)
+    for sid in ("a", "b", "a", "c"):
+        heard.add(LogRecord(0, 0, session(1, sid)[0]))
+    assert heard.run("a", 0, 1) is not None and heard.run("c", 0, 1) is not None
+    assert heard.run("b", 0, 1) is None
