@@ -41,7 +41,7 @@ def auth(user: str) -> dict[str, str]:
 @contextlib.asynccontextmanager
 async def desk_worker(bootstrap: str, topic: str) -> AsyncIterator[KafkaEventLog]:
     """The desk agent's turn worker in this process: owns every partition, publishes live items
-    (each event with its offset)."""
+    (each event with its offset, the messages it sequences too)."""
     log = KafkaEventLog(
         bootstrap, topic=topic, partitions=PARTITIONS, client_id="desk-worker", session_timeout_ms=6000
     )
@@ -50,6 +50,7 @@ async def desk_worker(bootstrap: str, topic: str) -> AsyncIterator[KafkaEventLog
         bootstrap, log.topics, PARTITIONS, origin="desk-worker", own_record=log.own_record
     )  # as turnlog.distributed.LiveLinks makes it: the gateway streams events before reading them
     await publisher.start()
+    log.on_sequenced(publisher.publish)
     worker = TurnWorker(log, desk.directory(), worker_id="desk-worker", on_item=publisher.publish)
     running = asyncio.create_task(worker.run())
     try:

@@ -15,6 +15,7 @@ from typing import Any
 from tests.erasure_support import random_master
 from tests.services import kafka_log, need_service
 from turnlog.engine import events as ev
+from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.crypto.cipher import ContentCipher
 from turnlog.engine.crypto.keystore_sqlite import SqliteKeyStore
 from turnlog.engine.log.base import LogRecord
@@ -61,12 +62,17 @@ class Pair:
             await self.owner.append(events[start : start + 2], expected_version=events[start].version - 1)
         for event in told:
             self.publisher.publish(event)
-        await asyncio.wait_for(self._heard(told[-1].version), 30)
+        await self.hear(told[-1].version)
 
-    async def _heard(self, version: int) -> None:
-        async for item in self.items:
-            if isinstance(item, ev.Event) and item.version == version:
-                return
+    async def hear(self, version: int) -> None:
+        """Wait until the gateway hears of the session's ``version``."""
+
+        async def heard() -> None:
+            async for item in self.items:
+                if isinstance(item, ev.Event) and item.version == version:
+                    return
+
+        await asyncio.wait_for(heard(), 30)
 
     def partition_reads(self) -> list[int]:
         """The versions the gateway reads its partition through from now on."""
@@ -84,7 +90,7 @@ class Pair:
 @asynccontextmanager
 async def owner_and_gateway(sealer: Sealer | None = None) -> AsyncIterator[Pair]:
     bootstrap = need_service("TURNLOG_KAFKA_BOOTSTRAP")
-    async with kafka_log(bootstrap, partitions=PARTITIONS) as owner:
+    async with kafka_log(bootstrap, partitions=PARTITIONS, admission=AdmissionRules()) as owner:
         topic = owner.topics.events
         async with kafka_log(
             bootstrap, partitions=PARTITIONS, topic=topic, owner=False, sealer=sealer
@@ -95,6 +101,7 @@ async def owner_and_gateway(sealer: Sealer | None = None) -> AsyncIterator[Pair]
             subscriber = KafkaLiveSubscriber(bootstrap, owner.topics, PARTITIONS, heard=gateway.heard)
             await subscriber.start()
             await publisher.start()
+            owner.on_sequenced(publisher.publish)
             try:
                 pair = Pair(owner, gateway, publisher, subscriber.items())
                 await pair.committed(session(3), told=session(3))
@@ -121,6 +128,23 @@ async def test_the_events_the_owner_named_are_served_as_the_partition_holds_them
             await pair.owner.read_session_records(SID, 1)
         )
         assert [r.event.version for r in await pair.gateway.read_session_records_through(SID, 5, 7)] == [6, 7]
+        assert reads == []
+
+
+async def test_what_the_owner_sequenced_from_the_inbox_is_heard_too() -> None:
+    async with owner_and_gateway() as pair:
+        reads = pair.partition_reads()
+        await pair.gateway.submit(
+            ev.UserMessageReceived(session_id=SID, version=0, message_id="m2", text="and?")
+        )
+        await pair.hear(4)
+
+        served = await pair.gateway.read_session_records_through(SID, 3, 4)
+
+        assert as_the_log_has_them(served) == as_the_log_has_them(
+            await pair.owner.read_session_records(SID, 3)
+        )
+        assert [r.event.type for r in served] == ["UserMessageReceived"]
         assert reads == []
 
 

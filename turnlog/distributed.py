@@ -105,6 +105,7 @@ class LiveLinks:
                 own_record=log.own_record,
             )
             await self.publisher.start()
+            log.on_sequenced(self.publisher.publish)
 
     async def share(self, log: SqliteEventLog, role: str, *, publish: bool, subscribe: bool = True) -> None:
         """The embedded log's channel (closed with the log): its appends announced to the other

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncGenerator, Coroutine, Iterable, Sequence
+from typing import Any, AsyncGenerator, Callable, Coroutine, Iterable, Sequence
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -340,6 +340,12 @@ class KafkaEventLog(EventLog):
                 return index.session_records_after(session_id, after_version)[: last - after_version] + heard
             await self._reader.read_through(index, session_id, version)
         return index.session_records_after(session_id, after_version)
+
+    def on_sequenced(self, listener: Callable[[Event], None]) -> None:
+        """Call ``listener`` with each event this process's sequencer commits from the inbox (a
+        user's message, a decision): a live publisher, so other processes' streams hear of
+        them at once, not only with the turn they start."""
+        self._sequencer.sequenced = listener
 
     def heard(self, record: LogRecord) -> None:
         """A committed record the partition's owner named on the live topic (kafka_heard)."""

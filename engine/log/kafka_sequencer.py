@@ -116,6 +116,8 @@ class InboxSequencer:
         self.waiting: dict[int, str] = {}
         """Partitions whose next inbox record waits for an admission policy, and why."""
         self.policy_given = asyncio.Event()
+        self.sequenced: Callable[[Event], None] = lambda event: None
+        """Told of each event a batch committed (``KafkaEventLog.on_sequenced``)."""
 
     def forget(self, partition: int) -> None:
         """The partition was revoked: what was fetched while it was ours, the next owner reads."""
@@ -214,6 +216,8 @@ class InboxSequencer:
         inbox_offset = messages[-1].offset + 1 if done.waiting is None else done.waiting
         records = await transact(owner, done.batch.accepted, inbox_offset=inbox_offset, dead=done.dead)
         self._answer_all(done, records)
+        for record in records:
+            self.sequenced(record.event)
         if done.dead:
             log.warning(
                 "kafka.dead_letters",
