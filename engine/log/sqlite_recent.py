@@ -17,10 +17,15 @@ first, as for any read):
 * an erased session's records are dropped (``drop_session``): when this process appends the
   erasure, and when the cipher finds another process erased it, so its content reads as erased,
   as it does from the file.
+
+A partition's read takes the partition's own held positions (``PartitionPositions``) when every
+position from where it starts is held (``_Solid``), so it does not step over the records of the
+other partitions (a scan over every position is the fallback).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from itertools import islice
 from typing import Sequence
@@ -49,6 +54,9 @@ class RecentRecords:
         """Each session's held records of consecutive versions, oldest first."""
         self._forgotten: deque[str] = deque()
         """Sessions found erased (``forget``, any thread), dropped before the next read."""
+        self._partitions: dict[int, PartitionPositions] = {}
+        """Each partition's held positions, so a read skips the other partitions' records."""
+        self._solid = _Solid()
         self.hits = 0
         """Reads answered from here (for tests and benchmarks)."""
 
@@ -62,10 +70,13 @@ class RecentRecords:
         if tail is None or tail[-1].event.version != expected_version:  # another process's in between
             tail = self._sessions[session_id] = deque()
         weight = encoded_bytes // len(records) + RECORD_OVERHEAD
+        positions = self._partitions.setdefault(records[0].partition, PartitionPositions())
         for record in records:
             self._order.append((record, weight))
             self._at[record.offset] = record
             tail.append(record)
+            positions.add(record.offset)
+            self._solid.add(record.offset)
         self.weight += weight * len(records)
         while self.weight > self.budget_bytes and self._order:
             evicted, evicted_weight = self._order.popleft()
@@ -78,6 +89,13 @@ class RecentRecords:
         interleave); None if none is."""
         self._drop_forgotten()
         at = self._at
+        if self._solid.holds_from(offset):  # every position from offset on is held
+            positions = self._partitions.get(partition)
+            held = positions.from_(offset, limit) if positions is not None else []
+            if not held:
+                return None
+            self.hits += 1
+            return [at[p] for p in held]
         run: list[LogRecord] = []
         record = at.get(offset)
         while record is not None and len(run) < limit:
@@ -122,19 +140,79 @@ class RecentRecords:
         for record in self._sessions.pop(session_id, ()):
             if self._at.get(record.offset) is record:
                 del self._at[record.offset]
+                self._solid.lost(record.offset)
 
     def clear(self) -> None:
         self.weight = 0
         self._order.clear()
         self._at.clear()
         self._sessions.clear()
+        self._partitions.clear()
+        self._solid = _Solid()
 
     def _evict(self, record: LogRecord) -> None:
+        self._partitions[record.partition].evicted(record.offset)  # also one an erasure dropped
         if self._at.get(record.offset) is record:
             del self._at[record.offset]
+            self._solid.lost(record.offset)
         session_id = record.event.session_id
         tail = self._sessions.get(session_id)
         if tail and tail[0] is record:
             tail.popleft()
             if not tail:
                 del self._sessions[session_id]
+
+
+class PartitionPositions:
+    """One partition's held positions, ascending (appends of a group commit may be added out of
+    order); evicted ones leave from the front."""
+
+    def __init__(self) -> None:
+        self._positions: list[int] = []
+        self._start = 0
+        """Positions before it are evicted (dropped from the list in chunks)."""
+
+    def add(self, position: int) -> None:
+        if not self._positions or position > self._positions[-1]:
+            self._positions.append(position)
+        else:
+            bisect.insort(self._positions, position, lo=self._start)
+
+    def evicted(self, position: int) -> None:
+        i = bisect.bisect_left(self._positions, position, lo=self._start)
+        if i < len(self._positions) and self._positions[i] == position:
+            if i == self._start:
+                self._start += 1
+            else:
+                del self._positions[i]
+        if self._start > 1024 and self._start * 2 > len(self._positions):
+            del self._positions[: self._start]
+            self._start = 0
+
+    def from_(self, position: int, limit: int) -> list[int]:
+        """Up to ``limit`` held positions from ``position`` on."""
+        i = bisect.bisect_left(self._positions, position, lo=self._start)
+        return self._positions[i : i + limit]
+
+
+class _Solid:
+    """Where the held positions run without a hole to the last one: from ``start`` to ``last``
+    every position is held. A hole (another process's record, an evicted or erased one) moves
+    ``start`` past it; a position added below ``start`` leaves it (a read from there checks
+    each position instead)."""
+
+    def __init__(self) -> None:
+        self.start = self.last = -1
+
+    def add(self, position: int) -> None:
+        if self.last < 0 or position > self.last + 1:
+            self.start = position  # the first, or a hole before it
+        if position > self.last:
+            self.last = position
+
+    def lost(self, position: int) -> None:
+        if position >= self.start:
+            self.start = position + 1
+
+    def holds_from(self, position: int) -> bool:
+        return 0 <= self.start <= position <= self.last
