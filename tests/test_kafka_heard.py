@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.erasure_support import random_master
+from tests.erasure_support import REQUIRED, random_master
 from tests.services import kafka_log, need_service
 from turnlog.engine import events as ev
 from turnlog.engine.admission import AdmissionRules
@@ -20,12 +20,17 @@ from turnlog.engine.crypto.cipher import ContentCipher
 from turnlog.engine.crypto.keystore_sqlite import SqliteKeyStore
 from turnlog.engine.log.base import LogRecord
 from turnlog.engine.log.kafka import KafkaEventLog
-from turnlog.engine.log.kafka_heard import HeardRecords
-from turnlog.engine.log.kafka_live import KafkaLivePublisher, KafkaLiveSubscriber
+from turnlog.engine.log.kafka_heard import RECORD_OVERHEAD, HeardRecords
+from turnlog.engine.log.kafka_live import WHOLE_STATE_CHARS, KafkaLivePublisher, KafkaLiveSubscriber
 from turnlog.engine.log.sealing import Sealer
 
 PARTITIONS = 2
 SID = "s-heard"
+
+
+def snapshot(version: int, state_chars: int) -> ev.SnapshotTaken:
+    fields = {**REQUIRED["SnapshotTaken"], "state_json": "x" * state_chars}
+    return ev.SnapshotTaken(session_id=SID, version=version, **fields)  # type: ignore[arg-type]
 
 
 def session(last: int, sid: str = SID) -> list[ev.Event]:
@@ -68,8 +73,8 @@ class Pair:
         """Wait until the gateway hears of the session's ``version``."""
 
         async def heard() -> None:
-            async for item in self.items:
-                if isinstance(item, ev.Event) and item.version == version:
+            async for item in self.items:  # an event, or a notice of one (Committed)
+                if getattr(item, "version", None) == version:
                     return
 
         await asyncio.wait_for(heard(), 30)
@@ -131,6 +136,18 @@ async def test_the_events_the_owner_named_are_served_as_the_partition_holds_them
         assert reads == []
 
 
+async def test_a_snapshot_is_heard_whole_unless_its_state_is_large() -> None:
+    async with owner_and_gateway() as pair:
+        small, large = snapshot(4, 1_000), snapshot(5, WHOLE_STATE_CHARS + 1)
+        await pair.committed([small, large], told=[small, large])
+        reads = pair.partition_reads()
+
+        assert [r.event for r in await pair.gateway.read_session_records_through(SID, 3, 4)] == [small]
+        assert reads == []
+        assert [r.event for r in await pair.gateway.read_session_records_through(SID, 4, 5)] == [large]
+        assert reads == [5]
+
+
 async def test_what_the_owner_sequenced_from_the_inbox_is_heard_too() -> None:
     async with owner_and_gateway() as pair:
         reads = pair.partition_reads()
@@ -176,9 +193,11 @@ async def test_a_session_found_erased_keeps_nothing_heard(tmp_path: Path) -> Non
     cipher.close()
 
 
-def test_the_least_recently_heard_session_goes_first() -> None:
-    heard = HeardRecords(sessions=2)
-    for sid in ("a", "b", "a", "c"):
-        heard.add(LogRecord(0, 0, session(1, sid)[0]))
-    assert heard.run("a", 0, 1) is not None and heard.run("c", 0, 1) is not None
-    assert heard.run("b", 0, 1) is None
+def test_what_is_heard_is_bounded_by_weight_the_oldest_going_first() -> None:
+    heard = HeardRecords(budget_bytes=3 * (100 + RECORD_OVERHEAD))
+    for sid in ("a", "b"):
+        for event in session(2, sid):
+            heard.add(LogRecord(0, 0, event), 100)
+    assert heard.weight <= heard.budget_bytes
+    assert heard.run("a", 0, 1) is None and heard.run("a", 1, 2) is not None
+    assert heard.run("b", 0, 2) is not None

@@ -347,9 +347,11 @@ class KafkaEventLog(EventLog):
         them at once, not only with the turn they start."""
         self._sequencer.sequenced = listener
 
-    def heard(self, record: LogRecord) -> None:
-        """A committed record the partition's owner named on the live topic (kafka_heard)."""
-        self._heard.add(record)
+    def heard(self, record: LogRecord, encoded_bytes: int) -> None:
+        """A committed record the partition's owner named on the live topic (kafka_heard); not
+        kept if its session is known erased (it was decoded before this process knew)."""
+        if not self.records.erased(record.event.session_id):
+            self._heard.add(record, encoded_bytes)
 
     def own_record(self, session_id: str, version: int) -> LogRecord | None:
         """The record of a session's ``version`` if this process owns its partition and holds it

@@ -5,10 +5,11 @@ A turn's token deltas are never logged (seed §5.2), so a stream in another proc
 them through a channel that is not the event log: ``<topic>.live``, partitioned like the log
 (a session's items stay in order) and kept for a minute. A worker publishes there every item its
 turns stream: deltas, and a notice of each event it committed (the event itself, or for the two
-heavy kinds, SnapshotTaken and SessionForked, only its version), so a stream reads the log at
-once instead of at its next poll. Nothing here is a source of truth: a subscriber that misses
-items loses deltas, never events (streams read events from the log), and publishing never
-blocks or fails a turn (a full queue or a broker error drops live items, logged).
+heavy kinds, SnapshotTaken and SessionForked, only its version when their state is large), so a
+stream reads the log at once instead of at its next poll. Nothing here is a source of truth: a
+subscriber that misses items loses deltas, never events (streams read events from the log), and
+publishing never blocks or fails a turn (a full queue or a broker error drops live items,
+logged).
 
 Records: key = session id; header ``turnlog.live`` = ``event`` (Avro single-object value,
 ``turnlog.engine.codec``), ``notice`` (JSON ``{"version", "type"}``), ``delta`` (JSON
@@ -40,7 +41,9 @@ from .sealing import PLAIN, RecordCodec
 log = structlog.get_logger("turnlog.live")
 KIND, ORIGIN, OFFSET = "turnlog.live", "turnlog.origin", "turnlog.offset"
 HEAVY = (SnapshotTaken, SessionForked)
-"""Events sent as a notice (their version) only: their state body can be hundreds of KB."""
+"""Events whose state body can be hundreds of KB: sent whole only when it is at most
+``WHOLE_STATE_CHARS``, else as a notice (their version)."""
+WHOLE_STATE_CHARS = 64 << 10
 QUEUE_SIZE = 10_000
 """Live items waiting to be sent; past it new ones are dropped (a stream reads events from the log)."""
 
@@ -57,7 +60,7 @@ def encode(item: Published, records: RecordCodec = PLAIN) -> tuple[bytes, bytes]
     if isinstance(item, ModelWaiting):
         fields = ("turn_id", "step", "model", "reason", "ahead", "waiting")
         return b"waiting", json.dumps({name: getattr(item, name) for name in fields}).encode()
-    if isinstance(item, HEAVY):
+    if isinstance(item, HEAVY) and len(item.state_json) > WHOLE_STATE_CHARS:
         return b"notice", json.dumps({"version": item.version, "type": item.type}).encode()
     return b"event", records.encode(item)
 
@@ -187,11 +190,11 @@ class KafkaLiveSubscriber:
         *,
         skip_origin: str = "",
         records: RecordCodec = PLAIN,
-        heard: Callable[[LogRecord], None] = lambda record: None,
+        heard: Callable[[LogRecord, int], None] = lambda record, encoded_bytes: None,
     ) -> None:
         self.records = records
         self.heard = heard
-        """Told of each event that came with its offset (``KafkaEventLog.heard``)."""
+        """Told of each event that came with its offset, and its size (``KafkaEventLog.heard``)."""
         self.bootstrap = bootstrap
         self.topics = topics
         self.partitions = partitions
@@ -230,10 +233,12 @@ class KafkaLiveSubscriber:
         if self.skip_origin and headers.get(ORIGIN) == self.skip_origin:
             return None
         key: bytes = getattr(msg, "key", b"") or b""
+        value: bytes = getattr(msg, "value", b"")
         try:
-            item = decode(key.decode(), headers.get(KIND, b""), getattr(msg, "value", b""), self.records)
+            item = decode(key.decode(), headers.get(KIND, b""), value, self.records)
             if isinstance(item, Event) and (offset := headers.get(OFFSET)) is not None:
-                self.heard(LogRecord(partition_for(item.session_id, self.partitions), int(offset), item))
+                record = LogRecord(partition_for(item.session_id, self.partitions), int(offset), item)
+                self.heard(record, len(value))
             return item
         except (EventError, ValueError, KeyError, UnicodeDecodeError) as exc:
             log.warning("live.item_skipped", error=repr(exc))
