@@ -4,6 +4,9 @@ the turn worker drives it: what it yields, in what order, and how often it reads
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncGenerator, cast
 
@@ -71,58 +74,62 @@ async def next_batch(batches: Batches) -> list[str]:
     ]
 
 
-async def test_a_commit_of_several_events_is_read_once(tmp_path: Path) -> None:
+@dataclass
+class Opened:
+    """A session's stream that has shown the session's opening, and the log's reads so far."""
+
+    log: SqliteEventLog
+    reads: CountedReads
+    hub: LiveHub
+    batches: Batches
+    opening: list[str]
+
+
+@asynccontextmanager
+async def opened_stream(tmp_path: Path) -> AsyncIterator[Opened]:
     log = SqliteEventLog(tmp_path / "log.db", partitions=2)
     counted, hub = CountedReads(log), LiveHub()
     try:
         await log.append(opening(), expected_version=0)
-        stream = SessionStream(counted, hub, SID)  # type: ignore[arg-type]
-        batches = batches_of(stream)
-        assert [i.split()[0] for i in await next_batch(batches)] == [
-            "SessionCreated@1",
-            "UserMessageReceived@2",
-        ]
-        reads = counted.reads
+        batches = batches_of(SessionStream(counted, hub, SID))  # type: ignore[arg-type]
+        yield Opened(log, counted, hub, batches, await next_batch(batches))
+        await batches.aclose()
+    finally:
+        await log.close()
+
+
+async def test_a_commit_of_several_events_is_read_once(tmp_path: Path) -> None:
+    async with opened_stream(tmp_path) as opened:
+        assert [i.split()[0] for i in opened.opening] == ["SessionCreated@1", "UserMessageReceived@2"]
+        reads = opened.reads.reads
 
         turn = model_call(3)
-        await log.append(turn, expected_version=2)
+        await opened.log.append(turn, expected_version=2)
         for event in turn:  # the worker publishes a commit's events one by one, at once
-            hub.publish(event)
-        batch = await next_batch(batches)
+            opened.hub.publish(event)
+        batch = await next_batch(opened.batches)
 
         assert [i.split()[0] for i in batch] == ["TurnStarted@3", "ModelCallStarted@4", "ModelCallFinished@5"]
         offsets = [int(i.split()[1]) for i in batch]
         assert offsets == list(range(offsets[0], offsets[0] + 3))
-        assert counted.reads == reads + 1
-        await batches.aclose()
-    finally:
-        await log.close()
+        assert opened.reads.reads == reads + 1
 
 
 async def test_deltas_stay_between_the_events_they_came_between(tmp_path: Path) -> None:
-    log = SqliteEventLog(tmp_path / "log.db", partitions=2)
-    counted, hub = CountedReads(log), LiveHub()
-    try:
-        await log.append(opening(), expected_version=0)
-        stream = SessionStream(counted, hub, SID)  # type: ignore[arg-type]
-        batches = batches_of(stream)
-        await next_batch(batches)
-        reads = counted.reads
+    async with opened_stream(tmp_path) as opened:
+        reads = opened.reads.reads
 
         started, called, finished = model_call(3)
-        await log.append([started, called, finished], expected_version=2)
-        hub.publish(started)
-        hub.publish(called)
+        await opened.log.append([started, called, finished], expected_version=2)
+        opened.hub.publish(started)
+        opened.hub.publish(called)
         hello = [ModelDelta(session_id=SID, turn_id="t", step=0, text=text) for text in ("Hel", "lo")]
         for delta in hello:
-            hub.publish(delta)
-        hub.publish(finished)
-        batch = await next_batch(batches)
+            opened.hub.publish(delta)
+        opened.hub.publish(finished)
+        batch = await next_batch(opened.batches)
 
         types = [i.split()[0] for i in batch]
         assert types[:2] == ["TurnStarted@3", "ModelCallStarted@4"] and types[4:] == ["ModelCallFinished@5"]
         assert batch[2:4] == [f"delta {d}" for d in hello]
-        assert counted.reads == reads + 2  # through ModelCallStarted, then through the last
-        await batches.aclose()
-    finally:
-        await log.close()
+        assert opened.reads.reads == reads + 2  # through ModelCallStarted, then through the last
