@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from tests.erasure_support import REQUIRED, random_master
@@ -21,8 +22,16 @@ from turnlog.engine.crypto.keystore_sqlite import SqliteKeyStore
 from turnlog.engine.log.base import LogRecord
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.log.kafka_heard import RECORD_OVERHEAD, HeardRecords
-from turnlog.engine.log.kafka_live import WHOLE_STATE_CHARS, KafkaLivePublisher, KafkaLiveSubscriber
-from turnlog.engine.log.sealing import Sealer
+from turnlog.engine.log.kafka_live import (
+    KIND,
+    OFFSET,
+    ORIGIN,
+    WHOLE_STATE_CHARS,
+    KafkaLivePublisher,
+    KafkaLiveSubscriber,
+)
+from turnlog.engine.log.kafka_topics import TopicNames
+from turnlog.engine.log.sealing import PLAIN, Sealer
 
 PARTITIONS = 2
 SID = "s-heard"
@@ -201,3 +210,21 @@ def test_what_is_heard_is_bounded_by_weight_the_oldest_going_first() -> None:
     assert heard.weight <= heard.budget_bytes
     assert heard.run("a", 0, 1) is None and heard.run("a", 1, 2) is not None
     assert heard.run("b", 0, 2) is not None
+
+
+def test_an_unreadable_offset_leaves_the_event_a_notice() -> None:
+    """An event whose offset header cannot be read still reaches the hub (its streams read it
+    from the log); only a readable offset makes it a record heard."""
+    kept: list[tuple[LogRecord, int]] = []
+    subscriber = KafkaLiveSubscriber("", TopicNames("t"), PARTITIONS, heard=lambda r, n: kept.append((r, n)))
+    event = session(1)[0]
+    value = PLAIN.encode(event)
+
+    def received(offset: bytes) -> Any:
+        headers = [(KIND, b"event"), (ORIGIN, b"owner"), (OFFSET, offset)]
+        return subscriber._decoded(SimpleNamespace(key=SID.encode(), value=value, headers=headers))
+
+    assert received(b"12") == event
+    assert [(r.offset, r.event, n) for r, n in kept] == [(12, event, len(value))]
+    assert received(b"x12") == event
+    assert len(kept) == 1

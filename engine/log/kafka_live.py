@@ -236,13 +236,17 @@ class KafkaLiveSubscriber:
         value: bytes = getattr(msg, "value", b"")
         try:
             item = decode(key.decode(), headers.get(KIND, b""), value, self.records)
-            if isinstance(item, Event) and (offset := headers.get(OFFSET)) is not None:
-                record = LogRecord(partition_for(item.session_id, self.partitions), int(offset), item)
-                self.heard(record, len(value))
-            return item
         except (EventError, ValueError, KeyError, UnicodeDecodeError) as exc:
             log.warning("live.item_skipped", error=repr(exc))
             return None
+        if isinstance(item, Event) and (offset := headers.get(OFFSET)) is not None:
+            if offset.isdigit():
+                self.heard(
+                    LogRecord(partition_for(item.session_id, self.partitions), int(offset), item), len(value)
+                )
+            else:  # the event still wakes its streams: they read it from the log
+                log.warning("live.offset_unreadable", session=item.session_id, offset=repr(offset[:32]))
+        return item
 
     async def close(self) -> None:
         if self._consumer is not None:
