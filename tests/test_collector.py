@@ -6,7 +6,6 @@ collector would change the test process for every test after it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import REPO, turnlog
+from tests.cli_support import REPO, program_env, turnlog
 from turnlog.collector import YOUNG
 
 PROBE = """
@@ -38,11 +37,14 @@ print(json.dumps({"before": before, "threshold": threshold, "frozen": frozen, "c
 
 
 def probe(**env: str) -> dict[str, Any]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TURNLOG_")}
     run = subprocess.run(
         [sys.executable, "-c", PROBE],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env={**clean, "PYTHONPATH": str(REPO), **env},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=program_env(**env),
+    )
     assert run.returncode == 0, run.stderr
     found: dict[str, Any] = json.loads(run.stdout)
     return found
