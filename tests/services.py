@@ -3,6 +3,7 @@ scripts/postgres.sh (``.ci/run`` starts both), with fresh topics / schemas per t
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import functools
@@ -13,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from turnlog.engine.log.base import AdmissionPolicy
@@ -113,3 +115,34 @@ def postgres_store(dsn: str, schema: str | None = None) -> Iterator[PostgresProj
         if schema is None:
             store.drop_schema()
         store.close()
+
+
+async def read_topic(bootstrap: str, topic: str, partition: int) -> list:
+    """Every committed record of a partition; retried while a just-committed write is not yet
+    visible to a new consumer (its end offset can lag by a metadata refresh)."""
+    for _ in range(50):
+        if records := await read_topic_once(bootstrap, topic, partition):
+            return records
+        await asyncio.sleep(0.1)
+    return []
+
+
+async def read_topic_once(bootstrap: str, topic: str, partition: int) -> list:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        consumer.seek(tp, 0)
+        out: list = []
+        while await consumer.position(tp) < end:
+            out += (await consumer.getmany(tp, timeout_ms=1000)).get(tp, [])
+        return out
+    finally:
+        await consumer.stop()

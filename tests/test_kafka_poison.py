@@ -11,9 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from tests.services import kafka_log, need_service, postgres_store
+from tests.services import kafka_log, need_service, postgres_store, read_topic, read_topic_once
 from tests.test_kafka_requests import until_logged
-from tests.test_log_kafka import _read_topic_once, read_topic
 from turnlog.consumers import Projector, TurnWorker
 from turnlog.engine import (
     Agent,
@@ -196,7 +195,7 @@ async def test_a_session_mid_turn_gets_its_error_when_the_turn_ends(
     finally:
         await raw.stop()
     await asyncio.sleep(2.5)  # a few of the owner's tail rounds: the poison waits for the turn
-    assert await _read_topic_once(bootstrap, owner.topics.dead_letter, 0) == []
+    assert await read_topic_once(bootstrap, owner.topics.dead_letter, 0) == []
     release.set()
     await asyncio.wait_for(running, 30)
     events = await wait_status(owner, sid, SessionStatus.ERROR)

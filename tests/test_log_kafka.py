@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
 
-from tests.services import delete_topics, fresh_topic, kafka_log, need_service
+from tests.services import delete_topics, fresh_topic, kafka_log, need_service, read_topic
 from turnlog.engine import codec
 from turnlog.engine import events as ev
 from turnlog.engine.admission import AdmissionRules
@@ -59,37 +59,6 @@ async def until(what: str, condition: Callable[[], Awaitable[bool]], attempts: i
 
 async def has_events(log: KafkaEventLog, sid: str, count: int) -> bool:
     return len(await log.read_session(sid)) >= count
-
-
-async def read_topic(bootstrap: str, topic: str, partition: int) -> list:
-    """Every committed record of a partition; retried while a just-committed write is not yet
-    visible to a new consumer (its end offset can lag by a metadata refresh)."""
-    for _ in range(50):
-        if records := await _read_topic_once(bootstrap, topic, partition):
-            return records
-        await asyncio.sleep(0.1)
-    return []
-
-
-async def _read_topic_once(bootstrap: str, topic: str, partition: int) -> list:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, partition)
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        consumer.seek(tp, 0)
-        out: list = []
-        while await consumer.position(tp) < end:
-            out += (await consumer.getmany(tp, timeout_ms=1000)).get(tp, [])
-        return out
-    finally:
-        await consumer.stop()
 
 
 async def test_topics_are_created_with_infinite_retention_but_the_live_one_and_the_index(
@@ -326,12 +295,15 @@ async def test_a_sequencing_commit_whose_response_is_lost_sequences_the_message_
     assert after.event.version == 3
 
 
+@pytest.mark.parametrize("partition_says", [True, False], ids=["offset-on-the-partition", "older-log"])
 async def test_an_inbox_read_again_by_a_new_owner_sequences_nothing_twice(
-    owner: KafkaEventLog, bootstrap: str
+    owner: KafkaEventLog, bootstrap: str, partition_says: bool
 ) -> None:
-    """A new owner whose committed-offset fetch was stale (its predecessor's offset commit not
-    yet visible) reads inbox records that are already on the log: a creation, messages, a
-    cancel and a force-finish request. Seeking the owner's inbox back to 0 is that redelivery."""
+    """A new owner whose committed-offset fetch was stale (the owners' group commits lazily)
+    reads inbox records that are already on the log: a creation, messages, a cancel and a
+    force-finish request. Seeking the owner's inbox back to 0 is that redelivery. The partition
+    says how far its inbox was sequenced (tests/test_kafka_inbox_offsets.py); a log written
+    before it said so is read again and its records are found by their submission keys."""
     sid = "s-again"
     await owner.submit(created(sid))
     one = (await owner.submit(message(sid, "one")))[0].event
@@ -342,6 +314,8 @@ async def test_an_inbox_read_again_by_a_new_owner_sequences_nothing_twice(
     before = [(e.type, e.event_id) for e in await owner.read_session(sid)]
     assert owner._inbox is not None
     tp = TopicPartition(owner.topics.inbox, owner.partition_of(sid))
+    if not partition_says:
+        owner._owners[tp.partition].index.inbox_next = 0
     owner._inbox.seek(tp, 0)
     marker = (await owner.submit(message(sid, "two")))[0].event  # sequenced after every re-read record
     after = [(e.type, e.event_id) for e in await owner.read_session(sid)]

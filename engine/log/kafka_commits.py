@@ -2,11 +2,18 @@
 
 Every write of an owner is one Kafka transaction on its partition (``transact``): the events,
 dead letters, the inbox offset of the records it sequenced, one consumer group's pending offsets
-and the session index entries when due (``kafka_sessions``), all or nothing. Appends that arrive
-while a transaction is in flight wait in the partition's queue and go together into the next
-(``commit_appends``; each still checked on its own: ``kafka_appends``). A producer the broker
-fenced drops the partition (``PartitionOwner.fenced``); a transaction that fails otherwise has an
-unknown outcome, so the owner takes the partition again and re-reads it (``PartitionOwner.reset``).
+and the session index entries when due (``kafka_sessions``), all or nothing. The inbox offset
+rides the sequenced events, a header of the last (``INBOX_HEADER``), rather than an offset
+commit of the owners' group, whose two requests to the coordinators a user's message would
+wait for; the group's offset follows now and then (``INBOX_OFFSETS_EVERY_S``), and an owner
+skips the inbox records below the offset its partition says (``PartitionIndex.inbox_next``).
+A batch that sequenced no event (only refusals and repeats) commits it as the group's offset.
+
+Appends that arrive while a transaction is in flight wait in the partition's queue and go
+together into the next (``commit_appends``; each still checked on its own: ``kafka_appends``).
+A producer the broker fenced drops the partition (``PartitionOwner.fenced``); a transaction that
+fails otherwise has an unknown outcome, so the owner takes the partition again and re-reads it
+(``PartitionOwner.reset``).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from .base import LogRecord
 from .kafka_appends import PendingAppend, fail_group, settle_group, take_group
 from .kafka_owner import PartitionOwner
 from .kafka_reader import OPERATION_TIMEOUT_S
-from .kafka_records import Poison, event_headers, own_poison
+from .kafka_records import Poison, event_headers, inbox_header, own_poison
 from .kafka_sessions import WATERMARK, encode_entry, encode_watermark
 
 log = structlog.get_logger("turnlog.kafka")
@@ -33,6 +40,9 @@ OFFSETS_EVERY_S = 1.0
 """How often a consumer group's offsets on a partition ride its transactions (each costs the
 broker two more requests): the group's members are at-least-once, so after a crash they handle
 up to this much more again. Closing commits them all."""
+INBOX_OFFSETS_EVERY_S = 10.0
+"""How often the owners' group's inbox offset rides a transaction: the partition's events hold
+it (``INBOX_HEADER``), so a new owner only reads up to this much of its inbox again, and skips it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +50,7 @@ class Writes:
     """What one transaction writes besides events."""
 
     inbox_offset: int | None = None
-    """The owners' group's next inbox offset (a sequencing transaction)."""
+    """The partition's next inbox offset to sequence (a sequencing transaction)."""
     dead: Sequence[Poison] = ()
     index: Sequence[tuple[bytes, bytes]] = ()
     """Session index records (key, value), the watermark last."""
@@ -86,30 +96,29 @@ def take_index(owner: PartitionOwner, force: bool) -> tuple[set[str], list[tuple
     sessions, index.dirty = index.dirty, set()
     owner.indexed_at = asyncio.get_running_loop().time()
     entries = [(sid.encode(), encode_entry(index.entry(sid))) for sid in sorted(sessions)]
-    return sessions, [*entries, (WATERMARK, encode_watermark(index.next_offset))]
+    return sessions, [*entries, (WATERMARK, encode_watermark(index.next_offset, index.inbox_next))]
 
 
 async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: Writes) -> list[LogRecord]:
     """The producer's transaction, then its records indexed; a failure drops the partition."""
     producer = owner.producer
     assert producer is not None
-    # aiokafka commits one consumer group's offsets per transaction (a second group fails the
-    # transaction): the inbox offset if any, else one pending group's
-    group = None if writes.inbox_offset is not None else due_group(owner, writes.force_offsets)
-    committing = owner.pending_commits[group] if group is not None else 0
+    committing = offsets_to_commit(owner, events, writes)
     try:
         async with asyncio.timeout(OPERATION_TIMEOUT_S), producer.transaction():
-            futures = await _send_all(owner, producer, events, writes, group, committing)
+            futures = await _send_all(owner, producer, events, writes, committing)
         metas = [await f for f in futures]
     except ProducerFenced as exc:
         raise owner.fenced("fenced by a newer owner") from exc
     except (KafkaError, TimeoutError) as exc:
         # the outcome is unknown: re-acquire (aborting it if still open) and re-read the partition
         raise await owner.reset(exc) from exc
-    if group is not None:
-        owner.offsets_at[group] = asyncio.get_running_loop().time()
-        if owner.pending_commits.get(group) == committing:
-            del owner.pending_commits[group]  # unless a newer offset came in meanwhile
+    if committing is not None:
+        offsets_committed(owner, committing)
+    if writes.inbox_offset is not None:
+        owner.index.inbox_next = max(owner.index.inbox_next, writes.inbox_offset)
+        if events:  # the owners' group's offset follows (offsets_to_commit)
+            owner.inbox_pending = owner.index.inbox_next
     owner.index.dead_sources.update(poison.source for poison in writes.dead)
     records = [LogRecord(owner.partition, m.offset, e) for m, e in zip(metas, events, strict=True)]
     await _index_committed(owner, records)
@@ -121,29 +130,27 @@ async def _send_all(
     producer: AIOKafkaProducer,
     events: list[Event],
     writes: Writes,
-    group: str | None,
-    committing: int,
+    committing: GroupOffset | None,
 ) -> list[asyncio.Future[Any]]:
     """Everything one transaction writes, inside it; the events' delivery futures."""
     topics, p = owner.owners.reader.topics, owner.partition
     encode = owner.owners.reader.codec.encode
-    futures = [
-        await producer.send(
-            topics.events, encode(e), key=e.session_id.encode(), partition=p, headers=event_headers(e)
-        )
-        for e in events
-    ]
+    last = len(events) - 1
+    futures = []
+    for i, e in enumerate(events):
+        headers = event_headers(e)
+        if i == last and writes.inbox_offset is not None:
+            headers.append(inbox_header(writes.inbox_offset))
+        key = e.session_id.encode()
+        futures.append(await producer.send(topics.events, encode(e), key=key, partition=p, headers=headers))
     for poison in writes.dead:
         await producer.send(
             topics.dead_letter, poison.value, key=poison.key, partition=p, headers=poison.headers()
         )
     for key, value in writes.index:
         await producer.send(topics.sessions, value, key=key, partition=p)
-    if writes.inbox_offset is not None:
-        inbox = TopicPartition(topics.inbox, p)
-        await producer.send_offsets_to_transaction({inbox: writes.inbox_offset}, topics.owners_group)
-    elif group is not None:
-        await producer.send_offsets_to_transaction({TopicPartition(topics.events, p): committing}, group)
+    if committing is not None:
+        await producer.send_offsets_to_transaction({committing.tp: committing.offset}, committing.group)
     return futures
 
 
@@ -216,20 +223,58 @@ async def _commit_group(owner: PartitionOwner) -> None:
     settle_group(owner.index, group, records)
 
 
-def due_group(owner: PartitionOwner, force: bool = False) -> str | None:
-    """A consumer group whose pending offsets are to ride the next transaction: aiokafka
-    commits one group's per transaction (a second fails it)."""
+@dataclass(frozen=True, slots=True)
+class GroupOffset:
+    """One consumer group's offset on one partition, committed by a transaction."""
+
+    group: str
+    tp: TopicPartition
+    offset: int
+
+
+def offsets_to_commit(owner: PartitionOwner, events: list[Event], writes: Writes) -> GroupOffset | None:
+    """The group offset a transaction commits (aiokafka commits one group's per transaction, a
+    second fails it): the inbox offset of a sequencing that wrote no event, else a due one."""
+    if writes.inbox_offset is not None and not events:
+        topics = owner.owners.reader.topics
+        inbox = TopicPartition(topics.inbox, owner.partition)
+        return GroupOffset(topics.owners_group, inbox, writes.inbox_offset)
+    return due_offsets(owner, writes.force_offsets)
+
+
+def due_offsets(owner: PartitionOwner, force: bool = False) -> GroupOffset | None:
+    """A group whose pending offset is to ride the next transaction, ``OFFSETS_EVERY_S`` after
+    its last (``force``: now): the owners' group's on the inbox first (``INBOX_OFFSETS_EVERY_S``),
+    then the events topic's consumer groups (``KafkaEventLog.commit``)."""
     now = asyncio.get_running_loop().time()
-    for group in owner.pending_commits:
-        if force or now - owner.offsets_at.get(group, -OFFSETS_EVERY_S) >= OFFSETS_EVERY_S:
-            return group
+    topics, p = owner.owners.reader.topics, owner.partition
+
+    def due(group: str, every: float = OFFSETS_EVERY_S) -> bool:
+        return force or now - owner.offsets_at.get(group, -every) >= every
+
+    if owner.inbox_pending is not None and due(topics.owners_group, INBOX_OFFSETS_EVERY_S):
+        return GroupOffset(topics.owners_group, TopicPartition(topics.inbox, p), owner.inbox_pending)
+    for group, offset in owner.pending_commits.items():
+        if due(group):
+            return GroupOffset(group, TopicPartition(topics.events, p), offset)
     return None
+
+
+def offsets_committed(owner: PartitionOwner, committed: GroupOffset) -> None:
+    """A transaction committed ``committed``: it is no longer pending (unless a newer offset
+    came in meanwhile)."""
+    owner.offsets_at[committed.group] = asyncio.get_running_loop().time()
+    if committed.group == owner.owners.reader.topics.owners_group:
+        if owner.inbox_pending is not None and owner.inbox_pending <= committed.offset:
+            owner.inbox_pending = None
+    elif owner.pending_commits.get(committed.group) == committed.offset:
+        del owner.pending_commits[committed.group]
 
 
 async def flush(owner: PartitionOwner, force: bool = False) -> None:
     """Commit the partition's pending group offsets when due, and the session index when due,
     in transactions of their own; ``force`` (closing): every group's, and the index, now."""
-    for _ in range(len(owner.pending_commits) + 1):  # one group a transaction
+    for _ in range(len(owner.pending_commits) + 2):  # one group a transaction, the inbox's too
         if not _flush_due(owner, force):
             return
         async with owner.lock:
@@ -242,4 +287,4 @@ async def flush(owner: PartitionOwner, force: bool = False) -> None:
 
 
 def _flush_due(owner: PartitionOwner, force: bool) -> bool:
-    return owner.owned and (due_group(owner, force) is not None or index_due(owner, force))
+    return owner.owned and (due_offsets(owner, force) is not None or index_due(owner, force))

@@ -23,7 +23,7 @@ from ..events import Event, SessionClosed
 from ..fold import SessionState
 from ..states import RESTING
 from .base import LogRecord
-from .kafka_records import Poison, decode_record, poison_of
+from .kafka_records import Poison, decode_record, inbox_offset_of, poison_of
 from .kafka_sessions import SessionEntry, add_run
 from .sealing import PLAIN, RecordCodec
 from .submissions import submission_keys
@@ -60,6 +60,10 @@ class PartitionIndex:
     """Sessions the session index names whose records are not read yet (``load``)."""
     base: int = 0
     """``records`` holds the partition from this offset (the index's watermark at takeover)."""
+    inbox_next: int = 0
+    """The partition's next inbox offset to sequence, as its events say (``INBOX_HEADER``, the
+    session index's watermark, the owner's own sequencing): the inbox records below it are on
+    the partition, whatever offset the owners' group committed last."""
     codec: RecordCodec = PLAIN
     """How the partition's records decode (the log's sealer), and what an erasure scrubs."""
 
@@ -69,7 +73,7 @@ class PartitionIndex:
         for name in ("records", "offsets", "sessions", "session_records", "states", "poison", "closed"):
             setattr(self, name, getattr(fresh, name))
         self.submissions, self.runs, self.dirty, self.unloaded = {}, {}, set(), {}
-        self.next_offset = self.base = 0
+        self.next_offset = self.base = self.inbox_next = 0
         self.own_marker = False
 
     def version(self, session_id: str) -> int:
@@ -191,8 +195,10 @@ class PartitionIndex:
         if entry is None:
             entry = decode_record(self.partition, msg, self.codec)
         if isinstance(entry, Poison):
-            self.add_poison(entry, msg.offset)
+            self.add_poison(entry, msg.offset)  # not an owner's record: its headers say nothing
             return
+        if (inbox := inbox_offset_of(msg)) is not None:
+            self.inbox_next = max(self.inbox_next, inbox)
         for record, reason in self.add([entry]):
             self.add_poison(poison_of(msg, reason, record.event.session_id), record.offset)
 

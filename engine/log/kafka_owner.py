@@ -73,6 +73,8 @@ class PartitionOwner:
         """Held while taking ownership, so one process never runs two producers of one id."""
         self.pending_commits: dict[str, int] = {}
         """Consumer-group offsets on this partition to commit with its next transaction."""
+        self.inbox_pending: int | None = None
+        """The next inbox offset the partition's events say, not yet the owners' group's."""
         self.appends: list[PendingAppend] = []
         """Appends waiting for the partition's next transaction (group commit: kafka_commits)."""
         self.committer: asyncio.Task[None] | None = None
@@ -120,6 +122,7 @@ class PartitionOwner:
         async with self.acquiring, self.lock:
             producer, self.producer, self.owned = self.producer, None, False
             self.pending_commits.clear()
+            self.inbox_pending = None
         if producer is not None:
             await quiet_stop(producer)
             log.info("kafka.partition_released", partition=self.partition)

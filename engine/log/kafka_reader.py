@@ -221,6 +221,7 @@ class PartitionReader:
             return None
         part.unloaded = dict(index.entries)
         part.next_offset = part.base = index.watermark
+        part.inbox_next = index.inbox_next
         live = {sid: e for sid, e in index.entries.items() if e.live}
         await self._load_locked(consumer, part, live)
         if tp in consumer.assignment():

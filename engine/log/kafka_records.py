@@ -14,6 +14,9 @@ from .sealing import PLAIN, RecordCodec
 
 REASON_HEADER = "turnlog.reason"
 SOURCE_HEADER = "turnlog.source"
+INBOX_HEADER = "turnlog.inbox"
+"""On the last event of a sequencing transaction: the partition's next inbox offset to sequence
+(the inbox records below it are on the events partition, committed with this record)."""
 
 
 def event_headers(event: Event) -> list[tuple[str, bytes]]:
@@ -22,6 +25,21 @@ def event_headers(event: Event) -> list[tuple[str, bytes]]:
         ("turnlog.schema", codec.schema_fingerprint(event.type)),
         ("turnlog.type", event.type.encode()),
     ]
+
+
+def inbox_header(next_offset: int) -> tuple[str, bytes]:
+    return (INBOX_HEADER, str(next_offset).encode())
+
+
+def inbox_offset_of(msg: Any) -> int | None:
+    """The next inbox offset a consumed events record says was sequenced, if it says one."""
+    for key, value in msg.headers or ():
+        if key == INBOX_HEADER:
+            try:
+                return int(value)
+            except ValueError:
+                return None  # not ours to trust: the owners' group's offset and submission keys stand
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,10 +5,11 @@ partitions this process owns.
 One loop fetches inbox records and hands each partition's batches to a task of that partition
 (``InboxQueue``), which admits them (``kafka_inbox``) and writes the events, the dead letters and
 the inbox offset in one transaction (``kafka_commits.transact``), so a record is sequenced
-exactly once. One partition waiting for its lock (an append group's transaction in flight)
-delays no other partition's records, and fetching goes on meanwhile. Whatever stops a batch (a
-failed transaction, a bug, a record that waits for an admission policy) seeks the inbox back to
-the batch's first record not sequenced: no record is ever skipped. When the inbox is quiet the
+exactly once (the offset rides the events; records below it read again are skipped). One
+partition waiting for its lock (an append group's transaction in flight) delays no other
+partition's records, and fetching goes on meanwhile. Whatever stops a batch (a failed
+transaction, a bug, a record that waits for an admission policy) seeks the inbox back to the
+batch's first record not sequenced: no record is ever skipped. When the inbox is quiet the
 loop commits idle groups' offsets, and once a second it reads what others wrote to its
 partitions (``kafka_upkeep``).
 """
@@ -208,7 +209,11 @@ class InboxSequencer:
     async def _commit_batch(self, owner: PartitionOwner, messages: list[Any]) -> int | None:
         """Sequence a batch of inbox records; called with ``owner.lock`` held by the owner.
         Returns the offset of a record that waits for an admission policy, up to which the
-        batch was sequenced, or None."""
+        batch was sequenced, or None. Records below the partition's ``inbox_next`` are on it
+        already: the owners' group's committed offset, where a new owner starts, may lag it."""
+        messages = [m for m in messages if m.offset >= owner.index.inbox_next]
+        if not messages:
+            return None
         await owner.owners.reader.load(owner.index, sessions_named(messages))
         done = self._admit(owner, messages)
         if done.waiting == messages[0].offset:

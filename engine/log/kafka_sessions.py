@@ -5,9 +5,10 @@ Partition ``p`` of the index describes events partition ``p``. Each record's key
 id and its value a ``SessionEntry``: where the session's records are (runs of offsets), its
 version, whether it is closed and whether it is live (a turn running, messages waiting, or not
 at rest). One more record, key ``WATERMARK``, says up to which events offset the entries are
-complete. The owner writes the entries of the sessions that changed, then the watermark, inside
-one of its partition transactions (at most every ``INDEX_EVERY_S``, and when it closes): a
-fenced zombie cannot write the index, and the index is never ahead of the events.
+complete, and the partition's next inbox offset to sequence as of that offset. The owner writes
+the entries of the sessions that changed, then the watermark, inside one of its partition
+transactions (at most every ``INDEX_EVERY_S``, and when it closes): a fenced zombie cannot
+write the index, and the index is never ahead of the events.
 
 A takeover reads the index (one record per session once compacted), folds the live sessions
 from their records (a per-session read of their runs), reads the events after the watermark,
@@ -52,6 +53,8 @@ class SessionIndex:
     """One index partition as read: the watermark (None if never written) and the entries."""
 
     watermark: int | None = None
+    inbox_next: int = 0
+    """The partition's next inbox offset to sequence as of the watermark (0: not recorded)."""
     entries: dict[str, SessionEntry] = field(default_factory=dict)
 
 
@@ -74,8 +77,8 @@ def decode_entry(value: bytes) -> SessionEntry:
     return SessionEntry(int(doc["v"]), bool(doc["c"]), bool(doc["l"]), runs)
 
 
-def encode_watermark(offset: int) -> bytes:
-    return json.dumps({"o": offset}).encode()
+def encode_watermark(offset: int, inbox_next: int) -> bytes:
+    return json.dumps({"o": offset, "i": inbox_next}).encode()
 
 
 def apply_record(index: SessionIndex, key: bytes | None, value: bytes | None) -> None:
@@ -84,7 +87,8 @@ def apply_record(index: SessionIndex, key: bytes | None, value: bytes | None) ->
         return
     try:
         if key == WATERMARK:
-            index.watermark = int(json.loads(value)["o"])
+            doc = json.loads(value)
+            index.watermark, index.inbox_next = int(doc["o"]), int(doc.get("i", 0))
         else:
             index.entries[key.decode()] = decode_entry(value)
     except (ValueError, KeyError, TypeError) as exc:
