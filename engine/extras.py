@@ -123,4 +123,3 @@ def _installed(distribution: str) -> bool:
     except metadata.PackageNotFoundError:
         return False
     return True
-

@@ -1,7 +1,9 @@
 """A process that owns no partition (a gateway) serves a session's newest events from what their
 owner named on the live topic (engine/log/kafka_heard.py): the same records, at the same offsets,
 as the partition holds, without reading the partition first; a run with a gap, or a session
-found erased since, is read from the partition."""
+found erased since, is read from the partition. The owner sends each event as the bytes it
+wrote (engine/log/kafka_written.py), so the gateway's reader, fetching those bytes at that
+offset, takes the record heard rather than decoding it again."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from turnlog.engine.log.kafka_live import (
     KafkaLiveSubscriber,
 )
 from turnlog.engine.log.kafka_topics import TopicNames
+from turnlog.engine.log.kafka_written import WrittenValues
 from turnlog.engine.log.sealing import PLAIN, Sealer
 
 PARTITIONS = 2
@@ -100,19 +103,41 @@ class Pair:
         self.gateway._reader.read_through = read_through  # type: ignore[method-assign]
         return calls
 
+    def decodes(self) -> list[bytes]:
+        """The values the gateway decodes from now on."""
+        values: list[bytes] = []
+        decode = self.gateway.records.decode
+
+        def counted(value: bytes) -> ev.Event:
+            values.append(value)
+            return decode(value)
+
+        self.gateway.records.decode = counted  # type: ignore[method-assign]
+        return values
+
 
 @asynccontextmanager
 async def owner_and_gateway(sealer: Sealer | None = None) -> AsyncIterator[Pair]:
     bootstrap = need_service("TURNLOG_KAFKA_BOOTSTRAP")
-    async with kafka_log(bootstrap, partitions=PARTITIONS, admission=AdmissionRules()) as owner:
+    async with kafka_log(
+        bootstrap, partitions=PARTITIONS, admission=AdmissionRules(), sealer=sealer
+    ) as owner:
         topic = owner.topics.events
         async with kafka_log(
             bootstrap, partitions=PARTITIONS, topic=topic, owner=False, sealer=sealer
         ) as gateway:
             publisher = KafkaLivePublisher(
-                bootstrap, owner.topics, PARTITIONS, origin="owner", own_record=owner.own_record
+                bootstrap,
+                owner.topics,
+                PARTITIONS,
+                origin="owner",
+                records=owner.records,
+                own_record=owner.own_record,
+                written=owner.written_value,
             )
-            subscriber = KafkaLiveSubscriber(bootstrap, owner.topics, PARTITIONS, heard=gateway.heard)
+            subscriber = KafkaLiveSubscriber(
+                bootstrap, owner.topics, PARTITIONS, records=gateway.records, heard=gateway.heard
+            )
             await subscriber.start()
             await publisher.start()
             owner.on_sequenced(publisher.publish)
@@ -202,11 +227,41 @@ async def test_a_session_found_erased_keeps_nothing_heard(tmp_path: Path) -> Non
     cipher.close()
 
 
+async def test_a_record_heard_is_not_decoded_again_when_the_partition_is_read(tmp_path: Path) -> None:
+    """Sealed, an event encoded twice differs (a fresh nonce each time): the gateway recognises
+    the records its reader fetches only because the owner sent the bytes it wrote."""
+    cipher = ContentCipher(SqliteKeyStore(tmp_path / "keys.db"), random_master())
+    async with owner_and_gateway(sealer=cipher) as pair:
+        events = [  # what a cipher seals: message text
+            ev.UserMessageReceived(session_id=SID, version=v, message_id=f"m{v}", text=f"more {v}")
+            for v in range(4, 8)
+        ]
+        await pair.committed(events, told=events)
+        decoded = pair.decodes()
+
+        read = await pair.gateway.read_session_records(SID, 3)  # the reader fetches the partition
+
+        assert as_the_log_has_them(read) == as_the_log_has_them(await pair.owner.read_session_records(SID, 3))
+        assert decoded == []
+    cipher.close()
+
+
+def test_an_owner_keeps_what_it_wrote_for_its_publisher_once_asked_and_within_its_budget() -> None:
+    written = WrittenValues(budget_bytes=250)
+    first, second, third = (LogRecord(0, offset, event) for offset, event in enumerate(session(3)))
+    written.add([first], [b"1" * 100])
+    assert written.take(first) is None  # nobody had asked: nothing was kept
+    written.add([first, second, third], [b"1" * 100, b"2" * 100, b"3" * 100])
+    assert written.weight <= 250 and written.take(first) is None  # the oldest went first
+    assert written.take(second) == b"2" * 100 and written.take(second) is None  # taken once
+    assert written.take(third) == b"3" * 100 and written.weight == 0
+
+
 def test_what_is_heard_is_bounded_by_weight_the_oldest_going_first() -> None:
-    heard = HeardRecords(budget_bytes=3 * (100 + RECORD_OVERHEAD))
+    heard = HeardRecords(budget_bytes=3 * (2 * 100 + RECORD_OVERHEAD))
     for sid in ("a", "b"):
         for event in session(2, sid):
-            heard.add(LogRecord(0, 0, event), 100)
+            heard.add(LogRecord(0, 0, event), b"x" * 100)
     assert heard.weight <= heard.budget_bytes
     assert heard.run("a", 0, 1) is None and heard.run("a", 1, 2) is not None
     assert heard.run("b", 0, 2) is not None
@@ -215,7 +270,7 @@ def test_what_is_heard_is_bounded_by_weight_the_oldest_going_first() -> None:
 def test_an_unreadable_offset_leaves_the_event_a_notice() -> None:
     """An event whose offset header cannot be read still reaches the hub (its streams read it
     from the log); only a readable offset makes it a record heard."""
-    kept: list[tuple[LogRecord, int]] = []
+    kept: list[tuple[LogRecord, bytes]] = []
     subscriber = KafkaLiveSubscriber("", TopicNames("t"), PARTITIONS, heard=lambda r, n: kept.append((r, n)))
     event = session(1)[0]
     value = PLAIN.encode(event)
@@ -225,6 +280,6 @@ def test_an_unreadable_offset_leaves_the_event_a_notice() -> None:
         return subscriber._decoded(SimpleNamespace(key=SID.encode(), value=value, headers=headers))
 
     assert received(b"12") == event
-    assert [(r.offset, r.event, n) for r, n in kept] == [(12, event, len(value))]
+    assert [(r.offset, r.event, v) for r, v in kept] == [(12, event, value)]
     assert received(b"x12") == event
     assert len(kept) == 1

@@ -103,6 +103,7 @@ class LiveLinks:
                 origin=origin,
                 records=log.records,
                 own_record=log.own_record,
+                written=log.written_value,
             )
             await self.publisher.start()
             log.on_sequenced(self.publisher.publish)

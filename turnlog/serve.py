@@ -98,7 +98,10 @@ def serve(
     directory = deployed_agents(agents, AgentContext(side.home, settings, "serve"))
     (lifecycle or LifecycleOptions()).apply(directory)
     config = GatewayConfig(
-        run_worker=run_worker, run_projector=run_projector, log_sample_rate=sample_rate, max_turns=max_turns,
+        run_worker=run_worker,
+        run_projector=run_projector,
+        log_sample_rate=sample_rate,
+        max_turns=max_turns,
         cache_bytes=cache_bytes,
     )
     configure_json_logs()

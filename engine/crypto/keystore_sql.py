@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS key_meta (name TEXT PRIMARY KEY, value {integer} NOT 
 INSERT INTO key_meta VALUES ('erased_seq', 0) ON CONFLICT (name) DO NOTHING;
 """
 
+
 def schema(*, blob: str, integer: str) -> str:
     """The key store's DDL in a dialect's column types (SQLite and PostgreSQL both take
     ``ON CONFLICT DO NOTHING``)."""

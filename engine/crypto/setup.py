@@ -15,6 +15,8 @@ MASTER_KEY_FILE = "master.key"
 KEYSTORE_SCHEMA = "turnlog_keys"
 """The PostgreSQL schema of the key store unless ``TURNLOG_KEYSTORE_SCHEMA`` names another: apart
 from the projections, so it can be granted and backed up on its own."""
+
+
 def keystore_beside(log_path: str | Path) -> Path:
     """The embedded log's key store: ``log.keys.db`` beside ``log.db``."""
     path = Path(log_path)

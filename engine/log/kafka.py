@@ -58,6 +58,7 @@ from .kafka_sessions import INDEX_EVERY_S
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
 from .kafka_txn import owner_producer
 from .kafka_upkeep import flush_all
+from .kafka_written import WrittenValues
 from .sealing import RecordCodec, Sealer
 from .submissions import SUBMITTABLE
 
@@ -113,8 +114,9 @@ class KafkaEventLog(EventLog):
         Avro codec, through the content cipher when the deployment names a key store."""
         self._owns_sealer = owns_sealer
         """``close`` closes the sealer too (its key store): the log was given one of its own."""
-        self._reader = PartitionReader(self.topics, self.records)
         self._heard = HeardRecords()
+        self._reader = PartitionReader(self.topics, self.records, known=self._heard.known)
+        self._written = WrittenValues()
         self.records.on_forget(self._heard.forget)
         shared = Owners(
             reader=self._reader,
@@ -126,6 +128,7 @@ class KafkaEventLog(EventLog):
             session_index=session_index,
             index_every_s=index_every_s,
             name=f"{client_id}:owner",
+            written=self._written,
         )
         self._owners = [PartitionOwner(p, shared) for p in range(partitions)]
         self._sequencer = InboxSequencer(self._owners, lambda: self.admission, self._spawn)
@@ -347,11 +350,16 @@ class KafkaEventLog(EventLog):
         them at once, not only with the turn they start."""
         self._sequencer.sequenced = listener
 
-    def heard(self, record: LogRecord, encoded_bytes: int) -> None:
+    def heard(self, record: LogRecord, value: bytes) -> None:
         """A committed record the partition's owner named on the live topic (kafka_heard); not
         kept if its session is known erased (it was decoded before this process knew)."""
         if not self.records.erased(record.event.session_id):
-            self._heard.add(record, encoded_bytes)
+            self._heard.add(record, value)
+
+    def written_value(self, record: LogRecord) -> bytes | None:
+        """The value this process committed ``record`` with, taken once (``kafka_written``): its
+        live publisher sends those bytes rather than encoding the event again."""
+        return self._written.take(record)
 
     def own_record(self, session_id: str, version: int) -> LogRecord | None:
         """The record of a session's ``version`` if this process owns its partition and holds it

@@ -106,7 +106,7 @@ async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: W
     committing = offsets_to_commit(owner, events, writes)
     try:
         async with asyncio.timeout(OPERATION_TIMEOUT_S), producer.transaction():
-            futures = await _send_all(owner, producer, events, writes, committing)
+            futures, values = await _send_all(owner, producer, events, writes, committing)
         metas = [await f for f in futures]
     except ProducerFenced as exc:
         raise owner.fenced("fenced by a newer owner") from exc
@@ -121,6 +121,7 @@ async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: W
             owner.inbox_pending = owner.index.inbox_next
     owner.index.dead_sources.update(poison.source for poison in writes.dead)
     records = [LogRecord(owner.partition, m.offset, e) for m, e in zip(metas, events, strict=True)]
+    owner.owners.written.add(records, values)
     await _index_committed(owner, records)
     return records
 
@@ -131,18 +132,18 @@ async def _send_all(
     events: list[Event],
     writes: Writes,
     committing: GroupOffset | None,
-) -> list[asyncio.Future[Any]]:
-    """Everything one transaction writes, inside it; the events' delivery futures."""
+) -> tuple[list[asyncio.Future[Any]], list[bytes]]:
+    """Everything one transaction writes, inside it; the events' delivery futures and values."""
     topics, p = owner.owners.reader.topics, owner.partition
-    encode = owner.owners.reader.codec.encode
+    values = owner.owners.reader.codec.encode_all(events)
     last = len(events) - 1
     futures = []
-    for i, e in enumerate(events):
+    for i, (e, value) in enumerate(zip(events, values, strict=True)):
         headers = event_headers(e)
         if i == last and writes.inbox_offset is not None:
             headers.append(inbox_header(writes.inbox_offset))
         key = e.session_id.encode()
-        futures.append(await producer.send(topics.events, encode(e), key=key, partition=p, headers=headers))
+        futures.append(await producer.send(topics.events, value, key=key, partition=p, headers=headers))
     for poison in writes.dead:
         await producer.send(
             topics.dead_letter, poison.value, key=poison.key, partition=p, headers=poison.headers()
@@ -151,7 +152,7 @@ async def _send_all(
         await producer.send(topics.sessions, value, key=key, partition=p)
     if committing is not None:
         await producer.send_offsets_to_transaction({committing.tp: committing.offset}, committing.group)
-    return futures
+    return futures, values
 
 
 async def _index_committed(owner: PartitionOwner, records: list[LogRecord]) -> None:

@@ -4,7 +4,9 @@ that knows a version is committed (``read_session_records_through``, an SSE stre
 notice) answers from them instead of fetching the partition through the transaction's markers.
 
 They are what the partition holds: the owner's committed records, decoded by this process's
-codec. Only a contiguous run of versions is served (a gap goes to the partition), a session's
+codec, with the value the owner wrote (``kafka_written``): when this process's reader of the
+partition fetches the same bytes at that offset, it takes the record heard instead of decoding
+them again (``known``). Only a contiguous run of versions is served (a gap goes to the partition), a session's
 are dropped once its index holds them, and a session found erased drops them (its content was
 decoded before the erasure). A process hears every session's events, streamed or not, so what
 is kept is bounded by weight, the oldest going first; nothing here is a source of truth.
@@ -19,8 +21,8 @@ from .base import LogRecord
 BUDGET_BYTES = 8 << 20
 """What the records heard may weigh: the oldest go first past it."""
 RECORD_OVERHEAD = 400
-"""A decoded record's weight beyond its encoded bytes (the event object, its fields, the record
-and the indexes' entries)."""
+"""A decoded record's weight beyond its encoded bytes, kept, and its decoded content, of about
+their size (the event object, its fields, the record and the indexes' entries)."""
 
 
 class HeardRecords:
@@ -29,11 +31,14 @@ class HeardRecords:
         self.weight = 0
         self._order: deque[tuple[LogRecord, int]] = deque()
         self._sessions: dict[str, dict[int, LogRecord]] = {}
+        self._values: dict[tuple[int, int], tuple[bytes, LogRecord]] = {}
+        """Each record with the value it was heard as, by (partition, offset)."""
 
-    def add(self, record: LogRecord, encoded_bytes: int) -> None:
-        """Keep ``record``, ``encoded_bytes`` long on the live topic."""
-        weight = encoded_bytes + RECORD_OVERHEAD
+    def add(self, record: LogRecord, value: bytes) -> None:
+        """Keep ``record``, heard as ``value``."""
+        weight = 2 * len(value) + RECORD_OVERHEAD
         self._sessions.setdefault(record.event.session_id, {})[record.event.version] = record
+        self._values[(record.partition, record.offset)] = (value, record)
         self._order.append((record, weight))
         self.weight += weight
         while self.weight > self.budget_bytes and self._order:
@@ -53,6 +58,16 @@ class HeardRecords:
             run.append(record)
         return run
 
+    def known(self, partition: int, offset: int, value: bytes) -> LogRecord | None:
+        """The record heard at ``offset`` of ``partition`` if it was heard as ``value`` and its
+        session is still kept (not erased since, not read through)."""
+        heard = self._values.get((partition, offset))
+        if heard is None or heard[0] != value:
+            return None
+        record = heard[1]
+        versions = self._sessions.get(record.event.session_id)
+        return record if versions is not None and versions.get(record.event.version) is record else None
+
     def drop_through(self, session_id: str, version: int) -> None:
         """The partition's reader holds the session through ``version``: forget those."""
         versions = self._sessions.get(session_id)
@@ -66,6 +81,7 @@ class HeardRecords:
         self._sessions.pop(session_id, None)
 
     def _drop(self, record: LogRecord) -> None:
+        self._values.pop((record.partition, record.offset), None)
         session_id, version = record.event.session_id, record.event.version
         versions = self._sessions.get(session_id)
         if versions is not None and versions.get(version) is record:

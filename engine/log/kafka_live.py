@@ -17,7 +17,8 @@ Records: key = session id; header ``turnlog.live`` = ``event`` (Avro single-obje
 its fields); header ``turnlog.origin`` = the publishing process, so a process that also
 publishes can skip its own items; header ``turnlog.offset`` on an event its publisher committed
 itself = the event's offset in its partition, so a subscriber serves it as that record before
-its reader of the partition has it (``kafka_heard``).
+its reader of the partition has it (``kafka_heard``); its value is then the record's own value
+on the events topic (``kafka_written``), which that reader need not decode again.
 """
 
 from __future__ import annotations
@@ -60,9 +61,14 @@ def encode(item: Published, records: RecordCodec = PLAIN) -> tuple[bytes, bytes]
     if isinstance(item, ModelWaiting):
         fields = ("turn_id", "step", "model", "reason", "ahead", "waiting")
         return b"waiting", json.dumps({name: getattr(item, name) for name in fields}).encode()
-    if isinstance(item, HEAVY) and len(item.state_json) > WHOLE_STATE_CHARS:
+    if _notice_only(item):
         return b"notice", json.dumps({"version": item.version, "type": item.type}).encode()
     return b"event", records.encode(item)
+
+
+def _notice_only(item: Published) -> bool:
+    """A heavy event too large to send whole: only its version goes out."""
+    return isinstance(item, HEAVY) and len(item.state_json) > WHOLE_STATE_CHARS
 
 
 def _delta_label(turn_id: str, step: int) -> str:
@@ -112,6 +118,7 @@ class KafkaLivePublisher:
         origin: str,
         records: RecordCodec = PLAIN,
         own_record: Callable[[str, int], LogRecord | None] = lambda session_id, version: None,
+        written: Callable[[LogRecord], bytes | None] = lambda record: None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
@@ -122,6 +129,9 @@ class KafkaLivePublisher:
         self.own_record = own_record
         """The record of an event this process committed (``KafkaEventLog.own_record``): its
         offset goes out with the event."""
+        self.written = written
+        """The value such a record was committed with (``KafkaEventLog.written_value``): sent as
+        it is, not encoded again, so a subscriber knows the bytes its reader will fetch."""
         self._queue: asyncio.Queue[Published] = asyncio.Queue(QUEUE_SIZE)
         self._producer: AIOKafkaProducer | None = None
         self._sender: asyncio.Task[None] | None = None
@@ -147,24 +157,28 @@ class KafkaLivePublisher:
         assert producer is not None
         while True:
             item = await self._queue.get()
-            kind, value = encode(item, self.records)
+            record = self.own_record(item.session_id, item.version) if isinstance(item, Event) else None
+            kind, value = b"", None
+            if record is not None and not _notice_only(item):
+                kind, value = b"event", self.written(record)
+            if value is None:
+                kind, value = encode(item, self.records)
             try:
                 await producer.send(
                     self.topics.live,
                     value,
                     key=item.session_id.encode(),
                     partition=partition_for(item.session_id, self.partitions),
-                    headers=self._headers(item, kind),
+                    headers=self._headers(kind, record),
                 )
             except KafkaError as exc:  # live items are best effort: streams read events from the log
                 self.dropped += 1
                 log.warning("live.send_failed", error=repr(exc), dropped=self.dropped)
 
-    def _headers(self, item: Published, kind: bytes) -> list[tuple[str, bytes]]:
+    def _headers(self, kind: bytes, record: LogRecord | None) -> list[tuple[str, bytes]]:
         headers = [(KIND, kind), (ORIGIN, self.origin)]
-        if isinstance(item, Event) and kind == b"event":
-            if (record := self.own_record(item.session_id, item.version)) is not None:
-                headers.append((OFFSET, str(record.offset).encode()))
+        if kind == b"event" and record is not None:
+            headers.append((OFFSET, str(record.offset).encode()))
         return headers
 
     async def close(self) -> None:
@@ -190,11 +204,11 @@ class KafkaLiveSubscriber:
         *,
         skip_origin: str = "",
         records: RecordCodec = PLAIN,
-        heard: Callable[[LogRecord, int], None] = lambda record, encoded_bytes: None,
+        heard: Callable[[LogRecord, bytes], None] = lambda record, value: None,
     ) -> None:
         self.records = records
         self.heard = heard
-        """Told of each event that came with its offset, and its size (``KafkaEventLog.heard``)."""
+        """Told of each event that came with its offset, and its value (``KafkaEventLog.heard``)."""
         self.bootstrap = bootstrap
         self.topics = topics
         self.partitions = partitions
@@ -241,9 +255,8 @@ class KafkaLiveSubscriber:
             return None
         if isinstance(item, Event) and (offset := headers.get(OFFSET)) is not None:
             if offset.isdigit():
-                self.heard(
-                    LogRecord(partition_for(item.session_id, self.partitions), int(offset), item), len(value)
-                )
+                partition = partition_for(item.session_id, self.partitions)
+                self.heard(LogRecord(partition, int(offset), item), value)
             else:  # the event still wakes its streams: they read it from the log
                 log.warning("live.offset_unreadable", session=item.session_id, offset=repr(offset[:32]))
         return item

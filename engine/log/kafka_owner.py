@@ -25,6 +25,7 @@ from ..errors import LogError, LogUnavailableError, PartitionNotOwnedError
 from .kafka_appends import PendingAppend, fail_group
 from .kafka_index import PartitionIndex
 from .kafka_reader import PartitionReader
+from .kafka_written import WrittenValues
 
 log = structlog.get_logger("turnlog.kafka")
 REACQUIRE_DELAY_S = 3.0
@@ -53,6 +54,8 @@ class Owners:
     index_every_s: float
     name: str
     """The producer name an owner's own events carry (ERROR markers for poison)."""
+    written: WrittenValues
+    """The values of the events committed last, for the live publisher (``kafka_written``)."""
 
 
 class PartitionOwner:

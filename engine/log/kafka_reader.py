@@ -10,7 +10,7 @@ an index's base, the dead-letter ledger and a partition's listing. Every read is
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -21,7 +21,7 @@ from .base import LogRecord
 from .kafka_index import PartitionIndex
 from .kafka_listing import read_versions
 from .kafka_poison import dead_letter_sources
-from .kafka_records import decode_record
+from .kafka_records import Poison, decode_record
 from .kafka_sessions import SessionEntry, read_index, read_runs
 from .kafka_topics import TopicNames
 from .sealing import PLAIN, RecordCodec
@@ -49,10 +49,17 @@ def read_consumer(bootstrap: str, client_id: str) -> AIOKafkaConsumer:
 class PartitionReader:
     """The process's one consumer of the log's topics, shared by every read under its lock."""
 
-    def __init__(self, topics: TopicNames, codec: RecordCodec = PLAIN) -> None:
+    def __init__(
+        self,
+        topics: TopicNames,
+        codec: RecordCodec = PLAIN,
+        known: Callable[[int, int, bytes], LogRecord | None] = lambda partition, offset, value: None,
+    ) -> None:
         self.topics = topics
         self.codec = codec
         """How the events topic's records decode (the log's sealer)."""
+        self.known = known
+        """A record already decoded, by partition, offset and value (``HeardRecords.known``)."""
         self.consumer: AIOKafkaConsumer | None = None
         """Set by ``KafkaEventLog.start``; None before and after."""
         self.lock = asyncio.Lock()
@@ -145,7 +152,7 @@ class PartitionReader:
         fetch, not with the poll's timeout."""
         batch = (await consumer.getmany(tp, timeout_ms=50, max_records=1000)).get(tp, [])
         position = await consumer.position(tp)
-        decoded = [decode_record(part.partition, msg, self.codec) for msg in batch]
+        decoded = [self._decoded(part.partition, msg) for msg in batch]
         if part.unloaded:
             sids = {r.event.session_id for r in decoded if isinstance(r, LogRecord)}
             if entries := {sid: part.unloaded[sid] for sid in sids if sid in part.unloaded}:
@@ -154,6 +161,12 @@ class PartitionReader:
         for msg, entry in zip(batch, decoded, strict=True):
             part.add_consumed(msg, entry)
         part.add([], position)
+
+    def _decoded(self, partition: int, msg: Any) -> LogRecord | Poison:
+        """A fetched record as the process heard it on the live topic, or decoded."""
+        if (record := self.known(partition, msg.offset, msg.value)) is not None:
+            return record
+        return decode_record(partition, msg, self.codec)
 
     async def load(self, part: PartitionIndex, session_ids: Iterable[str]) -> None:
         """Fold the sessions the session index names that this process has not read yet."""
