@@ -127,13 +127,18 @@ async def read_topic(bootstrap: str, topic: str, partition: int) -> list:
     return []
 
 
-async def read_topic_once(bootstrap: str, topic: str, partition: int) -> list:
-    consumer = AIOKafkaConsumer(
+def raw_consumer(bootstrap: str, isolation_level: str = "read_committed") -> AIOKafkaConsumer:
+    """A consumer of no group that reads from the start (not started)."""
+    return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
-        isolation_level="read_committed",
+        isolation_level=isolation_level,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
     )
+
+
+async def read_topic_once(bootstrap: str, topic: str, partition: int) -> list:
+    consumer = raw_consumer(bootstrap)
     await consumer.start()
     try:
         tp = TopicPartition(topic, partition)

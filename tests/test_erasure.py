@@ -23,12 +23,12 @@ import httpx
 import psycopg
 import pytest
 import uvicorn
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from psycopg import sql as pgsql
 
 from tests.erasure_support import hits, pg_cipher
 from tests.gateway_support import KEYS, POLLING_LIMITS, PRINCIPALS, auth
-from tests.services import delete_topics, fresh_topic, need_service
+from tests.services import delete_topics, fresh_topic, need_service, raw_consumer
 from turnlog.consumers.memory import MemoryConsumer
 from turnlog.engine import (
     Agent,
@@ -203,12 +203,7 @@ async def on_loopback(gw: Gateway) -> AsyncIterator[str]:
 
 async def kafka_bytes(bootstrap: str, topic: str) -> list[tuple[str, bytes]]:
     """Every record of every topic of the log, from offset 0, aborted transactions' too."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        isolation_level="read_uncommitted",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
+    consumer = raw_consumer(bootstrap, "read_uncommitted")
     await consumer.start()
     blobs: list[tuple[str, bytes]] = []
     try:
