@@ -103,6 +103,18 @@ class Pair:
         self.gateway._reader.read_through = read_through  # type: ignore[method-assign]
         return calls
 
+    def partition_catch_ups(self) -> list[int]:
+        """The partitions the gateway's reader catches up from now on (each asks the broker)."""
+        calls: list[int] = []
+        caught_up = self.gateway._reader.caught_up
+
+        async def counted(part: Any) -> Any:
+            calls.append(part.partition)
+            return await caught_up(part)
+
+        self.gateway._reader.caught_up = counted  # type: ignore[method-assign]
+        return calls
+
     def decodes(self) -> list[bytes]:
         """The values the gateway decodes from now on."""
         values: list[bytes] = []
@@ -225,6 +237,28 @@ async def test_a_session_found_erased_keeps_nothing_heard(tmp_path: Path) -> Non
 
         assert reads == [5]
     cipher.close()
+
+
+async def test_a_submission_from_a_gateway_is_answered_by_what_its_owner_named() -> None:
+    """A gateway's submission is pending until the partition's owner sequences it; the owner
+    names the sequenced event on the live topic, which wakes the wait for it and answers it
+    without a read of the partition."""
+    async with owner_and_gateway() as pair:
+        message = ev.UserMessageReceived(session_id=SID, version=0, message_id="m4", text="and?")
+        waiting = asyncio.ensure_future(pair.gateway._wait_sequenced(message, 30))
+        await asyncio.sleep(0)  # waiting to hear of the session from now on
+        (pending,) = await pair.gateway.submit(message)
+        assert pending.pending
+        await pair.hear(4)  # the gateway's subscriber reads on (its live feed does, in a gateway)
+        await asyncio.wait_for(waiting, 10)  # woken by what was heard, long before its 30 s
+        reads = pair.partition_catch_ups()
+
+        found = await pair.gateway.sequenced(pending, 10)
+
+        assert as_the_log_has_them([found]) == as_the_log_has_them(
+            await pair.owner.read_session_records(SID, 3)
+        )
+        assert reads == []
 
 
 async def test_a_record_heard_is_not_decoded_again_when_the_partition_is_read(tmp_path: Path) -> None:

@@ -249,17 +249,28 @@ class EventLog(abc.ABC):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            records = await self.read_session_records(event.session_id, event.basis_version)
-            found = next((r for r in records if r.event.event_id == event.event_id), None)
-            if found is not None:
+            if (found := await self._find_sequenced(event)) is not None:
                 return found
-            first = records[0].event if records and records[0].event.version == 1 else None
-            if isinstance(event, (SessionCreated, SessionForked)) and first is not None:
-                raise ConcurrencyError(event.session_id, 0, await self.session_version(event.session_id))
             left = deadline - loop.time()
             if left <= 0:
                 return None
-            await self.wait_for_append(min(left, 0.2))
+            await self._wait_sequenced(event, min(left, 0.2))
+
+    async def _find_sequenced(self, event: Event) -> LogRecord | None:
+        """``event``'s record if the log holds it; ConcurrencyError if a session it would open
+        was opened by another event."""
+        records = await self.read_session_records(event.session_id, event.basis_version)
+        found = next((r for r in records if r.event.event_id == event.event_id), None)
+        if found is not None:
+            return found
+        first = records[0].event if records and records[0].event.version == 1 else None
+        if isinstance(event, (SessionCreated, SessionForked)) and first is not None:
+            raise ConcurrencyError(event.session_id, 0, await self.session_version(event.session_id))
+        return None
+
+    async def _wait_sequenced(self, event: Event, timeout: float) -> None:
+        """Wait (at most ``timeout``) for news of ``event``'s session: an append, here."""
+        await self.wait_for_append(timeout)
 
     async def readiness_problem(self) -> str | None:
         """None if the log can serve now; else what keeps it from serving, and what to do (a

@@ -115,6 +115,8 @@ class KafkaEventLog(EventLog):
         self._owns_sealer = owns_sealer
         """``close`` closes the sealer too (its key store): the log was given one of its own."""
         self._heard = HeardRecords()
+        self._hearing: dict[str, list[asyncio.Future[None]]] = {}
+        """Who waits to hear of a session on the live topic (``sequenced``)."""
         self._reader = PartitionReader(self.topics, self.records, known=self._heard.known)
         self._written = WrittenValues()
         self.records.on_forget(self._heard.forget)
@@ -355,6 +357,30 @@ class KafkaEventLog(EventLog):
         kept if its session is known erased (it was decoded before this process knew)."""
         if not self.records.erased(record.event.session_id):
             self._heard.add(record, value)
+        for waiter in self._hearing.pop(record.event.session_id, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _find_sequenced(self, event: Event) -> LogRecord | None:
+        """The record the partition's owner named on the live topic, else as on the log."""
+        heard = self._heard.find(event.session_id, event.event_id)
+        return heard if heard is not None else await super()._find_sequenced(event)
+
+    async def _wait_sequenced(self, event: Event, timeout: float) -> None:
+        """Until the live topic names an event of the session (the owner sequenced ours, or
+        something else happened to it), at most ``timeout``."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._hearing.setdefault(event.session_id, [])
+        waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters and self._hearing.get(event.session_id) is waiters:
+                del self._hearing[event.session_id]
 
     def written_value(self, record: LogRecord) -> bytes | None:
         """The value this process committed ``record`` with, taken once (``kafka_written``): its

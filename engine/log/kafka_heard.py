@@ -58,6 +58,11 @@ class HeardRecords:
             run.append(record)
         return run
 
+    def find(self, session_id: str, event_id: str) -> LogRecord | None:
+        """The record heard of the session's event ``event_id``, if kept."""
+        kept = self._sessions.get(session_id, {}).values()
+        return next((record for record in kept if record.event.event_id == event_id), None)
+
     def known(self, partition: int, offset: int, value: bytes) -> LogRecord | None:
         """The record heard at ``offset`` of ``partition`` if it was heard as ``value`` and its
         session is still kept (not erased since, not read through)."""
