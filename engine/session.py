@@ -428,7 +428,7 @@ class AgentSessions:
                     f"{self.log.partition_of(sid)} has not applied it within {REQUEST_WAIT_S:g} s; it will "
                     "once a worker owns the partition: check that workers run."
                 )
-            await self.log.wait_for_append(min(left, 0.2))
+            await self.log.wait_for_session(sid, min(left, 0.2))
 
     def _owns(self, session_id: str) -> bool:
         """Whether this process may append to the session (always, except on Kafka where the
@@ -471,7 +471,7 @@ class AgentSessions:
             current = await self.runner.reload(session_id)
             if current.closed:
                 return _info(current)
-            await self.log.wait_for_append(deadline - loop.time())
+            await self.log.wait_for_session(session_id, min(deadline - loop.time(), 0.2))
         raise LogUnavailableError(
             f"session {session_id}: the close request is on the log, but the owner of partition "
             f"{self.log.partition_of(session_id)} has not applied it within {REQUEST_WAIT_S:g} s; "

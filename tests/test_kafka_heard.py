@@ -245,7 +245,7 @@ async def test_a_submission_from_a_gateway_is_answered_by_what_its_owner_named()
     without a read of the partition."""
     async with owner_and_gateway() as pair:
         message = ev.UserMessageReceived(session_id=SID, version=0, message_id="m4", text="and?")
-        waiting = asyncio.ensure_future(pair.gateway._wait_sequenced(message, 30))
+        waiting = asyncio.ensure_future(pair.gateway.wait_for_session(SID, 30))
         await asyncio.sleep(0)  # waiting to hear of the session from now on
         (pending,) = await pair.gateway.submit(message)
         assert pending.pending

@@ -254,7 +254,7 @@ class EventLog(abc.ABC):
             left = deadline - loop.time()
             if left <= 0:
                 return None
-            await self._wait_sequenced(event, min(left, 0.2))
+            await self.wait_for_session(event.session_id, min(left, 0.2))
 
     async def _find_sequenced(self, event: Event) -> LogRecord | None:
         """``event``'s record if the log holds it; ConcurrencyError if a session it would open
@@ -268,8 +268,10 @@ class EventLog(abc.ABC):
             raise ConcurrencyError(event.session_id, 0, await self.session_version(event.session_id))
         return None
 
-    async def _wait_sequenced(self, event: Event, timeout: float) -> None:
-        """Wait (at most ``timeout``) for news of ``event``'s session: an append, here."""
+    async def wait_for_session(self, session_id: str, timeout: float) -> None:
+        """Wait at most ``timeout`` for news that may concern the session (a request another
+        process applies to it): ``wait_for_append`` unless the log knows better. Callers read
+        the session again after it, whatever woke them."""
         await self.wait_for_append(timeout)
 
     async def readiness_problem(self) -> str | None:

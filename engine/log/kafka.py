@@ -366,11 +366,12 @@ class KafkaEventLog(EventLog):
         heard = self._heard.find(event.session_id, event.event_id)
         return heard if heard is not None else await super()._find_sequenced(event)
 
-    async def _wait_sequenced(self, event: Event, timeout: float) -> None:
-        """Until the live topic names an event of the session (the owner sequenced ours, or
-        something else happened to it), at most ``timeout``."""
+    async def wait_for_session(self, session_id: str, timeout: float) -> None:
+        """Until the live topic names an event of the session (its owner applied a request, or
+        something else happened to it), at most ``timeout``: a process that owns no partition
+        hears of no append otherwise (a log with no live publisher waits the whole timeout)."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._hearing.setdefault(event.session_id, [])
+        waiters = self._hearing.setdefault(session_id, [])
         waiters.append(waiter)
         try:
             await asyncio.wait_for(waiter, timeout)
@@ -379,8 +380,8 @@ class KafkaEventLog(EventLog):
         finally:
             if waiter in waiters:
                 waiters.remove(waiter)
-            if not waiters and self._hearing.get(event.session_id) is waiters:
-                del self._hearing[event.session_id]
+            if not waiters and self._hearing.get(session_id) is waiters:
+                del self._hearing[session_id]
 
     def written_value(self, record: LogRecord) -> bytes | None:
         """The value this process committed ``record`` with, taken once (``kafka_written``): its
