@@ -116,7 +116,7 @@ class KafkaEventLog(EventLog):
         """``close`` closes the sealer too (its key store): the log was given one of its own."""
         self._heard = HeardRecords()
         self._hearing: dict[str, list[asyncio.Future[None]]] = {}
-        """Who waits to hear of a session on the live topic (``sequenced``)."""
+        """Who waits to hear of a session on the live topic (``wait_for_session``)."""
         self._reader = PartitionReader(self.topics, self.records, known=self._heard.known)
         self._written = WrittenValues()
         self.records.on_forget(self._heard.forget)
