@@ -357,9 +357,7 @@ class KafkaEventLog(EventLog):
         kept if its session is known erased (it was decoded before this process knew)."""
         if not self.records.erased(record.event.session_id):
             self._heard.add(record, value)
-        for waiter in self._hearing.pop(record.event.session_id, ()):
-            if not waiter.done():
-                waiter.set_result(None)
+        _wake(self._hearing.pop(record.event.session_id, ()))
 
     async def _find_sequenced(self, event: Event) -> LogRecord | None:
         """The record the partition's owner named on the live topic, else as on the log."""
@@ -371,17 +369,16 @@ class KafkaEventLog(EventLog):
         something else happened to it), at most ``timeout``: a process that owns no partition
         hears of no append otherwise (a log with no live publisher waits the whole timeout)."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._hearing.setdefault(session_id, [])
-        waiters.append(waiter)
+        self._hearing.setdefault(session_id, []).append(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            if waiter in waiters:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, timeout)
+        finally:  # not woken (``heard`` takes the list of those it wakes): leave no entry behind
+            waiters = self._hearing.get(session_id)
+            if waiters is not None and waiter in waiters:
                 waiters.remove(waiter)
-            if not waiters and self._hearing.get(session_id) is waiters:
-                del self._hearing[session_id]
+                if not waiters:
+                    del self._hearing[session_id]
 
     def written_value(self, record: LogRecord) -> bytes | None:
         """The value this process committed ``record`` with, taken once (``kafka_written``): its
@@ -467,10 +464,15 @@ class KafkaEventLog(EventLog):
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        _wake(waiters)
 
     def _check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise LogError(f"partition {partition} out of range 0..{self.partitions - 1}")
+
+
+def _wake(waiters: Iterable[asyncio.Future[None]]) -> None:
+    """Answer the waiters still waiting (one may have timed out)."""
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)

@@ -6,10 +6,11 @@ notice) answers from them instead of fetching the partition through the transact
 They are what the partition holds: the owner's committed records, decoded by this process's
 codec, with the value the owner wrote (``kafka_written``): when this process's reader of the
 partition fetches the same bytes at that offset, it takes the record heard instead of decoding
-them again (``known``). Only a contiguous run of versions is served (a gap goes to the partition), a session's
-are dropped once its index holds them, and a session found erased drops them (its content was
-decoded before the erasure). A process hears every session's events, streamed or not, so what
-is kept is bounded by weight, the oldest going first; nothing here is a source of truth.
+them again (``known``). Only a contiguous run of versions is served (a gap goes to the
+partition), a session's are dropped once its index holds them, and a session found erased drops
+them (its content was decoded before the erasure). A process hears every session's events,
+streamed or not, so what is kept is bounded by weight, the oldest going first; nothing here is a
+source of truth.
 """
 
 from __future__ import annotations
