@@ -21,9 +21,9 @@ from tests.gateway_support import SseMessage, read_until, sse_messages
 from tests.openai_server import free_port
 from tests.services import delete_topics, fresh_topic, need_service, postgres_store
 from turnlog.consumers import TurnWorker
+from turnlog.distributed import LiveLinks
 from turnlog.engine import events as ev
 from turnlog.engine.log.kafka import KafkaEventLog
-from turnlog.engine.log.kafka_live import KafkaLivePublisher
 
 PARTITIONS = 2
 KEYS = {
@@ -46,12 +46,10 @@ async def desk_worker(bootstrap: str, topic: str) -> AsyncIterator[KafkaEventLog
         bootstrap, topic=topic, partitions=PARTITIONS, client_id="desk-worker", session_timeout_ms=6000
     )
     await log.start()
-    publisher = KafkaLivePublisher(
-        bootstrap, log.topics, PARTITIONS, origin="desk-worker", own_record=log.own_record
-    )  # as turnlog.distributed.LiveLinks makes it: the gateway streams events before reading them
-    await publisher.start()
-    log.on_sequenced(publisher.publish)
-    worker = TurnWorker(log, desk.directory(), worker_id="desk-worker", on_item=publisher.publish)
+    links = LiveLinks()  # as turnlog worker wires them: the gateway streams events before reading them
+    await links.start(log, publish=True, subscribe=False)
+    assert links.publisher is not None
+    worker = TurnWorker(log, desk.directory(), worker_id="desk-worker", on_item=links.publisher.publish)
     running = asyncio.create_task(worker.run())
     try:
         await log.wait_owned()
@@ -59,7 +57,7 @@ async def desk_worker(bootstrap: str, topic: str) -> AsyncIterator[KafkaEventLog
     finally:
         worker.stop()
         await running
-        await publisher.close()
+        await links.close()
         await log.close()
 
 

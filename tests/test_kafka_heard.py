@@ -17,6 +17,7 @@ from typing import Any
 
 from tests.erasure_support import REQUIRED, random_master
 from tests.services import kafka_log, need_service
+from turnlog.distributed import LiveLinks
 from turnlog.engine import events as ev
 from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.crypto.cipher import ContentCipher
@@ -138,29 +139,19 @@ async def owner_and_gateway(sealer: Sealer | None = None) -> AsyncIterator[Pair]
         async with kafka_log(
             bootstrap, partitions=PARTITIONS, topic=topic, owner=False, sealer=sealer
         ) as gateway:
-            publisher = KafkaLivePublisher(
-                bootstrap,
-                owner.topics,
-                PARTITIONS,
-                origin="owner",
-                records=owner.records,
-                own_record=owner.own_record,
-                written=owner.written_value,
-            )
-            subscriber = KafkaLiveSubscriber(
-                bootstrap, owner.topics, PARTITIONS, records=gateway.records, heard=gateway.heard
-            )
-            await subscriber.start()
-            await publisher.start()
-            owner.on_sequenced(publisher.publish)
+            worker_side, gateway_side = LiveLinks(), LiveLinks()  # as turnlog worker and serve wire them
+            await gateway_side.start(gateway, publish=False)
+            await worker_side.start(owner, publish=True, subscribe=False)
+            publisher, subscriber = worker_side.publisher, gateway_side.subscriber
+            assert isinstance(publisher, KafkaLivePublisher) and isinstance(subscriber, KafkaLiveSubscriber)
             try:
                 pair = Pair(owner, gateway, publisher, subscriber.items())
                 await pair.committed(session(3), told=session(3))
                 assert len(await gateway.read_session_records(SID)) == 3  # its index holds 1-3
                 yield pair
             finally:
-                await publisher.close()
-                await subscriber.close()
+                await worker_side.close()
+                await gateway_side.close()
 
 
 def as_the_log_has_them(records: list[LogRecord]) -> list[tuple[int, int, ev.Event]]:
