@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from turnlog.engine.log.base import AdmissionPolicy
 from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.kafka_held import DEFAULT_INDEX_BYTES
 from turnlog.engine.log.kafka_topics import TopicNames
 from turnlog.engine.log.sealing import Sealer
 from turnlog.projections.postgres import PostgresProjectionStore
@@ -71,13 +72,20 @@ async def kafka_log(
     owner: bool = True,
     admission: AdmissionPolicy | None = None,
     sealer: Sealer | None = None,
+    index_bytes: int = DEFAULT_INDEX_BYTES,
 ) -> AsyncIterator[KafkaEventLog]:
     """A started KafkaEventLog on fresh topics that owns every partition; topics deleted after.
     ``admission``: the rules the owner admits inbox records by, handed over before it starts;
     else the first AgentSessions or TurnWorker made on it hands over theirs."""
     name = topic or fresh_topic()
     log = KafkaEventLog(
-        bootstrap, topic=name, partitions=partitions, owner=owner, session_timeout_ms=6000, sealer=sealer
+        bootstrap,
+        topic=name,
+        partitions=partitions,
+        owner=owner,
+        session_timeout_ms=6000,
+        sealer=sealer,
+        index_bytes=index_bytes,
     )
     if admission is not None:
         log.admit_with(admission)

@@ -15,8 +15,11 @@ from turnlog.engine import AgentDirectory, AgentSessions, EventLog, SqliteEventL
 from turnlog.engine.agent import Agent
 from turnlog.engine.crypto.setup import configured_cipher
 from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.kafka_held import DEFAULT_INDEX_BYTES
 from turnlog.projections import ProjectionStore, SqliteProjectionStore
 from turnlog.projections.postgres import PostgresProjectionStore
+
+from .config import kafka_index_bytes_from_env
 
 
 class EmbeddedApp:
@@ -106,6 +109,7 @@ def kafka_log(
         client_id=client_id,
         sealer=cipher,
         owns_sealer=cipher is not None,
+        index_bytes=kafka_index_bytes_from_env(DEFAULT_INDEX_BYTES),
     )
 
 

@@ -15,6 +15,7 @@ CONNECTIONS_ENV = "TURNLOG_MODEL_CONNECTIONS"
 KEEPALIVE_ENV = "TURNLOG_MODEL_KEEPALIVE_S"
 MAX_TURNS_ENV = "TURNLOG_MAX_TURNS"
 CACHE_ENV = "TURNLOG_CACHE_MB"
+KAFKA_INDEX_ENV = "TURNLOG_KAFKA_INDEX_MB"
 GC_YOUNG_ENV = "TURNLOG_GC_YOUNG"
 MB = 1 << 20
 
@@ -94,6 +95,18 @@ def cache_bytes_from_env(option_mb: int | None, default: int) -> int:
     bytes (engine.session_cache)."""
     hint = "the idle sessions a process keeps folded between turns"
     mb = _positive_setting(option_mb, "--cache-mb", CACHE_ENV, "the session cache", hint, unit=" MB")
+    return default if mb is None else mb * MB
+
+
+def kafka_index_bytes_from_env(default: int) -> int:
+    """What a Kafka log process holds of the partitions' records (engine.log.kafka_held):
+    TURNLOG_KAFKA_INDEX_MB, else ``default`` bytes."""
+    mb = _env_number(KAFKA_INDEX_ENV, int)
+    if mb is not None and mb < 1:
+        raise ConfigurationError(
+            f"{KAFKA_INDEX_ENV}={mb} must be at least 1 (MB): what a Kafka process keeps in memory of "
+            "the log's records, idle sessions unloaded past it"
+        )
     return default if mb is None else mb * MB
 
 

@@ -48,6 +48,7 @@ from .base import (
 )
 from .kafka_commits import append_grouped
 from .kafka_heard import HeardRecords
+from .kafka_held import DEFAULT_INDEX_BYTES, index_budget
 from .kafka_index import PartitionIndex
 from .kafka_listing import owned_versions
 from .kafka_offsets import DirectOffsets
@@ -83,6 +84,9 @@ class KafkaEventLog(EventLog):
     ``sealer``: the content cipher every topic's records go through (engine.crypto; the
     deployment's ``TURNLOG_KEYSTORE``), closed with the log if ``owns_sealer``; None: content is
     written as it is.
+
+    ``index_bytes``: what the process holds of the partitions' records, all together, by
+    estimate; past each partition's share it unloads idle sessions (``kafka_held``).
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class KafkaEventLog(EventLog):
         index_every_s: float = INDEX_EVERY_S,
         sealer: Sealer | None = None,
         owns_sealer: bool = False,
+        index_bytes: int = DEFAULT_INDEX_BYTES,
     ) -> None:
         if partitions < 1:
             raise ConfigurationError("partitions must be at least 1")
@@ -131,6 +136,7 @@ class KafkaEventLog(EventLog):
             index_every_s=index_every_s,
             name=f"{client_id}:owner",
             written=self._written,
+            index_budget=index_budget(index_bytes, partitions),
         )
         self._owners = [PartitionOwner(p, shared) for p in range(partitions)]
         self._sequencer = InboxSequencer(self._owners, lambda: self.admission, self._spawn)
@@ -344,6 +350,7 @@ class KafkaEventLog(EventLog):
             if (heard := self._heard.run(session_id, last, version)) is not None:
                 return index.session_records_after(session_id, after_version)[: last - after_version] + heard
             await self._reader.read_through(index, session_id, version)
+            await self._reader.load(index, [session_id])  # a trim meanwhile may have unloaded it
         return index.session_records_after(session_id, after_version)
 
     def on_sequenced(self, listener: Callable[[Event], None]) -> None:

@@ -157,17 +157,21 @@ async def _send_all(
 
 async def _index_committed(owner: PartitionOwner, records: list[LogRecord]) -> None:
     """Add the owner's committed records to its index, after what others wrote in between."""
-    index = owner.index
-    if records and not index.continues_at(records):
-        try:  # someone else wrote to the partition: index it in order first
-            await owner.owners.reader.catch_up(index)
-        except LogError as exc:  # committed but not indexed: re-acquire and re-read
-            raise await owner.reset(exc) from exc
+    index, sessions = owner.index, {r.event.session_id for r in records}
+    try:
+        if records and not index.continues_at(records):  # someone else wrote to the partition
+            await owner.owners.reader.catch_up(index)  # index it in order first
+        # a trim while the transaction ran (a consumer's read below the base) may have unloaded
+        # an idle session of ours (kafka_held): fold it back (nothing to do if it is loaded)
+        await owner.owners.reader.load(index, sessions)
+    except LogError as exc:  # committed but not indexed: re-acquire and re-read
+        raise await owner.reset(exc) from exc
     for record, reason in index.add(records):  # a bug: our writer folded it; readers skip it too
         log.error("kafka.own_record_rejected", partition=owner.partition, offset=record.offset, reason=reason)
         reader = owner.owners.reader
         index.add_poison(own_poison(reader.topics.events, record, reason, reader.codec), record.offset)
     index.own_marker = bool(records) or index.own_marker
+    index.trim(keep=sessions)  # the caller settles them next
 
 
 async def append_grouped(
@@ -221,7 +225,11 @@ async def _commit_group(owner: PartitionOwner) -> None:
     except BaseException as exc:  # cancelled (closing), or a bug: no caller hangs
         fail_group(group, LogUnavailableError(f"the append did not complete: {exc!r}"))
         raise
-    settle_group(owner.index, group, records)
+    try:
+        settle_group(owner.index, group, records)
+    except LogError as exc:  # a bug (committed, but not indexed as written): no caller hangs
+        log.error("kafka.settle_failed", partition=owner.partition, error=repr(exc))
+        fail_group(group, exc)  # the appends answered already keep their records
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,20 +9,22 @@ up from Kafka before answering a read.
 A partition taken over through the session index (``kafka_sessions``) starts at the index's
 watermark (``base``): sessions the index names are ``unloaded`` until the owner folds their
 records on demand (``load``); a consumer that asks for records before ``base`` gets the ones
-their sessions' folds took (``taken``).
+their sessions' folds took (``taken``). Past its memory budget the index moves ``base`` on and
+unloads the sessions at rest the same way (``trim``; ``kafka_held`` says why and how).
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Collection, Sequence
 
 from ..errors import LogError, TurnlogError
 from ..events import Event, SessionClosed
 from ..fold import SessionState
 from ..states import RESTING
 from .base import LogRecord
+from .kafka_held import UNBOUNDED, WINDOW_SHARE, record_bytes, window_start
 from .kafka_records import Poison, decode_record, inbox_offset_of, poison_of
 from .kafka_sessions import SessionEntry, add_run
 from .sealing import PLAIN, RecordCodec
@@ -66,15 +68,24 @@ class PartitionIndex:
     the partition, whatever offset the owners' group committed last."""
     codec: RecordCodec = PLAIN
     """How the partition's records decode (the log's sealer), and what an erasure scrubs."""
+    budget: int = UNBOUNDED
+    """The bytes (``kafka_held.record_bytes``) past which ``trim`` unloads idle sessions."""
+    weights: list[int] = field(default_factory=list)
+    """records[i]'s estimated bytes."""
+    session_bytes: dict[str, int] = field(default_factory=dict)
+    """Each loaded session's records' estimated bytes."""
+    window_bytes: int = 0
+    """The estimated bytes of ``records`` (the window: the partition from ``base`` on)."""
+    outside_bytes: int = 0
+    """The estimated bytes of the loaded sessions' records before ``base``."""
+    trim_at: int = 0
+    """``trim`` works once the index holds more than this and the budget."""
 
     def reset(self) -> None:
         """Forget everything read (a takeover from the session index that failed half-way)."""
-        fresh = PartitionIndex(self.partition, codec=self.codec)
-        for name in ("records", "offsets", "sessions", "session_records", "states", "poison", "closed"):
+        fresh = PartitionIndex(self.partition, codec=self.codec, budget=self.budget)
+        for name in [f.name for f in fields(self)]:
             setattr(self, name, getattr(fresh, name))
-        self.submissions, self.runs, self.dirty, self.unloaded = {}, {}, set(), {}
-        self.next_offset = self.base = self.inbox_next = 0
-        self.own_marker = False
 
     def version(self, session_id: str) -> int:
         if (entry := self.unloaded.get(session_id)) is not None:
@@ -95,9 +106,12 @@ class PartitionIndex:
                 rejected.append((record, reason))
                 self.next_offset = record.offset + 1
                 continue
+            weight = record_bytes(record.event)
             self.records.append(record)
             self.offsets.append(record.offset)
-            self._index_session(record)
+            self.weights.append(weight)
+            self.window_bytes += weight
+            self._index_session(record, weight)
             self.dirty.add(record.event.session_id)
         if records:
             self.next_offset = max(self.next_offset, records[-1].offset + 1)
@@ -105,8 +119,9 @@ class PartitionIndex:
             self.next_offset = max(self.next_offset, next_offset)
         return rejected
 
-    def _index_session(self, record: LogRecord) -> None:
+    def _index_session(self, record: LogRecord, weight: int) -> None:
         event = record.event
+        self.session_bytes[event.session_id] = self.session_bytes.get(event.session_id, 0) + weight
         self.sessions.setdefault(event.session_id, []).append(event)
         self.session_records.setdefault(event.session_id, []).append(record)
         add_run(self.runs.setdefault(event.session_id, []), record.offset)
@@ -140,7 +155,10 @@ class PartitionIndex:
         entry = self.unloaded.pop(session_id)
         for record in records:
             if record.event.session_id == session_id and self._fold_in(record.event) is None:
-                self._index_session(record)
+                weight = record_bytes(record.event)
+                if record.offset < self.base:  # from ``base`` on, the window holds it already
+                    self.outside_bytes += weight
+                self._index_session(record, weight)
         if self.version(session_id) != entry.version:
             raise LogError(
                 f"partition {self.partition}: session {session_id} reads back at "
@@ -149,8 +167,57 @@ class PartitionIndex:
                 "(they read the partition in full)"
             )
 
+    @property
+    def held_bytes(self) -> int:
+        """The estimated bytes of every record the index holds (``kafka_held``)."""
+        return self.window_bytes + self.outside_bytes
+
+    def trim(self, keep: Collection[str] = ()) -> None:
+        """Past the budget: keep a quarter of it as the window (``base`` moves on) and unload
+        sessions at rest written before it, least recently written first, down to half the
+        budget, but none in ``keep`` (``kafka_held``). Called between reads and commits, never
+        between a session's load and its use by the same caller."""
+        if self.held_bytes <= max(self.budget, self.trim_at):
+            return
+        self._rebase(window_start(self.weights, self.budget // WINDOW_SHARE))
+        pinned = {p.session_id for p in self.poison if p.source not in self.dead_sources}
+        held_back = False
+        for _, session_id in sorted(
+            (records[-1].offset, sid)
+            for sid, records in self.session_records.items()
+            if records[-1].offset < self.base
+        ):
+            if self.held_bytes <= self.budget // 2:
+                break
+            if session_id in keep:
+                held_back = True
+            elif session_id not in pinned and not (entry := self.entry(session_id)).live:
+                self._unload(session_id, entry)
+        # a budget the live sessions fill: work again after half a budget more, not every batch;
+        # but at the next call if only ``keep`` held sessions back
+        self.trim_at = 0 if held_back else self.held_bytes + self.budget // 2
+
+    def _rebase(self, start: int) -> None:
+        """Drop ``records[:start]`` from the window; a loaded session keeps its share of them."""
+        for record, weight in zip(self.records[:start], self.weights[:start], strict=True):
+            self.window_bytes -= weight
+            if record.event.session_id in self.states:
+                self.outside_bytes += weight
+        self.base = self.offsets[start] if start < len(self.offsets) else self.next_offset
+        del self.records[:start], self.offsets[:start], self.weights[:start]
+
+    def _unload(self, session_id: str, entry: SessionEntry) -> None:
+        """Forget the session's records and fold, keeping its entry (``load`` reads it again)."""
+        self.unloaded[session_id] = entry
+        self.outside_bytes -= self.session_bytes.pop(session_id, 0)
+        for kept in (self.sessions, self.session_records, self.states, self.submissions, self.runs):
+            kept.pop(session_id, None)
+        self.closed.discard(session_id)
+
     def entry(self, session_id: str) -> SessionEntry:
         """The session's session index entry as of ``next_offset``."""
+        if (unloaded := self.unloaded.get(session_id)) is not None:
+            return unloaded
         state = self.states[session_id]
         closed = session_id in self.closed
         live = not closed and (state.turn is not None or bool(state.inbox) or state.status not in RESTING)

@@ -56,6 +56,8 @@ class Owners:
     """The producer name an owner's own events carry (ERROR markers for poison)."""
     written: WrittenValues
     """The values of the events committed last, for the live publisher (``kafka_written``)."""
+    index_budget: int
+    """What each partition's index may hold, in estimated bytes (``kafka_held``)."""
 
 
 class PartitionOwner:
@@ -64,7 +66,7 @@ class PartitionOwner:
     def __init__(self, partition: int, owners: Owners) -> None:
         self.partition = partition
         self.owners = owners
-        self.index = PartitionIndex(partition, codec=owners.reader.codec)
+        self.index = PartitionIndex(partition, codec=owners.reader.codec, budget=owners.index_budget)
         self.owned = False
         self.lost = ""
         """Why this process last lost the partition (fenced), for the errors of appends after it."""
@@ -116,7 +118,8 @@ class PartitionOwner:
         index, reader = self.index, self.owners.reader
         from_index = self.owners.session_index and index.next_offset == 0 and not index.sessions
         if not (from_index and await reader.from_session_index(index)):
-            index.dirty.update(index.sessions)  # no entries of ours may be missing from the index
+            # no entries of ours may be missing from the index (nor those of idle sessions unloaded)
+            index.dirty.update(index.sessions, index.unloaded)
         await reader.catch_up(index)
         index.dead_sources = await reader.dead_sources(self.partition)
 

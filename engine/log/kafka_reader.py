@@ -161,6 +161,7 @@ class PartitionReader:
         for msg, entry in zip(batch, decoded, strict=True):
             part.add_consumed(msg, entry)
         part.add([], position)
+        part.trim()
 
     def _decoded(self, partition: int, msg: Any) -> LogRecord | Poison:
         """A fetched record as the process heard it on the live topic, or decoded."""
@@ -248,6 +249,7 @@ class PartitionReader:
         a full read would give it, at the cost of its range and of the sessions in it."""
         consumer = self._started()
         async with self.lock:
+            part.trim()  # what earlier reads below the base loaded, when past the budget
             try:
                 async with asyncio.timeout(OPERATION_TIMEOUT_S):
                     found = await self._read_before_base(consumer, part, offset, limit)
