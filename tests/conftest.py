@@ -17,13 +17,29 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import kafka_log, need_service, postgres_store
+from tests.services import delete_topics, fresh_topic, kafka_log, need_service, postgres_store
 from turnlog.engine.log.base import EventLog
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.log.sqlite import SqliteEventLog
 from turnlog.projections.store import ProjectionStore, SqliteProjectionStore
 
 BACKENDS = ["sqlite", "kafka"]
+
+# --- Kafka alone: the broker and a topic of the test's own (tests/test_kafka_*, ...) ---
+
+
+@pytest.fixture
+def bootstrap() -> str:
+    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
+
+
+@pytest.fixture
+async def topic(bootstrap: str) -> AsyncIterator[str]:
+    """A fresh topic name, its topics deleted after the test."""
+    name = fresh_topic()
+    yield name
+    await delete_topics(bootstrap, name)
+
 
 # --- engine: a real log (tests/test_log_*, test_turn_loop, test_recovery, ...) ---
 

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
 
 import pytest
 
 from tests.kafka_owner_support import full_read, message, owner_of, positions, write_finished, write_live
-from tests.services import delete_topics, fresh_topic, need_service
 from turnlog.engine import events as ev
 from turnlog.engine.errors import ConcurrencyError
 from turnlog.engine.log.base import LogRecord
@@ -70,18 +68,6 @@ def test_the_index_counts_what_it_holds_and_unloads_only_idle_sessions() -> None
     part.trim_at = part.budget = 1  # the next trim unloads every idle session but one kept
     part.trim(keep={"s3"})
     assert "s3" in part.states and "s4" in part.unloaded and part.held_bytes == recounted(part)
-
-
-@pytest.fixture
-def bootstrap() -> str:
-    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
-
-
-@pytest.fixture
-async def topic(bootstrap: str) -> AsyncIterator[str]:
-    name = fresh_topic()
-    yield name
-    await delete_topics(bootstrap, name)
 
 
 async def reads_through(reader: KafkaEventLog, session_id: str, version: int) -> None:

@@ -6,12 +6,9 @@ On a real broker (TURNLOG_KAFKA_BOOTSTRAP)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from tests.kafka_owner_support import full_read, message, owner_of, positions, write_finished, write_live
-from tests.services import delete_topics, fresh_topic, need_service
 from turnlog.engine import events as ev
 from turnlog.engine.errors import ConcurrencyError, SessionClosedError
 from turnlog.engine.fold import fold
@@ -20,18 +17,6 @@ from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.snapshots import load_latest
 
 FINISHED = 12
-
-
-@pytest.fixture
-def bootstrap() -> str:
-    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
-
-
-@pytest.fixture
-async def topic(bootstrap: str) -> AsyncIterator[str]:
-    name = fresh_topic()
-    yield name
-    await delete_topics(bootstrap, name)
 
 
 async def test_a_takeover_loads_only_the_live_sessions_and_refuses_repeats_on_the_others(

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from tests.services import delete_topics, fresh_topic, need_service
 from turnlog.engine import EventLog, MemoryEventLog, SessionSummary, SqliteEventLog
 from turnlog.engine import events as ev
 from turnlog.engine.errors import LogError
@@ -82,18 +81,6 @@ async def test_the_memory_log_lists_its_sessions_the_same_way() -> None:
     versions = await write_sessions(log, 9)
     assert await listed(log, page=2) == expected(log, versions)
     assert [s async for s in EventLog.sessions(log)] == expected(log, versions)
-
-
-@pytest.fixture
-def bootstrap() -> str:
-    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
-
-
-@pytest.fixture
-async def topic(bootstrap: str) -> AsyncIterator[str]:
-    name = fresh_topic()
-    yield name
-    await delete_topics(bootstrap, name)
 
 
 @contextlib.asynccontextmanager
