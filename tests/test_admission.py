@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -17,7 +18,8 @@ from turnlog.engine import Agent, AgentDirectory, AgentSessions, EventLog, Model
 from turnlog.engine import events as ev
 from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.fold import SessionState, fold
-from turnlog.engine.log.base import Admitted, Refused
+from turnlog.engine.log import kafka_sequencer
+from turnlog.engine.log.base import Admitted, LogRecord, Refused
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.log.kafka_inbox import plain
 from turnlog.engine.models.base import ModelChunk, ModelRequest, TextDelta
@@ -162,12 +164,22 @@ def test_the_rules_take_a_message_to_a_closed_session_and_drop_it() -> None:
     assert isinstance(refused, Refused) and "closed (done)" in str(refused.error)
 
 
-async def test_a_kafka_owner_without_rules_holds_a_request_and_what_follows_until_given_them() -> None:
+async def test_a_kafka_owner_without_rules_holds_a_request_and_what_follows_until_given_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A cancel reaches an owner that was handed no rules: it waits in the inbox, and so does
-    the message posted after it (nothing is reordered); the owner says why it is not ready.
-    Once the rules are handed over, the cancel (dropping the waiting message) and then the new
-    message are sequenced, in order, and nothing went to the dead-letter topic."""
+    the message posted after it (nothing is reordered); the owner says why it is not ready once
+    what came before the cancel is on the log (its transactions slowed down here, as on a busy
+    machine). Once the rules are handed over, the cancel (dropping the waiting message) and
+    then the new message are sequenced, in order, and nothing went to the dead-letter topic."""
     bootstrap = need_service("TURNLOG_KAFKA_BOOTSTRAP")
+    transact = kafka_sequencer.transact
+
+    async def slow_transact(*args: Any, **kwargs: Any) -> list[LogRecord]:
+        await asyncio.sleep(0.3)
+        return await transact(*args, **kwargs)
+
+    monkeypatch.setattr(kafka_sequencer, "transact", slow_transact)
     async with kafka_log(bootstrap, partitions=1) as owner:
         async with kafka_log(bootstrap, partitions=1, topic=owner.topics.events, owner=False) as producer:
             await producer.submit(CREATED)

@@ -97,6 +97,8 @@ class Sequenced:
     """Each repeated submission's record on the log, or its place in ``accepted``."""
     waiting: int | None = None
     """The offset of a record that waits for an admission policy (the batch stops there)."""
+    waits: str = ""
+    """Why it waits (said once what the batch admitted before it is on the log)."""
 
 
 class InboxSequencer:
@@ -217,6 +219,7 @@ class InboxSequencer:
         await owner.owners.reader.load(owner.index, sessions_named(messages))
         done = self._admit(owner, messages)
         if done.waiting == messages[0].offset:
+            self._wait_for_policy(owner.partition, messages[0].offset, done.waits)
             return done.waiting
         inbox_offset = messages[-1].offset + 1 if done.waiting is None else done.waiting
         records = await transact(owner, done.batch.accepted, inbox_offset=inbox_offset, dead=done.dead)
@@ -231,6 +234,8 @@ class InboxSequencer:
                 reason=done.dead[0].reason,
             )
         owner.owners.notify()
+        if done.waiting is not None:  # now that what came before it is on the log
+            self._wait_for_policy(owner.partition, done.waiting, done.waits)
         return done.waiting
 
     def _admit(self, owner: PartitionOwner, messages: list[Any]) -> Sequenced:
@@ -239,8 +244,7 @@ class InboxSequencer:
         for msg in messages:
             admission = done.batch.admit(msg)
             if admission.waits:
-                done.waiting = msg.offset
-                self._wait_for_policy(owner.partition, msg.offset, admission.waits)
+                done.waiting, done.waits = msg.offset, admission.waits
                 return done
             if admission.event_id is not None:
                 self._note(done, admission)
