@@ -6,11 +6,12 @@ reads of a session, the owner's version checks and its admissions fold). Unbound
 with the partition's history for as long as the process runs: about a kilobyte a record, two
 dozen records a turn. So the index weighs what it holds (``record_bytes``) and, past its budget,
 ``PartitionIndex.trim`` keeps the newest quarter of the budget as the window (a read below the
-window's base goes to Kafka: ``kafka_reader.before_base``), and unloads every session that is at
-rest and was not written since the window's base: its ``SessionEntry`` (version, closed, runs)
-stays, and the session is read again from its runs the next time something uses it, as after
-a takeover from the session index (``kafka_sessions``). A live session (a turn running, messages
-waiting, not at rest) and one that poison names are never unloaded.
+window's base goes to Kafka: ``kafka_reader.before_base``), and unloads sessions at rest not
+written since the window's base, least recently written first, until it holds half the budget:
+each one's ``SessionEntry`` (version, closed, runs) stays, and the session is read again from
+its runs the next time something uses it, as after a takeover from the session index
+(``kafka_sessions``). A live session (a turn running, messages waiting, not at rest), one that
+poison names and one its caller keeps (the transaction just committed) are never unloaded.
 
 Every caller that awaits between loading a session and using it loads it again (a trim may run
 in between): ``load`` is free for a loaded session.
