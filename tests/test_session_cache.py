@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.gateway_support import build_gateway
-from turnlog.config import cache_bytes_from_env
+from turnlog.config import cache_bytes_from_env, kafka_index_bytes_from_env
 from turnlog.engine import Agent, AgentDirectory, AgentSessions, FunctionModel, ModelRequest, SqliteEventLog
 from turnlog.engine.errors import ConfigurationError
+from turnlog.engine.log.kafka_held import DEFAULT_INDEX_BYTES
 from turnlog.engine.session_cache import (
     DEFAULT_CACHE_BYTES,
     ENTRY_BYTES,
@@ -96,6 +97,15 @@ def test_the_cache_budget_is_a_deployment_setting(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("TURNLOG_CACHE_MB", "0")
     with pytest.raises(ConfigurationError, match="at least 1 MB, not 0 .--cache-mb or TURNLOG_CACHE_MB"):
         cache_bytes_from_env(None, DEFAULT_CACHE_BYTES)
+
+    # a Kafka process's hold on the log's records is sized the same way, by its variable only
+    monkeypatch.setenv("TURNLOG_KAFKA_INDEX_MB", "32")
+    assert kafka_index_bytes_from_env(DEFAULT_INDEX_BYTES) == 32 << 20
+    monkeypatch.setenv("TURNLOG_KAFKA_INDEX_MB", "0")
+    with pytest.raises(ConfigurationError, match=r"at least 1 MB, not 0 \(TURNLOG_KAFKA_INDEX_MB\)"):
+        kafka_index_bytes_from_env(DEFAULT_INDEX_BYTES)
+    monkeypatch.delenv("TURNLOG_KAFKA_INDEX_MB")
+    assert kafka_index_bytes_from_env(DEFAULT_INDEX_BYTES) == DEFAULT_INDEX_BYTES
 
     # a gateway's two runners (its API's and its worker's) each keep at most that
     gw, *_ = build_gateway(tmp_path, cache_bytes=8 << 20)

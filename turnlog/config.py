@@ -101,12 +101,8 @@ def cache_bytes_from_env(option_mb: int | None, default: int) -> int:
 def kafka_index_bytes_from_env(default: int) -> int:
     """What a Kafka log process holds of the partitions' records (engine.log.kafka_held):
     TURNLOG_KAFKA_INDEX_MB, else ``default`` bytes."""
-    mb = _env_number(KAFKA_INDEX_ENV, int)
-    if mb is not None and mb < 1:
-        raise ConfigurationError(
-            f"{KAFKA_INDEX_ENV}={mb} must be at least 1 (MB): what a Kafka process keeps in memory of "
-            "the log's records, idle sessions unloaded past it"
-        )
+    hint = "the log's records a Kafka process keeps in memory, idle sessions unloaded past it"
+    mb = _positive_setting(None, None, KAFKA_INDEX_ENV, "the Kafka index", hint, unit=" MB")
     return default if mb is None else mb * MB
 
 
@@ -123,13 +119,15 @@ def gc_young_from_env(default: int) -> int:
 
 
 def _positive_setting(
-    option: int | None, flag: str, env: str, what: str, hint: str, *, unit: str = ""
+    option: int | None, flag: str | None, env: str, what: str, hint: str, *, unit: str = ""
 ) -> int | None:
-    """A whole-number setting of at least 1: the option, else the environment, else None."""
+    """A whole-number setting of at least 1: the option, else the environment, else None
+    (``flag`` None: a setting with no option, only its variable)."""
     value = option if option is not None else _env_number(env, int)
     if value is not None and value < 1:
+        where = env if flag is None else f"{flag} or {env}"
         raise ConfigurationError(
-            f"{what} must be at least 1{unit}, not {value} ({flag} or {env}); size it for {hint}"
+            f"{what} must be at least 1{unit}, not {value} ({where}); size it for {hint}"
         )
     return value
 
