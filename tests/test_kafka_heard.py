@@ -252,6 +252,38 @@ async def test_a_submission_from_a_gateway_is_answered_by_what_its_owner_named()
         assert reads == []
 
 
+async def test_a_session_its_owner_named_is_read_whole_before_the_broker_end_reaches_it() -> None:
+    """What ``sequenced`` answered from the live topic, every later read of the session has,
+    though the broker's end for the partition, asked for before the commit's markers land, is
+    still short of it (the gateway's fork read the new session back empty that way, and
+    answered 500): the read goes on through the version heard."""
+    async with owner_and_gateway() as pair:
+        sid = "s-new"
+        await stale_end(pair.gateway, pair.gateway.partition_of(sid))
+        created = ev.SessionCreated(session_id=sid, version=0, agent_id="a", user_id="u")
+        (pending,) = await pair.gateway.submit(created)
+        await pair.hear(1)  # the only session that gets a version 1 from now on
+        found = await pair.gateway.sequenced(pending, 10)
+        assert found is not None and found.event.version == 1
+
+        assert [r.event for r in await pair.gateway.read_session_records(sid)] == [found.event]
+        assert await pair.gateway.read_session(sid) == [found.event]
+        assert await pair.gateway.session_version(sid) == 1
+
+
+async def stale_end(gateway: KafkaEventLog, partition: int) -> None:
+    """From now on the gateway's reader is told the partition ends where it ends now, as a
+    read_committed reader is until a commit's markers land."""
+    reader = gateway._reader
+    end = reader.end
+    now = await end(partition)
+
+    async def as_before(p: int) -> int:
+        return now if p == partition else await end(p)
+
+    reader.end = as_before  # type: ignore[method-assign]
+
+
 async def test_a_record_heard_is_not_decoded_again_when_the_partition_is_read(tmp_path: Path) -> None:
     """Sealed, an event encoded twice differs (a fresh nonce each time): the gateway recognises
     the records its reader fetches only because the owner sent the bytes it wrote."""

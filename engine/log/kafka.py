@@ -326,15 +326,29 @@ class KafkaEventLog(EventLog):
         owner = self._owners[partition]
         return owner.index if owner.owned else await self._reader.caught_up(owner.index)
 
+    async def _session_index(self, session_id: str, *, load: bool = True) -> PartitionIndex:
+        """The session's partition index with the session loaded, caught up with everything
+        committed before this call, and with every version of it this process heard of: a
+        commit's markers may reach the partition after its owner named it on the live topic
+        (``sequenced`` answered a caller from that), and the broker's end, asked for before they
+        land, is short of it. ``load=False`` leaves an unloaded session unloaded (its version is
+        known without its events)."""
+        owner = self._owners[self.partition_of(session_id)]
+        index = await self._index(owner.partition)
+        sessions = [session_id] if load else []
+        await self._reader.load(index, sessions)
+        if not owner.owned and (heard := self._heard.latest(session_id)):
+            if heard > index.version(session_id):
+                await self._reader.read_through(index, session_id, heard)
+                await self._reader.load(index, sessions)  # a trim meanwhile may have unloaded it
+            self._heard.drop_through(session_id, index.version(session_id))
+        return index
+
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
-        index = await self._index(self.partition_of(session_id))
-        await self._reader.load(index, [session_id])
-        return index.session_after(session_id, after_version)
+        return (await self._session_index(session_id)).session_after(session_id, after_version)
 
     async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
-        index = await self._index(self.partition_of(session_id))
-        await self._reader.load(index, [session_id])
-        return index.session_records_after(session_id, after_version)
+        return (await self._session_index(session_id)).session_records_after(session_id, after_version)
 
     async def read_session_records_through(
         self, session_id: str, after_version: int, version: int
@@ -402,7 +416,7 @@ class KafkaEventLog(EventLog):
         return None
 
     async def session_version(self, session_id: str) -> int:
-        return (await self._index(self.partition_of(session_id))).version(session_id)
+        return (await self._session_index(session_id, load=False)).version(session_id)
 
     async def _versions(self, partition: int) -> dict[str, int]:
         """Each session of the partition with its last version: from the index if this process

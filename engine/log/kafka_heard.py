@@ -59,6 +59,10 @@ class HeardRecords:
             run.append(record)
         return run
 
+    def latest(self, session_id: str) -> int:
+        """The session's newest version heard and still kept, 0 if none."""
+        return max(self._sessions.get(session_id) or (0,))
+
     def find(self, session_id: str, event_id: str) -> LogRecord | None:
         """The record heard of the session's event ``event_id``, if kept."""
         kept = self._sessions.get(session_id, {}).values()
