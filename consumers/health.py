@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 import structlog
 from aiohttp import web
 
+from turnlog.consumers.log_metrics import CONTENT_TYPE, log_metrics
 from turnlog.engine import codec
 from turnlog.engine.log.base import EventLog
 from turnlog.projections.rebuild import PartitionLag, partition_lag
@@ -41,6 +42,8 @@ class Readiness:
 
     checks: dict[str, Check] = field(default_factory=dict)
     draining: bool = False
+    metrics: Callable[[], str] | None = None
+    """The process's metrics in Prometheus' text format, served on ``/metrics`` beside the checks."""
 
     async def report(self) -> tuple[bool, dict[str, str]]:
         """Whether every check holds, and each check's answer ("ok" or the problem)."""
@@ -64,6 +67,15 @@ async def _run(check: Check) -> str | None:
         return f"no answer within {CHECK_TIMEOUT_S:g} s"
     except Exception as exc:  # a check that fails is a problem to report, not a crash
         return f"{type(exc).__name__}: {exc}"
+
+
+def log_readiness(event_log: EventLog, **more: Check) -> Readiness:
+    """What a process that reads the log is ready by (the log and the schemas, then ``more``),
+    with the log's memory metrics (``log_metrics``)."""
+    return Readiness(
+        {"log": log_check(event_log), "schemas": schemas_check(), **more},
+        metrics=lambda: log_metrics(event_log),
+    )
 
 
 def log_check(event_log: EventLog) -> Check:
@@ -119,7 +131,8 @@ async def health_answer(readiness: Readiness, path: str) -> tuple[int, dict[str,
 
 
 async def serve_health(readiness: Readiness, host: str, port: int) -> web.AppRunner:
-    """Serve ``/healthz`` and ``/readyz`` on ``host:port`` until the returned runner is cleaned up."""
+    """Serve ``/healthz`` and ``/readyz`` on ``host:port`` until the returned runner is cleaned up,
+    and ``/metrics`` if the process has metrics."""
 
     async def answer(request: web.Request) -> web.Response:
         status, body = await health_answer(readiness, request.path)
@@ -128,6 +141,12 @@ async def serve_health(readiness: Readiness, host: str, port: int) -> web.AppRun
     app = web.Application()
     app.router.add_get("/healthz", answer)
     app.router.add_get("/readyz", answer)
+    if (metrics := readiness.metrics) is not None:
+
+        async def scrape(request: web.Request) -> web.Response:
+            return web.Response(body=metrics().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+        app.router.add_get("/metrics", scrape)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

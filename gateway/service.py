@@ -28,6 +28,7 @@ from turnlog.consumers.analytics import GROUP as ANALYTICS_GROUP
 from turnlog.consumers.analytics import AnalyticsConsumer
 from turnlog.consumers.health import Readiness
 from turnlog.consumers.lifecycle import LifecycleSweeper, sweeper_for
+from turnlog.consumers.log_metrics import log_metrics
 from turnlog.consumers.projector import Projector
 from turnlog.consumers.turn_worker import GROUP as WORKER_GROUP
 from turnlog.consumers.turn_worker import TurnWorker
@@ -112,6 +113,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.metrics.state_source = lambda: queries.state_counts(store)
         self.metrics.lag_source = self.consumer_lag
+        self.metrics.text_source = lambda: log_metrics(event_log)
         self.hub.observe(self.metrics.on_live)
         spans = SpanBuilder(tracer_provider.get_tracer("turnlog.gateway")) if tracer_provider else None
         self.observer = ObservabilityConsumer(
@@ -154,9 +156,7 @@ class Gateway:
             projections = health.projections_check(self.log, lags=self.projector.lag, max_lag_s=bound)
         else:
             projections = health.projections_check(self.log, self.store.offsets_async, max_lag_s=bound)
-        return Readiness(
-            {"log": health.log_check(self.log), "schemas": health.schemas_check(), "projections": projections}
-        )
+        return health.log_readiness(self.log, projections=projections)
 
     async def consumer_lag(self) -> dict[tuple[str, int], int]:
         lag: dict[tuple[str, int], int] = {}

@@ -24,6 +24,7 @@ from turnlog.consumers import TurnWorker
 from turnlog.distributed import LiveLinks
 from turnlog.engine import events as ev
 from turnlog.engine.log.kafka import KafkaEventLog
+from turnlog.engine.log.kafka_held import DEFAULT_INDEX_BYTES
 
 PARTITIONS = 2
 KEYS = {
@@ -165,6 +166,8 @@ async def after_a_restart(url: str, log: KafkaEventLog, sid: str, resume_at: int
         ]:
             read = await client.get(path, headers=auth(user))
             assert read.status_code == 200, (path, read.text)
+            if path == "/metrics":  # with what its Kafka log holds (consumers/log_metrics.py)
+                assert f"turnlog_kafka_index_budget_bytes {DEFAULT_INDEX_BYTES}\n" in read.text
         snapshots = (await client.get(f"/v1/admin/sessions/{sid}/snapshots", headers=auth("root"))).json()
         version = snapshots["snapshots"][-1]["version"]
         forked = await client.post(

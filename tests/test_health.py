@@ -23,6 +23,7 @@ from tests.openai_server import free_port
 from tests.services import need_service, postgres_store
 from turnlog.consumers import Projector
 from turnlog.engine import SqliteEventLog
+from turnlog.engine.log.kafka_held import DEFAULT_INDEX_BYTES
 from turnlog.projections import SqliteProjectionStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -243,5 +244,8 @@ def test_projector_serves_readiness_and_stops_on_sigterm(tmp_path: Path) -> None
             body = wait_for(f"http://127.0.0.1:{port}/readyz", 200, proc=proc)
             assert body["checks"] == {"log": "ok", "schemas": "ok", "projections": "ok"}
             assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).json() == {"status": "alive"}
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text  # its Kafka log's
+            assert f"turnlog_kafka_index_budget_bytes {DEFAULT_INDEX_BYTES}\n" in metrics
+            assert "turnlog_kafka_index_sessions_unloaded_total 0\n" in metrics
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0

@@ -8,14 +8,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import httpx
 import pytest
 
 from tests.kafka_owner_support import full_read, message, owner_of, positions, write_finished, write_live
+from tests.openai_server import free_port
+from turnlog.consumers.health import log_readiness, serve_health
 from turnlog.engine import events as ev
 from turnlog.engine.errors import ConcurrencyError
 from turnlog.engine.log.base import LogRecord
 from turnlog.engine.log.kafka import KafkaEventLog
-from turnlog.engine.log.kafka_held import record_bytes
+from turnlog.engine.log.kafka_held import HeldCounts, record_bytes
 from turnlog.engine.log.kafka_index import PartitionIndex
 
 BUDGET = 64 * 1024
@@ -59,15 +62,22 @@ def test_the_index_counts_what_it_holds_and_unloads_only_idle_sessions() -> None
     idle_kept = [n for n in at_rest if part.session_records[f"s{n}"][-1].offset < part.base]
     assert idle_kept  # as many as it takes to hold half the budget, not every idle one
     assert len(part.unloaded) > 60 and part.base > 0
+    assert part.counts == HeldCounts(unloaded=len(part.unloaded), loaded=0)
     assert part.window_bytes == sum(part.weights) and len(part.weights) == len(part.records)
     for sid in ("s3", "s4"):  # read back (as ``load`` does from the session's runs)
         part.load(sid, kept[sid])
         assert part.held_bytes == recounted(part)
         assert part.version(sid) == 1 and part.entry(sid).runs == ((int(sid[1:]) + 1, int(sid[1:]) + 2),)
     assert part.unloaded.get("s3") is None and part.states["s3"].version == 1
+    unloaded = part.counts.unloaded
+    assert part.counts.loaded == 2
     part.trim_at = part.budget = 1  # the next trim unloads every idle session but one kept
     part.trim(keep={"s3"})
     assert "s3" in part.states and "s4" in part.unloaded and part.held_bytes == recounted(part)
+    assert part.counts.unloaded > unloaded
+    counts = part.counts
+    part.reset()  # a takeover that failed half-way starts over, its counts going on
+    assert part.counts is counts
 
 
 async def reads_through(reader: KafkaEventLog, session_id: str, version: int) -> None:
@@ -78,6 +88,20 @@ async def reads_through(reader: KafkaEventLog, session_id: str, version: int) ->
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"the reader never read {session_id} v{version}")
+
+
+async def scraped(reader: KafkaEventLog) -> dict[str, int]:
+    """The reader's log metrics as a process with a health port serves them on /metrics."""
+    port = free_port()
+    runner = await serve_health(log_readiness(reader), "127.0.0.1", port)
+    try:
+        async with httpx.AsyncClient() as client:
+            answer = await client.get(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        await runner.cleanup()
+    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = [line.split() for line in answer.text.splitlines() if not line.startswith("#")]
+    return {name: int(value) for name, value in samples}
 
 
 def idle_sessions() -> list[str]:
@@ -140,8 +164,14 @@ async def test_a_reader_that_owns_nothing_holds_its_budget_and_reads_what_the_ow
             part = reader._owners[0].index
             assert sids[0] in part.unloaded and part.held_bytes == recounted(part)
             assert part.held_bytes <= BUDGET + 16 * 1024
+            unloaded = len(part.unloaded)
             for sid in sids:
                 assert await reader.read_session(sid) == await owner.read_session(sid)
+            metrics = await scraped(reader)
+            assert metrics["turnlog_kafka_index_budget_bytes"] == BUDGET
+            assert metrics["turnlog_kafka_index_bytes"] == part.held_bytes
+            assert metrics["turnlog_kafka_index_sessions_loaded_total"] >= unloaded > 0  # each read back
+            assert metrics["turnlog_kafka_index_sessions_unloaded_total"] >= unloaded + len(part.unloaded)
             await write_finished(owner, "late")  # read on: a session of the window, folded
             await reads_through(reader, "late", await owner.session_version("late"))
             assert await reader.read_session("late") == await owner.read_session("late")

@@ -163,7 +163,7 @@ async def run_worker(
         tasks = [asyncio.create_task(c.run()) for c in companions]
         running = asyncio.create_task(worker.run())
         log.info("worker.ready", worker=worker_id, kafka=side.kafka, memory_consumers=len(companions))
-        readiness = Readiness({"log": health.log_check(event_log), "schemas": health.schemas_check()})
+        readiness = health.log_readiness(event_log)
         try:
             await until_stopped(readiness, health_options)
         finally:
@@ -265,12 +265,8 @@ async def run_projector(
     store = postgres_store(dsn, schema)
     projector = Projector(event_log, store)
     task = asyncio.create_task(projector.run())
-    readiness = Readiness(
-        {
-            "log": health.log_check(event_log),
-            "schemas": health.schemas_check(),
-            "projections": health.projections_check(event_log, lags=projector.lag),
-        }
+    readiness = health.log_readiness(
+        event_log, projections=health.projections_check(event_log, lags=projector.lag)
     )
     try:
         await until_stopped(readiness, health_options)
@@ -325,7 +321,7 @@ async def run_lifecycle(
                 "sweep; pass --idle-expiry / --retain-closed-for (or TURNLOG_IDLE_EXPIRY ...)"
             )
         task = asyncio.create_task(sweeper.run())
-        readiness = Readiness({"log": health.log_check(event_log), "schemas": health.schemas_check()})
+        readiness = health.log_readiness(event_log)
         try:
             await until_stopped(readiness, health_options)
         finally:

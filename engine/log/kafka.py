@@ -48,13 +48,13 @@ from .base import (
 )
 from .kafka_commits import append_grouped
 from .kafka_heard import HeardRecords
-from .kafka_held import DEFAULT_INDEX_BYTES, index_budget
+from .kafka_held import DEFAULT_INDEX_BYTES, HeldUse, index_budget
 from .kafka_index import PartitionIndex
 from .kafka_listing import owned_versions
 from .kafka_offsets import DirectOffsets
 from .kafka_owner import Owners, OwnersListener, PartitionOwner
 from .kafka_reader import PartitionReader, read_consumer
-from .kafka_sequencer import InboxSequencer, send_to_inbox
+from .kafka_sequencer import InboxSequencer, inbox_consumer, send_to_inbox
 from .kafka_sessions import INDEX_EVERY_S
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
 from .kafka_txn import owner_producer
@@ -167,16 +167,7 @@ class KafkaEventLog(EventLog):
         await self._producer.start()
         await self._reader.consumer.start()
         if self.owner:
-            self._inbox = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap,
-                client_id=self.client_id,
-                group_id=self.topics.owners_group,
-                isolation_level="read_committed",
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                session_timeout_ms=self.session_timeout_ms,
-                heartbeat_interval_ms=max(100, self.session_timeout_ms // 10),
-            )
+            self._inbox = inbox_consumer(self.bootstrap, self.client_id, self.topics, self.session_timeout_ms)
             listener = OwnersListener(self._owners, self._joined, self._sequencer.forget)
             self._inbox.subscribe([self.topics.inbox], listener=listener)
             await self._inbox.start()
@@ -405,6 +396,13 @@ class KafkaEventLog(EventLog):
         """The value this process committed ``record`` with, taken once (``kafka_written``): its
         live publisher sends those bytes rather than encoding the event again."""
         return self._written.take(record)
+
+    def held_use(self) -> HeldUse:
+        """What this process holds of the partitions now, against its ``index_bytes`` (each
+        partition's share, together: metrics)."""
+        shared = self._owners[0].owners
+        held = sum(owner.index.held_bytes for owner in self._owners)
+        return HeldUse(held, shared.index_budget * self.partitions, shared.held_counts)
 
     def own_record(self, session_id: str, version: int) -> LogRecord | None:
         """The record of a session's ``version`` if this process owns its partition and holds it

@@ -14,7 +14,9 @@ its runs the next time something uses it, as after a takeover from the session i
 poison names and one its caller keeps (the transaction just committed) are never unloaded.
 
 Every caller that awaits between loading a session and using it loads it again (a trim may run
-in between): ``load`` is free for a loaded session.
+in between): ``load`` is free for a loaded session. ``HeldCounts`` tells an operator whether the
+budget holds the sessions in use at once: below it, a process reads back about as many sessions
+as it unloads, over and over (its /metrics: consumers/log_metrics.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,26 @@ fields, the record's slots in the index's lists and its fold's share (tracemallo
 message of 400 characters holds about 1.1 kB: bench/README.md §12)."""
 WINDOW_SHARE = 4
 """The window keeps 1/WINDOW_SHARE of the budget: the rest is the loaded sessions' older records."""
+
+
+@dataclasses.dataclass
+class HeldCounts:
+    """Sessions a process's partition indexes unloaded, and read back from their runs (after an
+    unload, or named by the session index at a takeover), all partitions together, since it
+    started."""
+
+    unloaded: int = 0
+    loaded: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldUse:
+    """What a process holds of the log's partitions now, against its budget (``index_bytes``)."""
+
+    held_bytes: int
+    budget_bytes: int
+    counts: HeldCounts
+
 
 _TEXTS: dict[type, tuple[Callable[[Any], tuple[Any, ...]], Callable[[Any], tuple[Any, ...]]]] = {}
 """Each dataclass type's getters of its fields that may hold text: the strings, the tuples."""

@@ -24,7 +24,7 @@ from ..events import Event, SessionClosed
 from ..fold import SessionState
 from ..states import RESTING
 from .base import LogRecord
-from .kafka_held import UNBOUNDED, WINDOW_SHARE, record_bytes, window_start
+from .kafka_held import UNBOUNDED, WINDOW_SHARE, HeldCounts, record_bytes, window_start
 from .kafka_records import Poison, decode_record, inbox_offset_of, poison_of
 from .kafka_sessions import SessionEntry, add_run
 from .sealing import PLAIN, RecordCodec
@@ -80,10 +80,12 @@ class PartitionIndex:
     """The estimated bytes of the loaded sessions' records before ``base``."""
     trim_at: int = 0
     """``trim`` works once the index holds more than this and the budget."""
+    counts: HeldCounts = field(default_factory=HeldCounts)
+    """Sessions unloaded and read back (shared by the process's indexes, kept by ``reset``)."""
 
     def reset(self) -> None:
         """Forget everything read (a takeover from the session index that failed half-way)."""
-        fresh = PartitionIndex(self.partition, codec=self.codec, budget=self.budget)
+        fresh = PartitionIndex(self.partition, codec=self.codec, budget=self.budget, counts=self.counts)
         for name in [f.name for f in fields(self)]:
             setattr(self, name, getattr(fresh, name))
 
@@ -153,6 +155,7 @@ class PartitionIndex:
         index entry, in offset order); records of other sessions, and ones that break the fold
         (poison, dead-lettered before the index was written), are left out as every reader does."""
         entry = self.unloaded.pop(session_id)
+        self.counts.loaded += 1
         for record in records:
             if record.event.session_id == session_id and self._fold_in(record.event) is None:
                 weight = record_bytes(record.event)
@@ -209,6 +212,7 @@ class PartitionIndex:
     def _unload(self, session_id: str, entry: SessionEntry) -> None:
         """Forget the session's records and fold, keeping its entry (``load`` reads it again)."""
         self.unloaded[session_id] = entry
+        self.counts.unloaded += 1
         self.outside_bytes -= self.session_bytes.pop(session_id, 0)
         for kept in (self.sessions, self.session_records, self.states, self.submissions, self.runs):
             kept.pop(session_id, None)

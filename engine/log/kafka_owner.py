@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine
 
 import structlog
@@ -23,6 +23,7 @@ from aiokafka.errors import KafkaError
 
 from ..errors import LogError, LogUnavailableError, PartitionNotOwnedError
 from .kafka_appends import PendingAppend, fail_group
+from .kafka_held import HeldCounts
 from .kafka_index import PartitionIndex
 from .kafka_reader import PartitionReader
 from .kafka_written import WrittenValues
@@ -58,6 +59,8 @@ class Owners:
     """The values of the events committed last, for the live publisher (``kafka_written``)."""
     index_budget: int
     """What each partition's index may hold, in estimated bytes (``kafka_held``)."""
+    held_counts: HeldCounts = field(default_factory=HeldCounts)
+    """Sessions the partitions' indexes unloaded and read back, together."""
 
 
 class PartitionOwner:
@@ -66,7 +69,9 @@ class PartitionOwner:
     def __init__(self, partition: int, owners: Owners) -> None:
         self.partition = partition
         self.owners = owners
-        self.index = PartitionIndex(partition, codec=owners.reader.codec, budget=owners.index_budget)
+        self.index = PartitionIndex(
+            partition, codec=owners.reader.codec, budget=owners.index_budget, counts=owners.held_counts
+        )
         self.owned = False
         self.lost = ""
         """Why this process last lost the partition (fenced), for the errors of appends after it."""

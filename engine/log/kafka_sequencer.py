@@ -299,6 +299,23 @@ class InboxSequencer:
             fut.set_result(outcome)
 
 
+def inbox_consumer(
+    bootstrap: str, client_id: str, topics: TopicNames, session_timeout_ms: int
+) -> AIOKafkaConsumer:
+    """An owner's member of the owners' group: it is assigned the inbox partitions whose events
+    partitions it then owns, and reads what producers submitted there."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        group_id=topics.owners_group,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=max(100, session_timeout_ms // 10),
+    )
+
+
 async def send_to_inbox(
     producer: AIOKafkaProducer | None, topics: TopicNames, event: Event, partition: int, records: RecordCodec
 ) -> None:

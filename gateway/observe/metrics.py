@@ -48,6 +48,8 @@ class GatewayMetrics:
         self._turn_tool_calls: dict[str, int] = {}
         self.lag_source: LagSource | None = None
         self.state_source: StateSource | None = None
+        self.text_source: Callable[[], str] | None = None
+        """Metrics another part renders itself, in the text format (``consumers.log_metrics``)."""
 
     def _tool_and_turn_metrics(self, r: CollectorRegistry) -> None:
         self.tool_calls = Counter(
@@ -215,4 +217,7 @@ class GatewayMetrics:
         if self.lag_source is not None:
             for (group, partition), lag in (await self.lag_source()).items():
                 self.consumer_lag.labels(group, str(partition)).set(lag)
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        text = generate_latest(self.registry)
+        if self.text_source is not None:
+            text += self.text_source().encode()
+        return text, CONTENT_TYPE_LATEST
