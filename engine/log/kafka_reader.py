@@ -18,6 +18,7 @@ from aiokafka.errors import KafkaError
 
 from ..errors import LogError, LogUnavailableError
 from .base import LogRecord
+from .kafka_ends import SharedEnds
 from .kafka_index import PartitionIndex
 from .kafka_listing import read_versions
 from .kafka_poison import dead_letter_sources
@@ -63,6 +64,7 @@ class PartitionReader:
         self.consumer: AIOKafkaConsumer | None = None
         """Set by ``KafkaEventLog.start``; None before and after."""
         self.lock = asyncio.Lock()
+        self._ends = SharedEnds(self._ask_ends)
 
     def _started(self) -> AIOKafkaConsumer:
         assert self.consumer is not None, "call start() first"
@@ -72,13 +74,19 @@ class PartitionReader:
         return TopicPartition(self.topics.events, partition)
 
     async def end(self, partition: int) -> int:
-        """The events partition's end (its last committed record + 1, or past a marker)."""
-        tp = self._tp(partition)
+        """The events partition's end (its last committed record + 1, or past a marker), from
+        a request sent after this call began, shared with the callers meanwhile (``kafka_ends``)."""
+        return await self._ends.end(partition)
+
+    async def _ask_ends(self, partitions: frozenset[int]) -> dict[int, int]:
+        tps = [self._tp(p) for p in sorted(partitions)]
         try:
             async with asyncio.timeout(OPERATION_TIMEOUT_S):
-                return int((await self._started().end_offsets([tp]))[tp])
+                ends = await self._started().end_offsets(tps)
         except (KafkaError, TimeoutError) as exc:
-            raise LogUnavailableError(f"reading partition {partition} failed: {exc!r}") from exc
+            named = ", ".join(str(p) for p in sorted(partitions))
+            raise LogUnavailableError(f"reading the end of partitions {named} failed: {exc!r}") from exc
+        return {tp.partition: int(end) for tp, end in ends.items()}
 
     async def catch_up(self, part: PartitionIndex, until: int | None = None) -> None:
         """Read the partition from where the index stopped to its last committed record (or
