@@ -111,6 +111,24 @@ async def test_records_are_keyed_by_session_with_the_schema_fingerprint_header(
     assert codec.decode(record.value) == (await owner.read_session("s-1"))[0]
 
 
+async def test_a_transaction_larger_than_a_producer_batch_gives_each_event_its_offset(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    """One transaction's events go out as producer batches of 16 kB (kafka_commits): a larger
+    one fills several, and each event is answered with the offset the partition gave it."""
+    await owner.submit(created("s-big"))
+    big = [
+        ev.UserMessageReceived(session_id="s-big", version=v, message_id=f"m{v}", text=f"{v}" * 7000)
+        for v in range(2, 10)
+    ]
+    appended = await owner.append(big, expected_version=1)
+
+    on_topic = await read_topic(bootstrap, owner.topics.events, owner.partition_of("s-big"))
+    as_written = [(r.offset, codec.decode(r.value)) for r in on_topic[1:]]
+    assert [(r.offset, r.event) for r in appended] == as_written
+    assert [r.event for r in await owner.read_session_records("s-big", 1)] == big
+
+
 async def test_a_producer_that_owns_nothing_submits_through_the_inbox(
     owner: KafkaEventLog, bootstrap: str
 ) -> None:

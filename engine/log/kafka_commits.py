@@ -36,6 +36,10 @@ from .kafka_records import Poison, event_headers, inbox_header, own_poison
 from .kafka_sessions import WATERMARK, encode_entry, encode_watermark
 
 log = structlog.get_logger("turnlog.kafka")
+SentBatch = tuple["asyncio.Future[Any]", list[int]]
+"""A batch of a transaction's events sent (``producer.send_batch``): its delivery, whose offset
+is the batch's first, and each event's offset relative to it. One batch for a transaction's
+events, not a future each: the producer's cost per record is a third of ``send``'s."""
 OFFSETS_EVERY_S = 1.0
 """How often a consumer group's offsets on a partition ride its transactions (each costs the
 broker two more requests): the group's members are at-least-once, so after a crash they handle
@@ -106,8 +110,8 @@ async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: W
     committing = offsets_to_commit(owner, events, writes)
     try:
         async with asyncio.timeout(OPERATION_TIMEOUT_S), producer.transaction():
-            futures, values = await _send_all(owner, producer, events, writes, committing)
-        metas = [await f for f in futures]
+            sent, values = await _send_all(owner, producer, events, writes, committing)
+        offsets = [(await batch).offset + relative for batch, relatives in sent for relative in relatives]
     except ProducerFenced as exc:
         raise owner.fenced("fenced by a newer owner") from exc
     except (KafkaError, TimeoutError) as exc:
@@ -120,7 +124,7 @@ async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: W
         if events:  # the owners' group's offset follows (offsets_to_commit)
             owner.inbox_pending = owner.index.inbox_next
     owner.index.dead_sources.update(poison.source for poison in writes.dead)
-    records = [LogRecord(owner.partition, m.offset, e) for m, e in zip(metas, events, strict=True)]
+    records = [LogRecord(owner.partition, o, e) for o, e in zip(offsets, events, strict=True)]
     owner.owners.written.add(records, values)
     await _index_committed(owner, records)
     return records
@@ -132,18 +136,26 @@ async def _send_all(
     events: list[Event],
     writes: Writes,
     committing: GroupOffset | None,
-) -> tuple[list[asyncio.Future[Any]], list[bytes]]:
-    """Everything one transaction writes, inside it; the events' delivery futures and values."""
+) -> tuple[list[SentBatch], list[bytes]]:
+    """Everything one transaction writes, inside it; the events' batches and values."""
     topics, p = owner.owners.reader.topics, owner.partition
     values = owner.owners.reader.codec.encode_all(events)
     last = len(events) - 1
-    futures = []
+    sent: list[SentBatch] = []
+    builder, relatives = producer.create_batch(), list[int]()
     for i, (e, value) in enumerate(zip(events, values, strict=True)):
         headers = event_headers(e)
         if i == last and writes.inbox_offset is not None:
             headers.append(inbox_header(writes.inbox_offset))
         key = e.session_id.encode()
-        futures.append(await producer.send(topics.events, value, key=key, partition=p, headers=headers))
+        appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
+        if appended is None:  # the batch is full (its first record always fits): send it, start one
+            sent.append((await producer.send_batch(builder, topics.events, partition=p), relatives))
+            builder, relatives = producer.create_batch(), list[int]()
+            appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
+        relatives.append(appended.offset)
+    if relatives:
+        sent.append((await producer.send_batch(builder, topics.events, partition=p), relatives))
     for poison in writes.dead:
         await producer.send(
             topics.dead_letter, poison.value, key=poison.key, partition=p, headers=poison.headers()
@@ -152,7 +164,7 @@ async def _send_all(
         await producer.send(topics.sessions, value, key=key, partition=p)
     if committing is not None:
         await producer.send_offsets_to_transaction({committing.tp: committing.offset}, committing.group)
-    return futures, values
+    return sent, values
 
 
 async def _index_committed(owner: PartitionOwner, records: list[LogRecord]) -> None:
