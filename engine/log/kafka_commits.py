@@ -36,6 +36,7 @@ from .kafka_records import Poison, event_headers, inbox_header, own_poison
 from .kafka_sessions import WATERMARK, encode_entry, encode_watermark
 
 log = structlog.get_logger("turnlog.kafka")
+Headers = list[tuple[str, bytes]]
 SentBatch = tuple["asyncio.Future[Any]", list[int]]
 """A batch of a transaction's events sent (``producer.send_batch``): its delivery, whose offset
 is the batch's first, and each event's offset relative to it. One batch for a transaction's
@@ -111,7 +112,7 @@ async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: W
     try:
         async with asyncio.timeout(OPERATION_TIMEOUT_S), producer.transaction():
             sent, values = await _send_all(owner, producer, events, writes, committing)
-        offsets = [(await batch).offset + relative for batch, relatives in sent for relative in relatives]
+        offsets = await _offsets(sent)
     except ProducerFenced as exc:
         raise owner.fenced("fenced by a newer owner") from exc
     except (KafkaError, TimeoutError) as exc:
@@ -141,21 +142,13 @@ async def _send_all(
     topics, p = owner.owners.reader.topics, owner.partition
     values = owner.owners.reader.codec.encode_all(events)
     last = len(events) - 1
-    sent: list[SentBatch] = []
-    builder, relatives = producer.create_batch(), list[int]()
+    records: list[tuple[bytes, bytes, Headers]] = []
     for i, (e, value) in enumerate(zip(events, values, strict=True)):
         headers = event_headers(e)
         if i == last and writes.inbox_offset is not None:
             headers.append(inbox_header(writes.inbox_offset))
-        key = e.session_id.encode()
-        appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
-        if appended is None:  # the batch is full (its first record always fits): send it, start one
-            sent.append((await producer.send_batch(builder, topics.events, partition=p), relatives))
-            builder, relatives = producer.create_batch(), list[int]()
-            appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
-        relatives.append(appended.offset)
-    if relatives:
-        sent.append((await producer.send_batch(builder, topics.events, partition=p), relatives))
+        records.append((e.session_id.encode(), value, headers))
+    sent = await _send_batches(producer, topics.events, p, records)
     for poison in writes.dead:
         await producer.send(
             topics.dead_letter, poison.value, key=poison.key, partition=p, headers=poison.headers()
@@ -165,6 +158,33 @@ async def _send_all(
     if committing is not None:
         await producer.send_offsets_to_transaction({committing.tp: committing.offset}, committing.group)
     return sent, values
+
+
+async def _send_batches(
+    producer: AIOKafkaProducer, topic: str, partition: int, records: list[tuple[bytes, bytes, Headers]]
+) -> list[SentBatch]:
+    """``records`` (key, value, headers) in as few producer batches as hold them, in order."""
+    sent: list[SentBatch] = []
+    builder, relatives = producer.create_batch(), list[int]()  # each record's place in its batch
+    for key, value, headers in records:
+        appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
+        if appended is None:  # the batch is full (its first record always fits): send it, start one
+            sent.append((await producer.send_batch(builder, topic, partition=partition), relatives))
+            builder, relatives = producer.create_batch(), list[int]()
+            appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
+        relatives.append(appended.offset)
+    if relatives:
+        sent.append((await producer.send_batch(builder, topic, partition=partition), relatives))
+    return sent
+
+
+async def _offsets(sent: list[SentBatch]) -> list[int]:
+    """Each record's offset, once its batch is delivered: the batch's first plus its place."""
+    offsets: list[int] = []
+    for batch, relatives in sent:
+        first = (await batch).offset
+        offsets += [first + relative for relative in relatives]
+    return offsets
 
 
 async def _index_committed(owner: PartitionOwner, records: list[LogRecord]) -> None:
