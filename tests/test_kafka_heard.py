@@ -270,6 +270,21 @@ async def test_a_session_its_owner_named_is_read_whole_before_the_broker_end_rea
         assert await pair.gateway.read_session(sid) == [found.event]
         assert await pair.gateway.session_version(sid) == 1
 
+        # markers slower than the read waits for them: the records heard answer
+        pair.gateway._reader.read_through = gives_up  # type: ignore[method-assign]
+        message = ev.UserMessageReceived(session_id=sid, version=0, message_id="m1", text="hi")
+        (pending,) = await pair.gateway.submit(message)
+        await pair.hear(2)
+        found = await pair.gateway.sequenced(pending, 10)
+        assert found is not None and found.event.version == 2
+        assert [r.event.version for r in await pair.gateway.read_session_records(sid)] == [1, 2]
+        assert [e.version for e in await pair.gateway.read_session(sid, 1)] == [2]
+        assert await pair.gateway.session_version(sid) == 2
+
+
+async def gives_up(part: Any, session_id: str, version: int) -> None:
+    """A read on through a version that ends before the partition's reader has it."""
+
 
 async def stale_end(gateway: KafkaEventLog, partition: int) -> None:
     """From now on the gateway's reader is told the partition ends where it ends now, as a

@@ -318,12 +318,10 @@ class KafkaEventLog(EventLog):
         return owner.index if owner.owned else await self._reader.caught_up(owner.index)
 
     async def _session_index(self, session_id: str, *, load: bool = True) -> PartitionIndex:
-        """The session's partition index with the session loaded, caught up with everything
-        committed before this call, and with every version of it this process heard of: a
-        commit's markers may reach the partition after its owner named it on the live topic
-        (``sequenced`` answered a caller from that), and the broker's end, asked for before they
-        land, is short of it. ``load=False`` leaves an unloaded session unloaded (its version is
-        known without its events)."""
+        """The session's partition index (the session loaded unless ``load=False``), caught up with
+        what was committed before this call and read on through the versions heard of it (the
+        broker's end, asked for before a commit's markers land, is short of what its owner named
+        on the live topic); the callers add what was heard beyond it (``HeardRecords.beyond``)."""
         owner = self._owners[self.partition_of(session_id)]
         index = await self._index(owner.partition)
         sessions = [session_id] if load else []
@@ -336,10 +334,15 @@ class KafkaEventLog(EventLog):
         return index
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
-        return (await self._session_index(session_id)).session_after(session_id, after_version)
+        index = await self._session_index(session_id)
+        if heard := self._heard.beyond(session_id, index.version(session_id), after_version):
+            return [r.event for r in index.session_records_after(session_id, after_version) + heard]
+        return index.session_after(session_id, after_version)
 
     async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
-        return (await self._session_index(session_id)).session_records_after(session_id, after_version)
+        index = await self._session_index(session_id)
+        heard = self._heard.beyond(session_id, index.version(session_id), after_version)
+        return index.session_records_after(session_id, after_version) + heard
 
     async def read_session_records_through(
         self, session_id: str, after_version: int, version: int
@@ -398,8 +401,7 @@ class KafkaEventLog(EventLog):
         return self._written.take(record)
 
     def held_use(self) -> HeldUse:
-        """What this process holds of the partitions now, against its ``index_bytes`` (each
-        partition's share, together: metrics)."""
+        """What this process holds of the partitions now, against its ``index_bytes`` (metrics)."""
         shared = self._owners[0].owners
         held = sum(owner.index.held_bytes for owner in self._owners)
         return HeldUse(held, shared.index_budget * self.partitions, shared.held_counts)
@@ -414,7 +416,8 @@ class KafkaEventLog(EventLog):
         return None
 
     async def session_version(self, session_id: str) -> int:
-        return (await self._session_index(session_id, load=False)).version(session_id)
+        indexed = (await self._session_index(session_id, load=False)).version(session_id)
+        return indexed + len(self._heard.beyond(session_id, indexed, indexed))
 
     async def _versions(self, partition: int) -> dict[str, int]:
         """Each session of the partition with its last version: from the index if this process

@@ -63,6 +63,15 @@ class HeardRecords:
         """The session's newest version heard and still kept, 0 if none."""
         return max(self._sessions.get(session_id) or (0,))
 
+    def beyond(self, session_id: str, indexed: int, after_version: int) -> list[LogRecord]:
+        """The records heard of the session past ``indexed`` (what the partition's reader holds)
+        and ``after_version``, if they follow on without a gap (else none): a commit whose
+        markers have not reached the reader yet."""
+        latest = self.latest(session_id)
+        if latest <= indexed:
+            return []
+        return self.run(session_id, max(indexed, after_version), latest) or []
+
     def find(self, session_id: str, event_id: str) -> LogRecord | None:
         """The record heard of the session's event ``event_id``, if kept."""
         kept = self._sessions.get(session_id, {}).values()
