@@ -265,10 +265,12 @@ async def test_a_session_its_owner_named_is_read_whole_before_the_broker_end_rea
         await pair.hear(1)  # the only session that gets a version 1 from now on
         found = await pair.gateway.sequenced(pending, 10)
         assert found is not None and found.event.version == 1
+        reads = pair.partition_reads()
 
         assert [r.event for r in await pair.gateway.read_session_records(sid)] == [found.event]
         assert await pair.gateway.read_session(sid) == [found.event]
         assert await pair.gateway.session_version(sid) == 1
+        assert reads == []  # answered by what was heard, without waiting for the markers
 
         # markers slower than the read waits for them: the records heard answer
         pair.gateway._reader.read_through = gives_up  # type: ignore[method-assign]
@@ -280,6 +282,21 @@ async def test_a_session_its_owner_named_is_read_whole_before_the_broker_end_rea
         assert [r.event.version for r in await pair.gateway.read_session_records(sid)] == [1, 2]
         assert [e.version for e in await pair.gateway.read_session(sid, 1)] == [2]
         assert await pair.gateway.session_version(sid) == 2
+
+
+async def test_a_read_of_a_session_reads_the_partition_on_through_a_gap_in_what_was_heard() -> None:
+    async with owner_and_gateway() as pair:
+        await stale_end(pair.gateway, pair.gateway.partition_of(SID))
+        events = session(5)
+        await pair.committed(events[3:], told=events[4:])  # version 4 was never heard
+        reads = pair.partition_reads()
+
+        served = await pair.gateway.read_session_records(SID, 3)
+
+        assert as_the_log_has_them(served) == as_the_log_has_them(
+            await pair.owner.read_session_records(SID, 3)
+        )
+        assert reads == [5]
 
 
 async def gives_up(part: Any, session_id: str, version: int) -> None:

@@ -318,26 +318,31 @@ class KafkaEventLog(EventLog):
         return owner.index if owner.owned else await self._reader.caught_up(owner.index)
 
     async def _session_index(self, session_id: str, *, load: bool = True) -> PartitionIndex:
-        """The session's partition index (the session loaded unless ``load=False``), caught up with
-        what was committed before this call and read on through the versions heard of it (the
-        broker's end, asked for before a commit's markers land, is short of what its owner named
-        on the live topic); the callers add what was heard beyond it (``HeardRecords.beyond``)."""
+        """The session's partition index (loaded unless ``load=False``), caught up with what was
+        committed before this call and, with the records heard, with all that was heard of it."""
         owner = self._owners[self.partition_of(session_id)]
         index = await self._index(owner.partition)
         sessions = [session_id] if load else []
         await self._reader.load(index, sessions)
-        if not owner.owned and (heard := self._heard.latest(session_id)):
-            if heard > index.version(session_id):
-                await self._reader.read_through(index, session_id, heard)
-                await self._reader.load(index, sessions)  # a trim meanwhile may have unloaded it
-            self._heard.drop_through(session_id, index.version(session_id))
+        if not owner.owned:
+            await self._read_on_through(index, session_id, self._heard.latest(session_id), sessions)
         return index
+
+    async def _read_on_through(self, index: PartitionIndex, sid: str, version: int, load: list[str]) -> None:
+        """Unless the records heard of the session fill it to ``version`` without a gap (reads
+        add them: ``HeardRecords.beyond``), read the partition on until the index holds it: the
+        broker's end, asked for before a commit's markers land, is short of what its owner named
+        on the live topic (``sequenced`` answered from that)."""
+        indexed = index.version(sid)
+        self._heard.drop_through(sid, indexed)
+        if indexed < version and self._heard.run(sid, indexed, version) is None:
+            await self._reader.read_through(index, sid, version)
+            await self._reader.load(index, load)  # a trim meanwhile may have unloaded it
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         index = await self._session_index(session_id)
-        if heard := self._heard.beyond(session_id, index.version(session_id), after_version):
-            return [r.event for r in index.session_records_after(session_id, after_version) + heard]
-        return index.session_after(session_id, after_version)
+        heard = self._heard.beyond(session_id, index.version(session_id), after_version)
+        return index.session_after(session_id, after_version) + [r.event for r in heard]
 
     async def read_session_records(self, session_id: str, after_version: int = 0) -> list[LogRecord]:
         index = await self._session_index(session_id)
@@ -352,14 +357,10 @@ class KafkaEventLog(EventLog):
         owner = self._owners[self.partition_of(session_id)]
         index = owner.index
         await self._reader.load(index, [session_id])
-        if not owner.owned and (indexed := index.version(session_id)) < version:
-            self._heard.drop_through(session_id, indexed)
-            last = max(indexed, after_version)
-            if (heard := self._heard.run(session_id, last, version)) is not None:
-                return index.session_records_after(session_id, after_version)[: last - after_version] + heard
-            await self._reader.read_through(index, session_id, version)
-            await self._reader.load(index, [session_id])  # a trim meanwhile may have unloaded it
-        return index.session_records_after(session_id, after_version)
+        if not owner.owned:
+            await self._read_on_through(index, session_id, version, [session_id])
+        heard = self._heard.beyond(session_id, index.version(session_id), after_version)
+        return index.session_records_after(session_id, after_version) + heard
 
     def on_sequenced(self, listener: Callable[[Event], None]) -> None:
         """Call ``listener`` with each event this process's sequencer commits from the inbox (a
@@ -402,8 +403,7 @@ class KafkaEventLog(EventLog):
 
     def held_use(self) -> HeldUse:
         """What this process holds of the partitions now, against its ``index_bytes`` (metrics)."""
-        shared = self._owners[0].owners
-        held = sum(owner.index.held_bytes for owner in self._owners)
+        shared, held = self._owners[0].owners, sum(o.index.held_bytes for o in self._owners)
         return HeldUse(held, shared.index_budget * self.partitions, shared.held_counts)
 
     def own_record(self, session_id: str, version: int) -> LogRecord | None:

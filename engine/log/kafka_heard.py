@@ -64,13 +64,16 @@ class HeardRecords:
         return max(self._sessions.get(session_id) or (0,))
 
     def beyond(self, session_id: str, indexed: int, after_version: int) -> list[LogRecord]:
-        """The records heard of the session past ``indexed`` (what the partition's reader holds)
-        and ``after_version``, if they follow on without a gap (else none): a commit whose
-        markers have not reached the reader yet."""
-        latest = self.latest(session_id)
-        if latest <= indexed:
-            return []
-        return self.run(session_id, max(indexed, after_version), latest) or []
+        """The records heard of the session that follow on, without a gap, past ``indexed`` (what
+        the partition's reader holds) and ``after_version``: commits whose markers have not
+        reached the reader yet."""
+        versions = self._sessions.get(session_id) or {}
+        run: list[LogRecord] = []
+        version = max(indexed, after_version) + 1
+        while (record := versions.get(version)) is not None:
+            run.append(record)
+            version += 1
+        return run
 
     def find(self, session_id: str, event_id: str) -> LogRecord | None:
         """The record heard of the session's event ``event_id``, if kept."""
