@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 from tests.erasure_support import REQUIRED, random_master
 from tests.services import kafka_log, need_service
@@ -102,6 +102,18 @@ class Pair:
             await read(part, session_id, version)
 
         self.gateway._reader.read_through = read_through  # type: ignore[method-assign]
+        return calls
+
+    def partition_ends(self) -> list[int]:
+        """The partitions the gateway's reader asks the broker for the end of from now on."""
+        calls: list[int] = []
+        end = self.gateway._reader.end
+
+        async def counted(partition: int) -> int:
+            calls.append(partition)
+            return await end(partition)
+
+        self.gateway._reader.end = counted  # type: ignore[method-assign]
         return calls
 
     def partition_catch_ups(self) -> list[int]:
@@ -297,6 +309,45 @@ async def test_a_read_of_a_session_reads_the_partition_on_through_a_gap_in_what_
             await pair.owner.read_session_records(SID, 3)
         )
         assert reads == [5]
+
+
+async def test_a_session_created_elsewhere_a_moment_ago_is_read_once_its_markers_land() -> None:
+    """The broker tells an owner its commit succeeded before it writes the commit's markers, and
+    until it has, the end a read_committed reader is given stops short of the commit. A process
+    that heard nothing of the new session (a gateway a client turns to right after creating it
+    through another) reads once what was in flight is resolved: not "no such session"."""
+    async with owner_and_gateway() as pair:
+        sid = "s-elsewhere"
+        markers_land = await late_markers(pair.gateway, pair.gateway.partition_of(sid))
+        created = ev.SessionCreated(session_id=sid, version=1, agent_id="a", user_id="u")
+        await pair.owner.append([created], expected_version=0)  # not published: never heard
+        asyncio.get_running_loop().call_later(0.05, markers_land)
+
+        assert await pair.gateway.read_session(sid) == [created]
+
+
+async def test_a_session_no_one_created_reads_as_none_without_waiting_for_markers() -> None:
+    async with owner_and_gateway() as pair:
+        sid = "s-nowhere"
+        ends = pair.partition_ends()
+
+        assert await pair.gateway.read_session(sid) == []
+        assert await pair.gateway.read_session(SID, 3) == []  # a session it knows: no settling
+        assert ends == [pair.gateway.partition_of(sid)] * 2 + [pair.gateway.partition_of(SID)]
+
+
+async def late_markers(gateway: KafkaEventLog, partition: int) -> Callable[[], None]:
+    """The gateway's reader is told the partition ends where it ends now until the returned
+    function is called: a commit from now on is past that end until its markers land."""
+    reader, landed = gateway._reader, asyncio.Event()
+    end = reader.end
+    now = await end(partition)
+
+    async def until_landed(p: int) -> int:
+        return now if p == partition and not landed.is_set() else await end(p)
+
+    reader.end = until_landed  # type: ignore[method-assign]
+    return landed.set
 
 
 async def gives_up(part: Any, session_id: str, version: int) -> None:

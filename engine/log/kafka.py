@@ -53,7 +53,7 @@ from .kafka_index import PartitionIndex
 from .kafka_listing import owned_versions
 from .kafka_offsets import DirectOffsets
 from .kafka_owner import Owners, OwnersListener, PartitionOwner
-from .kafka_reader import PartitionReader, read_consumer
+from .kafka_reader import PartitionReader
 from .kafka_sequencer import InboxSequencer, inbox_consumer, send_to_inbox
 from .kafka_sessions import INDEX_EVERY_S
 from .kafka_topics import TopicNames, committed_offset, ensure_topics
@@ -163,9 +163,8 @@ class KafkaEventLog(EventLog):
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, client_id=self.client_id, enable_idempotence=True, acks="all"
         )
-        self._reader.consumer = read_consumer(self.bootstrap, self.client_id)
         await self._producer.start()
-        await self._reader.consumer.start()
+        await self._reader.start(self.bootstrap, self.client_id)
         if self.owner:
             self._inbox = inbox_consumer(self.bootstrap, self.client_id, self.topics, self.session_timeout_ms)
             listener = OwnersListener(self._owners, self._joined, self._sequencer.forget)
@@ -205,11 +204,11 @@ class KafkaEventLog(EventLog):
         for owner in self._owners:
             self._sequencer.forget(owner.partition)
             await owner.release()
-        for client in (self._producer, self._reader.consumer):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    await client.stop()
-        self._producer = self._reader.consumer = self._inbox = self._sequencer.consumer = None
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+        await self._reader.close()
+        self._producer = self._inbox = self._sequencer.consumer = None
         self.records.on_forget(self._heard.forget, remove=True)
         if self._owns_sealer and self.records.sealer is not None:
             self.records.sealer.close()
@@ -312,16 +311,17 @@ class KafkaEventLog(EventLog):
     # -- reads ----------------------------------------------------------------------------------
 
     async def _index(self, partition: int) -> PartitionIndex:
-        """The partition's index, caught up with everything committed before this call (an
-        owned partition's is always)."""
+        """The partition's index, caught up with the broker's end (an owned one's always is)."""
         owner = self._owners[partition]
         return owner.index if owner.owned else await self._reader.caught_up(owner.index)
 
     async def _session_index(self, session_id: str, *, load: bool = True) -> PartitionIndex:
-        """The session's partition index (loaded unless ``load=False``), caught up with what was
-        committed before this call and, with the records heard, with all that was heard of it."""
+        """The session's partition index (loaded unless ``load=False``), caught up (a session new
+        here: once what was in flight is resolved, ``settled``), with all that was heard of it."""
         owner = self._owners[self.partition_of(session_id)]
         index = await self._index(owner.partition)
+        if not (owner.owned or index.version(session_id) or self._heard.latest(session_id)):
+            await self._reader.settled(index)
         sessions = [session_id] if load else []
         await self._reader.load(index, sessions)
         if not owner.owned:

@@ -10,6 +10,7 @@ an index's base, the dead-letter ledger and a partition's listing. Every read is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Callable, Iterable
 
 import structlog
@@ -33,6 +34,9 @@ OPERATION_TIMEOUT_S = 30.0
 NOTICE_WAIT_S = 0.5
 """How long a read for a version a live notice announced reads on for it: the notice may come
 before the commit's markers make it visible to a read_committed reader (a few ms)."""
+SETTLE_POLL_S = 0.002
+"""How often ``PartitionReader.settled`` asks again whether the transactions it waits for are
+resolved (their markers take a few ms)."""
 
 
 def read_consumer(bootstrap: str, client_id: str) -> AIOKafkaConsumer:
@@ -44,6 +48,17 @@ def read_consumer(bootstrap: str, client_id: str) -> AIOKafkaConsumer:
         fetch_max_wait_ms=20,  # a catch-up waits for an in-flight fetch: keep it short
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+    )
+
+
+def high_water_consumer(bootstrap: str, client_id: str) -> AIOKafkaConsumer:
+    """Asks only for partitions' high waters: read_uncommitted, so an end is what was written,
+    in a transaction resolved or not (``PartitionReader.settled``)."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=f"{client_id}-high-water",
+        isolation_level="read_uncommitted",
+        enable_auto_commit=False,
     )
 
 
@@ -62,9 +77,26 @@ class PartitionReader:
         self.known = known
         """A record already decoded, by partition, offset and value (``HeardRecords.known``)."""
         self.consumer: AIOKafkaConsumer | None = None
-        """Set by ``KafkaEventLog.start``; None before and after."""
+        """Set by ``start``; None before and after ``close``."""
+        self.high_waters: AIOKafkaConsumer | None = None
+        """Made and started on its first use (``settled``: few processes need it)."""
+        self._client = ("", "")
+        """The bootstrap servers and client id ``start`` was given."""
         self.lock = asyncio.Lock()
         self._ends = SharedEnds(self._ask_ends)
+        self._highs = SharedEnds(self._ask_high_waters)
+
+    async def start(self, bootstrap: str, client_id: str) -> None:
+        self.consumer = read_consumer(bootstrap, client_id)
+        self._client = (bootstrap, client_id)
+        await self.consumer.start()
+
+    async def close(self) -> None:
+        for consumer in (self.consumer, self.high_waters):
+            if consumer is not None:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+        self.consumer = self.high_waters = None
 
     def _started(self) -> AIOKafkaConsumer:
         assert self.consumer is not None, "call start() first"
@@ -79,14 +111,48 @@ class PartitionReader:
         return await self._ends.end(partition)
 
     async def _ask_ends(self, partitions: frozenset[int]) -> dict[int, int]:
+        return await self._ask(self._started(), partitions, "end")
+
+    async def _ask_high_waters(self, partitions: frozenset[int]) -> dict[int, int]:
+        self._started()
+        if self.high_waters is None:  # SharedEnds asks one request at a time: made once
+            consumer = high_water_consumer(*self._client)
+            try:
+                await consumer.start()
+            except KafkaError as exc:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+                raise LogUnavailableError(f"reading the high water of partitions failed: {exc!r}") from exc
+            self.high_waters = consumer
+        return await self._ask(self.high_waters, partitions, "high water")
+
+    async def _ask(self, consumer: AIOKafkaConsumer, partitions: frozenset[int], what: str) -> dict[int, int]:
         tps = [self._tp(p) for p in sorted(partitions)]
         try:
             async with asyncio.timeout(OPERATION_TIMEOUT_S):
-                ends = await self._started().end_offsets(tps)
+                ends = await consumer.end_offsets(tps)
         except (KafkaError, TimeoutError) as exc:
             named = ", ".join(str(p) for p in sorted(partitions))
-            raise LogUnavailableError(f"reading the end of partitions {named} failed: {exc!r}") from exc
+            raise LogUnavailableError(f"reading the {what} of partitions {named} failed: {exc!r}") from exc
         return {tp.partition: int(end) for tp, end in ends.items()}
+
+    async def settled(self, part: PartitionIndex) -> PartitionIndex:
+        """``part`` caught up with every transaction that had records in the partition when this
+        began, once it is resolved. The end a read_committed reader is given stops at the first
+        transaction whose commit markers are not written yet, and the broker writes them after
+        it has told the owner its commit succeeded: for a few ms, what another process was told
+        is committed (a session just created through another gateway) is past that end. Waits
+        at most ``NOTICE_WAIT_S``, polling the end without holding the reader's lock."""
+        written = await self._highs.end(part.partition)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + NOTICE_WAIT_S
+        end = await self.end(part.partition)
+        while end < written and loop.time() < deadline:
+            await asyncio.sleep(SETTLE_POLL_S)
+            end = await self.end(part.partition)
+        if part.next_offset < end:
+            await self.catch_up(part, until=end)
+        return part
 
     async def catch_up(self, part: PartitionIndex, until: int | None = None) -> None:
         """Read the partition from where the index stopped to its last committed record (or
