@@ -62,6 +62,20 @@ def high_water_consumer(bootstrap: str, client_id: str) -> AIOKafkaConsumer:
     )
 
 
+async def _started_consumer(consumer: AIOKafkaConsumer) -> AIOKafkaConsumer:
+    """``consumer``, started within ``OPERATION_TIMEOUT_S``; else stopped, and the error raised."""
+    try:
+        async with asyncio.timeout(OPERATION_TIMEOUT_S):
+            await consumer.start()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        if isinstance(exc, (KafkaError, TimeoutError)):
+            raise LogUnavailableError(f"starting a consumer of the log failed: {exc!r}") from exc
+        raise
+    return consumer
+
+
 class PartitionReader:
     """The process's one consumer of the log's topics, shared by every read under its lock."""
 
@@ -116,14 +130,7 @@ class PartitionReader:
     async def _ask_high_waters(self, partitions: frozenset[int]) -> dict[int, int]:
         self._started()
         if self.high_waters is None:  # SharedEnds asks one request at a time: made once
-            consumer = high_water_consumer(*self._client)
-            try:
-                await consumer.start()
-            except KafkaError as exc:
-                with contextlib.suppress(Exception):
-                    await consumer.stop()
-                raise LogUnavailableError(f"reading the high water of partitions failed: {exc!r}") from exc
-            self.high_waters = consumer
+            self.high_waters = await _started_consumer(high_water_consumer(*self._client))
         return await self._ask(self.high_waters, partitions, "high water")
 
     async def _ask(self, consumer: AIOKafkaConsumer, partitions: frozenset[int], what: str) -> dict[int, int]:
