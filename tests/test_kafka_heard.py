@@ -22,6 +22,7 @@ from turnlog.engine import events as ev
 from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.crypto.cipher import ContentCipher
 from turnlog.engine.crypto.keystore_sqlite import SqliteKeyStore
+from turnlog.engine.log import kafka_live
 from turnlog.engine.log.base import LogRecord
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.log.kafka_heard import RECORD_OVERHEAD, HeardRecords
@@ -36,6 +37,7 @@ from turnlog.engine.log.kafka_live import (
 from turnlog.engine.log.kafka_topics import TopicNames
 from turnlog.engine.log.kafka_written import WrittenValues
 from turnlog.engine.log.sealing import PLAIN, Sealer
+from turnlog.engine.stream import ModelDelta
 
 PARTITIONS = 2
 SID = "s-heard"
@@ -334,6 +336,39 @@ async def test_a_session_no_one_created_reads_as_none_without_waiting_for_marker
         assert await pair.gateway.read_session(sid) == []
         assert await pair.gateway.read_session(SID, 3) == []  # a session it knows: no settling
         assert ends == [pair.gateway.partition_of(sid)] * 2 + [pair.gateway.partition_of(SID)]
+
+
+async def test_a_partition_the_publisher_cannot_send_to_holds_back_only_its_own_items(
+    monkeypatch: Any,
+) -> None:
+    """The publisher sends each partition's items as batches, and a partition's next batch waits
+    until its last was sent: one partition whose leader cannot be reached (moving after a broker
+    restart) must not stop the live items of the others."""
+    async with owner_and_gateway() as pair:
+        stuck, free = (
+            next(f"s-{i}" for i in range(99) if pair.owner.partition_of(f"s-{i}") == p) for p in (0, 1)
+        )
+        reachable, send = asyncio.Event(), kafka_live.send_batches
+
+        async def leaderless(producer: Any, topic: str, partition: int, records: Any) -> Any:
+            if partition == 0:
+                await reachable.wait()
+            return await send(producer, topic, partition, records)
+
+        monkeypatch.setattr(kafka_live, "send_batches", leaderless)
+        pair.publisher.publish(ModelDelta(stuck, "t", 1, "held back"))
+        pair.publisher.publish(ModelDelta(free, "t", 1, "goes out"))
+
+        first = await asyncio.wait_for(anext(pair.items), 30)
+        assert (first.session_id, first.text) == (free, "goes out")
+        reachable.set()
+        second = await asyncio.wait_for(anext(pair.items), 30)
+        assert (second.session_id, second.text) == (stuck, "held back")
+        assert pair.publisher.dropped == 0
+
+
+def session_in(log: KafkaEventLog, partition: int) -> str:
+    return next(sid for sid in (f"s-{i}" for i in range(99)) if log.partition_of(sid) == partition)
 
 
 async def late_markers(gateway: KafkaEventLog, partition: int) -> Callable[[], None]:

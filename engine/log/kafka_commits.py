@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import structlog
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -32,12 +32,10 @@ from .base import LogRecord
 from .kafka_appends import PendingAppend, fail_group, settle_group, take_group
 from .kafka_owner import PartitionOwner
 from .kafka_reader import OPERATION_TIMEOUT_S
-from .kafka_records import Poison, event_headers, inbox_header, own_poison
+from .kafka_records import Headers, Poison, SentBatch, event_headers, inbox_header, own_poison, send_batches
 from .kafka_sessions import WATERMARK, encode_entry, encode_watermark
 
 log = structlog.get_logger("turnlog.kafka")
-Headers = list[tuple[str, bytes]]
-SentBatch = tuple["asyncio.Future[Any]", list[int]]
 """A batch of a transaction's events sent (``producer.send_batch``): its delivery, whose offset
 is the batch's first, and each event's offset relative to it. One batch for a transaction's
 events, not a future each: the producer's cost per record is a third of ``send``'s."""
@@ -148,7 +146,7 @@ async def _send_all(
         if i == last and writes.inbox_offset is not None:
             headers.append(inbox_header(writes.inbox_offset))
         records.append((e.session_id.encode(), value, headers))
-    sent = await _send_batches(producer, topics.events, p, records)
+    sent = await send_batches(producer, topics.events, p, records)
     for poison in writes.dead:
         await producer.send(
             topics.dead_letter, poison.value, key=poison.key, partition=p, headers=poison.headers()
@@ -158,24 +156,6 @@ async def _send_all(
     if committing is not None:
         await producer.send_offsets_to_transaction({committing.tp: committing.offset}, committing.group)
     return sent, values
-
-
-async def _send_batches(
-    producer: AIOKafkaProducer, topic: str, partition: int, records: list[tuple[bytes, bytes, Headers]]
-) -> list[SentBatch]:
-    """``records`` (key, value, headers) in as few producer batches as hold them, in order."""
-    sent: list[SentBatch] = []
-    builder, relatives = producer.create_batch(), list[int]()  # each record's place in its batch
-    for key, value, headers in records:
-        appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
-        if appended is None:  # the batch is full (its first record always fits): send it, start one
-            sent.append((await producer.send_batch(builder, topic, partition=partition), relatives))
-            builder, relatives = producer.create_batch(), list[int]()
-            appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
-        relatives.append(appended.offset)
-    if relatives:
-        sent.append((await producer.send_batch(builder, topic, partition=partition), relatives))
-    return sent
 
 
 async def _offsets(sent: list[SentBatch]) -> list[int]:

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -36,6 +37,7 @@ from ..errors import EventError
 from ..events import Event, SessionForked, SnapshotTaken
 from ..stream import Committed, LiveItem, ModelDelta, ModelProgress, ModelWaiting, StreamItem
 from .base import LogRecord, partition_for
+from .kafka_records import Headers, send_batches
 from .kafka_topics import TopicNames
 from .sealing import PLAIN, RecordCodec
 
@@ -46,7 +48,13 @@ HEAVY = (SnapshotTaken, SessionForked)
 ``WHOLE_STATE_CHARS``, else as a notice (their version)."""
 WHOLE_STATE_CHARS = 64 << 10
 QUEUE_SIZE = 10_000
-"""Live items waiting to be sent; past it new ones are dropped (a stream reads events from the log)."""
+"""Live items waiting to be sent, a partition's; past it new ones are dropped (a stream reads
+events from the log)."""
+SEND_AT_ONCE = 500
+"""At most this many of a partition's queued items go to the producer at a time."""
+BATCH_BYTES = 512 << 10
+"""A producer batch's bound: what a partition queued while its last batch was being sent goes in
+one or a few."""
 
 
 Published = Event | ModelDelta | ModelWaiting
@@ -106,8 +114,10 @@ def decode(session_id: str, kind: bytes, value: bytes, records: RecordCodec = PL
 
 class KafkaLivePublisher:
     """Sends a process's live items to ``<topic>.live``; ``publish`` is a sync callback (a
-    TurnWorker's ``on_item``) that queues, and one task sends in order without waiting for
-    acknowledgements."""
+    TurnWorker's ``on_item``) that queues by partition, and a task per partition sends what is
+    queued, in order, as producer batches, without waiting for acknowledgements. A partition's
+    next batch goes once its last was sent, so a partition the producer cannot reach (its leader
+    moving) holds only its own items back."""
 
     def __init__(
         self,
@@ -132,64 +142,81 @@ class KafkaLivePublisher:
         self.written = written
         """The value such a record was committed with (``KafkaEventLog.written_value``): sent as
         it is, not encoded again, so a subscriber knows the bytes its reader will fetch."""
-        self._queue: asyncio.Queue[Published] = asyncio.Queue(QUEUE_SIZE)
+        self._queues: list[asyncio.Queue[Published]] = [asyncio.Queue(QUEUE_SIZE) for _ in range(partitions)]
         self._producer: AIOKafkaProducer | None = None
-        self._sender: asyncio.Task[None] | None = None
+        self._senders: list[asyncio.Task[None]] = []
         self.dropped = 0
 
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, client_id=f"{self.origin.decode()}-live", acks=1, linger_ms=0
+            bootstrap_servers=self.bootstrap,
+            client_id=f"{self.origin.decode()}-live",
+            acks=1,
+            linger_ms=0,
+            max_batch_size=BATCH_BYTES,
         )
         await self._producer.start()
-        self._sender = asyncio.create_task(self._send_loop(), name="turnlog-live-sender")
+        self._senders = [
+            asyncio.create_task(self._send_loop(p), name=f"turnlog-live-sender-{p}")
+            for p in range(self.partitions)
+        ]
 
     def publish(self, item: StreamItem) -> None:
         if isinstance(item, ModelProgress):
             return  # the local terminal's progress line; streams get the deltas and the events
         try:
-            self._queue.put_nowait(item)
+            self._queues[partition_for(item.session_id, self.partitions)].put_nowait(item)
         except asyncio.QueueFull:
             self.dropped += 1
 
-    async def _send_loop(self) -> None:
-        producer = self._producer
+    async def _send_loop(self, partition: int) -> None:
+        producer, queue = self._producer, self._queues[partition]
         assert producer is not None
         while True:
-            item = await self._queue.get()
-            record = self.own_record(item.session_id, item.version) if isinstance(item, Event) else None
-            kind, value = b"", None
-            if record is not None and not _notice_only(item):
-                kind, value = b"event", self.written(record)
-            if value is None:
-                kind, value = encode(item, self.records)
+            items = [await queue.get()]
+            while not queue.empty() and len(items) < SEND_AT_ONCE:
+                items.append(queue.get_nowait())
+            records = [self._record(item) for item in items]
             try:
-                await producer.send(
-                    self.topics.live,
-                    value,
-                    key=item.session_id.encode(),
-                    partition=partition_for(item.session_id, self.partitions),
-                    headers=self._headers(kind, record),
-                )
+                for delivery, placed in await send_batches(producer, self.topics.live, partition, records):
+                    delivery.add_done_callback(functools.partial(self._delivered, len(placed)))
             except KafkaError as exc:  # live items are best effort: streams read events from the log
-                self.dropped += 1
-                log.warning("live.send_failed", error=repr(exc), dropped=self.dropped)
+                self._dropped(len(records), exc)
 
-    def _headers(self, kind: bytes, record: LogRecord | None) -> list[tuple[str, bytes]]:
+    def _record(self, item: Published) -> tuple[bytes, bytes, Headers]:
+        """The item as a record of the live topic: key, value, headers."""
+        record = self.own_record(item.session_id, item.version) if isinstance(item, Event) else None
+        kind, value = b"", None
+        if record is not None and not _notice_only(item):
+            kind, value = b"event", self.written(record)
+        if value is None:
+            kind, value = encode(item, self.records)
+        return item.session_id.encode(), value, self._headers(kind, record)
+
+    def _delivered(self, count: int, delivery: asyncio.Future[Any]) -> None:
+        if not delivery.cancelled() and (exc := delivery.exception()) is not None:
+            self._dropped(count, exc)
+
+    def _dropped(self, count: int, exc: BaseException) -> None:
+        self.dropped += count
+        log.warning("live.send_failed", error=repr(exc), dropped=self.dropped)
+
+    def _headers(self, kind: bytes, record: LogRecord | None) -> Headers:
         headers = [(KIND, kind), (ORIGIN, self.origin)]
         if kind == b"event" and record is not None:
             headers.append((OFFSET, str(record.offset).encode()))
         return headers
 
     async def close(self) -> None:
-        if self._sender is not None:
-            self._sender.cancel()
+        for sender in self._senders:
+            sender.cancel()
+        for sender in self._senders:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._sender
+                await sender
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await self._producer.stop()  # flushes what was sent
-        self._producer = self._sender = None
+        self._producer, self._senders = None, []
 
 
 class KafkaLiveSubscriber:

@@ -1,10 +1,14 @@
-"""What a Kafka log writes and reads as one record: an event's headers, and a consumed record as a
-``LogRecord`` or, if it cannot be taken, as ``Poison`` on its way to the dead-letter topic."""
+"""What a Kafka log writes and reads as one record: an event's headers, records sent as few
+producer batches, and a consumed record as a ``LogRecord`` or, if it cannot be taken, as
+``Poison`` on its way to the dead-letter topic."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
+
+from aiokafka import AIOKafkaProducer
 
 from .. import codec
 from ..errors import EventError
@@ -19,7 +23,12 @@ INBOX_HEADER = "turnlog.inbox"
 (the inbox records below it are on the events partition, committed with this record)."""
 
 
-def event_headers(event: Event) -> list[tuple[str, bytes]]:
+Headers = list[tuple[str, bytes]]
+SentBatch = tuple["asyncio.Future[Any]", list[int]]
+"""A producer batch's delivery, and each of its records' place in it."""
+
+
+def event_headers(event: Event) -> Headers:
     """An event record's headers: its schema fingerprint and type (readable without decoding)."""
     return [
         ("turnlog.schema", codec.schema_fingerprint(event.type)),
@@ -95,3 +104,21 @@ def sessions_named(messages: list[Any]) -> set[str]:
         except EventError:
             continue
     return found
+
+
+async def send_batches(
+    producer: AIOKafkaProducer, topic: str, partition: int, records: list[tuple[bytes, bytes, Headers]]
+) -> list[SentBatch]:
+    """``records`` (key, value, headers) in as few producer batches as hold them, in order."""
+    sent: list[SentBatch] = []
+    builder, relatives = producer.create_batch(), list[int]()  # each record's place in its batch
+    for key, value, headers in records:
+        appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
+        if appended is None:  # the batch is full (its first record always fits): send it, start one
+            sent.append((await producer.send_batch(builder, topic, partition=partition), relatives))
+            builder, relatives = producer.create_batch(), list[int]()
+            appended = builder.append(key=key, value=value, timestamp=None, headers=headers)
+        relatives.append(appended.offset)
+    if relatives:
+        sent.append((await producer.send_batch(builder, topic, partition=partition), relatives))
+    return sent
