@@ -122,7 +122,10 @@ class TableEraser:
 
     def __init__(self, target: str, schema: str, name: str, hang_on: str = "") -> None:
         self.target, self.schema, self.name, self.hang_on = target, schema, name, hang_on
-        _execute(target, schema, ERASED_DDL, ())
+        try:
+            _execute(target, schema, ERASED_DDL, ())
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            pass  # another worker created it at the same moment: CREATE ... IF NOT EXISTS races in PostgreSQL
 
     async def erase_session(self, session_id: str, reason: str, *, actor: str = "admin") -> None:
         if session_id == self.hang_on:
