@@ -36,9 +36,6 @@ from .kafka_records import Headers, Poison, SentBatch, event_headers, inbox_head
 from .kafka_sessions import WATERMARK, encode_entry, encode_watermark
 
 log = structlog.get_logger("turnlog.kafka")
-"""A batch of a transaction's events sent (``producer.send_batch``): its delivery, whose offset
-is the batch's first, and each event's offset relative to it. One batch for a transaction's
-events, not a future each: the producer's cost per record is a third of ``send``'s."""
 OFFSETS_EVERY_S = 1.0
 """How often a consumer group's offsets on a partition ride its transactions (each costs the
 broker two more requests): the group's members are at-least-once, so after a crash they handle
