@@ -438,8 +438,9 @@ def test_what_is_heard_is_bounded_by_weight_the_oldest_going_first() -> None:
         for event in session(2, sid):
             heard.add(LogRecord(0, 0, event), b"x" * 100)
     assert heard.weight <= heard.budget_bytes
-    assert heard.run("a", 0, 1) is None and heard.run("a", 1, 2) is not None
-    assert heard.run("b", 0, 2) is not None
+    assert heard.beyond("a", 0, 0) == []  # its version 1 went first
+    assert [r.event.version for r in heard.beyond("a", 1, 1)] == [2]
+    assert [r.event.version for r in heard.beyond("b", 0, 0)] == [1, 2]
 
 
 def test_an_unreadable_offset_leaves_the_event_a_notice() -> None:

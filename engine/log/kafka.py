@@ -335,7 +335,7 @@ class KafkaEventLog(EventLog):
         on the live topic (``sequenced`` answered from that)."""
         indexed = index.version(sid)
         self._heard.drop_through(sid, indexed)
-        if indexed < version and self._heard.run(sid, indexed, version) is None:
+        if len(self._heard.beyond(sid, indexed, indexed)) < version - indexed:
             await self._reader.read_through(index, sid, version)
             await self._reader.load(index, load)  # a trim meanwhile may have unloaded it
 

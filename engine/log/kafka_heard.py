@@ -47,18 +47,6 @@ class HeardRecords:
             self.weight -= oldest_weight
             self._drop(oldest)
 
-    def run(self, session_id: str, after_version: int, version: int) -> list[LogRecord] | None:
-        """The records of versions ``after_version + 1`` to ``version``, or None if one is missing."""
-        versions = self._sessions.get(session_id)
-        if not versions:
-            return None
-        run: list[LogRecord] = []
-        for v in range(after_version + 1, version + 1):
-            if (record := versions.get(v)) is None:
-                return None
-            run.append(record)
-        return run
-
     def latest(self, session_id: str) -> int:
         """The session's newest version heard and still kept, 0 if none."""
         return max(self._sessions.get(session_id) or (0,))
