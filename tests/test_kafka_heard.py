@@ -96,38 +96,27 @@ class Pair:
 
     def partition_reads(self) -> list[int]:
         """The versions the gateway reads its partition through from now on."""
-        calls: list[int] = []
-        read = self.gateway._reader.read_through
-
-        async def read_through(part: Any, session_id: str, version: int) -> None:
-            calls.append(version)
-            await read(part, session_id, version)
-
-        self.gateway._reader.read_through = read_through  # type: ignore[method-assign]
-        return calls
+        return self._noted("read_through", lambda part, session_id, version: version)
 
     def partition_ends(self) -> list[int]:
         """The partitions the gateway's reader asks the broker for the end of from now on."""
-        calls: list[int] = []
-        end = self.gateway._reader.end
-
-        async def counted(partition: int) -> int:
-            calls.append(partition)
-            return await end(partition)
-
-        self.gateway._reader.end = counted  # type: ignore[method-assign]
-        return calls
+        return self._noted("end", lambda partition: partition)
 
     def partition_catch_ups(self) -> list[int]:
         """The partitions the gateway's reader catches up from now on (each asks the broker)."""
+        return self._noted("caught_up", lambda part: part.partition)
+
+    def _noted(self, name: str, note: Callable[..., int]) -> list[int]:
+        """What ``note`` makes of the arguments of each call of the gateway's reader's ``name``
+        from now on (the call itself goes on as before)."""
         calls: list[int] = []
-        caught_up = self.gateway._reader.caught_up
+        method = getattr(self.gateway._reader, name)
 
-        async def counted(part: Any) -> Any:
-            calls.append(part.partition)
-            return await caught_up(part)
+        async def noted(*args: Any) -> Any:
+            calls.append(note(*args))
+            return await method(*args)
 
-        self.gateway._reader.caught_up = counted  # type: ignore[method-assign]
+        setattr(self.gateway._reader, name, noted)
         return calls
 
     def decodes(self) -> list[bytes]:
