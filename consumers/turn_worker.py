@@ -50,6 +50,14 @@ def resumes(record: LogRecord) -> bool:
     return isinstance(record.event, RESUMES)
 
 
+def load_tokenizers(agents: AgentDirectory) -> None:
+    """Load each agent's tokenizer now, not in the first turn that counts: tiktoken's encoding
+    takes about 0.1 s to load, on the event loop, and every turn of the first round after a
+    start waited for it. (A local model's server tokenizer loads nothing here.)"""
+    for agent in agents:
+        agent.model.token_counter  # noqa: B018 (the property makes and caches the counter)
+
+
 class TurnWorker:
     """Runs the turns of the sessions on its partitions: reads each user message, decision and
     cancel from the log and carries its session's turn on, many sessions at once."""
@@ -80,6 +88,7 @@ class TurnWorker:
             cache_bytes=cache_bytes,
         )
         event_log.admit_with(AdmissionRules(agent_prices(agents)))  # the owner admits submissions by them
+        load_tokenizers(agents)
         self.on_item = on_item
         self.consumer = KeyedConsumer(
             event_log,

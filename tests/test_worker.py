@@ -11,10 +11,12 @@ from pathlib import Path
 
 from tests.procs import WORKER_PARTITIONS as PARTITIONS
 from tests.procs import worker_agent as build_agent
+from tests.procs import worker_answer
 from turnlog.consumers import TurnWorker
 from turnlog.consumers.turn_worker import GROUP
-from turnlog.engine import AgentDirectory, AgentSessions, EventLog, SqliteEventLog
+from turnlog.engine import Agent, AgentDirectory, AgentSessions, EventLog, FunctionModel, SqliteEventLog
 from turnlog.engine import events as ev
+from turnlog.engine.models.tokens import TokenCounter
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,6 +49,25 @@ async def test_worker_runs_posted_messages_once(log: EventLog) -> None:
     await TurnWorker(log, agents, worker_id="w2").poll_once()
     assert [await log.session_version(sid) for sid in sids] == versions
     assert len(calls) == 5
+
+
+async def test_a_worker_loads_its_agents_tokenizers_before_the_first_turn(tmp_path: Path) -> None:
+    """tiktoken's encoding takes about 0.1 s of the event loop to load: at start, not in a turn."""
+    asked: list[str] = []
+
+    class Counted(FunctionModel):
+        @property
+        def token_counter(self) -> TokenCounter:
+            asked.append("counter")
+            return super().token_counter
+
+    agents = AgentDirectory([Agent.build("agent", Counted(worker_answer))])
+    log = SqliteEventLog(tmp_path / "log.db", partitions=PARTITIONS)
+    try:
+        TurnWorker(log, agents, worker_id="w")
+        assert asked == ["counter"]
+    finally:
+        await log.close()
 
 
 async def test_workers_split_partitions(log: EventLog) -> None:
