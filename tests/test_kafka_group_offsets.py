@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from aiokafka import TopicPartition
 
-from tests.services import kafka_log, need_service
+from tests.services import kafka_log
 from turnlog.engine import events as ev
 from turnlog.engine.log import kafka_commits
 from turnlog.engine.log.kafka import KafkaEventLog
@@ -19,11 +19,6 @@ from turnlog.engine.log.kafka_topics import committed_offset
 
 GROUP = "projector-under-test"
 SID = "s-offsets"
-
-
-@pytest.fixture
-def bootstrap() -> str:
-    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
 
 
 def created() -> ev.SessionCreated:

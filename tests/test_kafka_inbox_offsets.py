@@ -11,18 +11,13 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tests.services import delete_topics, fresh_topic, kafka_log, need_service, read_topic
+from tests.services import delete_topics, fresh_topic, kafka_log, read_topic
 from turnlog.engine import events as ev
 from turnlog.engine.admission import AdmissionRules
 from turnlog.engine.log.kafka import KafkaEventLog
 from turnlog.engine.log.kafka_topics import TopicNames
 
 SID = "s-inbox"
-
-
-@pytest.fixture
-def bootstrap() -> str:
-    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
 
 
 def created() -> ev.SessionCreated:

@@ -35,11 +35,6 @@ AGENT = "plain"
 
 
 @pytest.fixture
-def bootstrap() -> str:
-    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
-
-
-@pytest.fixture
 async def owner(bootstrap: str) -> AsyncIterator[KafkaEventLog]:
     async with kafka_log(bootstrap, partitions=1) as log:  # one partition: every session shares it
         yield log

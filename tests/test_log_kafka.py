@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
 
-from tests.services import delete_topics, fresh_topic, kafka_log, need_service, read_topic
+from tests.services import delete_topics, fresh_topic, kafka_log, read_topic
 from turnlog.engine import codec
 from turnlog.engine import events as ev
 from turnlog.engine.admission import AdmissionRules
@@ -27,11 +27,6 @@ from turnlog.engine.errors import (
     SessionNotFoundError,
 )
 from turnlog.engine.log.kafka import KafkaEventLog
-
-
-@pytest.fixture
-def bootstrap() -> str:
-    return need_service("TURNLOG_KAFKA_BOOTSTRAP")
 
 
 @pytest.fixture
