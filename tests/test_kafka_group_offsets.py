@@ -1,8 +1,7 @@
 """Where a consumer group's offsets on a Kafka partition are committed: with one of the partition
-owner's transactions, so a fenced zombie cannot move them. A busy partition's next transaction
-carries a due offset; only a partition idle for ``IDLE_AFTER_S`` commits it in a transaction
-of its own (which would hold the lock the appends wait for). Read back from the broker. On a
-real broker (TURNLOG_KAFKA_BOOTSTRAP)."""
+owner's transactions (``kafka_commits``), so a fenced zombie cannot move them; a due offset of a
+partition with no append to carry it goes in a transaction of its own, and closing commits what
+is pending. Read back from the broker. On a real broker (TURNLOG_KAFKA_BOOTSTRAP)."""
 
 from __future__ import annotations
 
@@ -25,12 +24,6 @@ def created() -> ev.SessionCreated:
     return ev.SessionCreated(session_id=SID, version=1, agent_id="a", user_id="u")
 
 
-def said(version: int) -> ev.UserMessageReceived:
-    return ev.UserMessageReceived(
-        session_id=SID, version=version, message_id=ev.new_id(), text=f"m{version}", user_id="u"
-    )
-
-
 async def broker_offset(log: KafkaEventLog) -> int:
     return await committed_offset(log.bootstrap, GROUP, TopicPartition(log.topics.events, 0))
 
@@ -43,37 +36,22 @@ async def until_offset(log: KafkaEventLog, offset: int) -> None:
     raise AssertionError(f"the group's offset never reached {offset}: {await broker_offset(log)}")
 
 
-async def test_a_busy_partitions_due_offset_rides_its_next_append(
-    bootstrap: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(kafka_commits, "IDLE_AFTER_S", 3600.0)  # never idle: no flush of its own
+async def test_a_due_offset_with_no_append_to_carry_it_is_committed_on_its_own(bootstrap: str) -> None:
     async with kafka_log(bootstrap, partitions=1) as log:
         await log.append([created()], expected_version=0)
         await log.commit(GROUP, 0, 1)
-        owner = log._owners[0]
-        await kafka_commits.flush(owner)  # the quiet inbox's housekeeping, called at once
-        assert owner.pending_commits == {GROUP: 1} and await broker_offset(log) == 0
-        await log.append([said(2)], expected_version=1)
-        assert owner.pending_commits == {} and await broker_offset(log) == 1
-
-
-async def test_an_idle_partition_commits_a_due_offset_on_its_own(
-    bootstrap: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with kafka_log(bootstrap, partitions=1) as log:
-        await log.append([created()], expected_version=0)
-        monkeypatch.setattr(kafka_commits, "IDLE_AFTER_S", 0.3)
-        await log.commit(GROUP, 0, 1)
-        await until_offset(log, 1)  # no append follows: the housekeeping's own transaction
+        await until_offset(log, 1)  # no append follows: the quiet inbox's housekeeping commits it
         assert log._owners[0].pending_commits == {}
 
 
-async def test_closing_commits_what_is_pending_at_once(
-    bootstrap: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(kafka_commits, "IDLE_AFTER_S", 3600.0)
+async def test_closing_commits_an_offset_not_due_yet(bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_commits, "OFFSETS_EVERY_S", 3600.0)  # a group's second offset: due in an hour
     async with kafka_log(bootstrap, partitions=1) as log:
         await log.append([created()], expected_version=0)
         await log.commit(GROUP, 0, 1)
+        await until_offset(log, 1)  # a group's first offset is due at once
+        await log.commit(GROUP, 0, 2)
+        await asyncio.sleep(0.3)  # the housekeeping runs every 100 ms when the inbox is quiet
+        assert await broker_offset(log) == 1 and log._owners[0].pending_commits == {GROUP: 2}
         await log.close()
-        assert await broker_offset(log) == 1
+        assert await broker_offset(log) == 2

@@ -8,8 +8,6 @@ commit of the owners' group, whose two requests to the coordinators a user's mes
 wait for; the group's offset follows now and then (``INBOX_OFFSETS_EVERY_S``), and an owner
 skips the inbox records below the offset its partition says (``PartitionIndex.inbox_next``).
 A batch that sequenced no event (only refusals and repeats) commits it as the group's offset.
-What is due on a partition that commits nothing for ``IDLE_AFTER_S`` goes in a transaction of
-its own (``flush``).
 
 Appends that arrive while a transaction is in flight wait in the partition's queue and go
 together into the next (``commit_appends``; each still checked on its own: ``kafka_appends``).
@@ -42,10 +40,6 @@ OFFSETS_EVERY_S = 1.0
 """How often a consumer group's offsets on a partition ride its transactions (each costs the
 broker two more requests): the group's members are at-least-once, so after a crash they handle
 up to this much more again. Closing commits them all."""
-IDLE_AFTER_S = OFFSETS_EVERY_S
-"""How long a partition goes without a transaction before ``flush`` commits what is due in one of
-its own. A busy partition's next transaction carries it: an empty transaction holds the lock its
-appends wait for and costs the broker as much as one with events."""
 INBOX_OFFSETS_EVERY_S = 10.0
 """How often the owners' group's inbox offset rides a transaction: the partition's events hold
 it (``INBOX_HEADER``), so a new owner only reads up to this much of its inbox again, and skips it."""
@@ -119,7 +113,6 @@ async def _run_transaction(owner: PartitionOwner, events: list[Event], writes: W
     except (KafkaError, TimeoutError) as exc:
         # the outcome is unknown: re-acquire (aborting it if still open) and re-read the partition
         raise await owner.reset(exc) from exc
-    owner.committed_at = asyncio.get_running_loop().time()
     if committing is not None:
         offsets_committed(owner, committing)
     if writes.inbox_offset is not None:
@@ -298,8 +291,7 @@ def offsets_committed(owner: PartitionOwner, committed: GroupOffset) -> None:
 
 async def flush(owner: PartitionOwner, force: bool = False) -> None:
     """Commit the partition's pending group offsets when due, and the session index when due,
-    in transactions of their own once the partition is idle (``IDLE_AFTER_S``); ``force``
-    (closing): every group's, and the index, now."""
+    in transactions of their own; ``force`` (closing): every group's, and the index, now."""
     for _ in range(len(owner.pending_commits) + 2):  # one group a transaction, the inbox's too
         if not _flush_due(owner, force):
             return
@@ -313,8 +305,4 @@ async def flush(owner: PartitionOwner, force: bool = False) -> None:
 
 
 def _flush_due(owner: PartitionOwner, force: bool) -> bool:
-    if not owner.owned:
-        return False
-    if not force and asyncio.get_running_loop().time() - owner.committed_at < IDLE_AFTER_S:
-        return False  # busy: its next transaction carries what is due
-    return due_offsets(owner, force) is not None or index_due(owner, force)
+    return owner.owned and (due_offsets(owner, force) is not None or index_due(owner, force))

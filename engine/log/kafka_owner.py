@@ -91,8 +91,6 @@ class PartitionOwner:
         """The task that commits queued appends, group by group, while any are queued."""
         self.indexed_at = 0.0
         """When the owner last wrote the session index (event-loop time)."""
-        self.committed_at = 0.0
-        """When the owner's last transaction committed (event-loop time)."""
         self.offsets_at: dict[str, float] = {}
         """When the owner last committed each consumer group's offsets (event-loop time)."""
 
