@@ -59,16 +59,21 @@ class GroupConsumer:
         """Process everything currently on the assigned partitions; return records handled."""
         handled = 0
         partitions = self.partitions if self.partitions is not None else self.log.owned_partitions()
-        for partition in partitions:
+        try:
+            offsets = {p: await self.log.committed(self.group, p) for p in partitions}
+            reading = await self.log.partitions_to_read(offsets)
+        except (LogUnavailableError, ConcurrencyError) as exc:
+            log.warning("consumer.retry_later", group=self.group, error=str(exc))
+            return 0
+        for partition in reading:
             try:
-                handled += await self._drain(partition)
+                handled += await self._drain(partition, offsets[partition])
             except (LogUnavailableError, ConcurrencyError) as exc:
                 log.warning("consumer.retry_later", group=self.group, partition=partition, error=str(exc))
         return handled
 
-    async def _drain(self, partition: int) -> int:
+    async def _drain(self, partition: int, offset: int) -> int:
         handled = 0
-        offset = await self.log.committed(self.group, partition)
         while records := await self.log.read_partition(partition, offset, self.batch):
             committed, since = offset, time.monotonic()
             try:

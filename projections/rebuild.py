@@ -96,7 +96,7 @@ async def read_batches(
     records are read. A read that fails (an undecodable record) first yields what was read
     before it, then raises."""
     batch: list[LogRecord] = []
-    for partition in range(log.partitions):
+    for partition in await log.partitions_to_read({p: offsets.get(p, 0) for p in range(log.partitions)}):
         while True:
             want = size - len(batch)
             try:

@@ -5,6 +5,7 @@ partition's owner, fencing of a zombie owner, dead letters. On a real broker
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -412,3 +413,19 @@ def test_an_inbox_queue_drops_the_batches_fetched_before_a_rewind() -> None:
     assert queue.next() is None
     queue.batches.append(batch(13, 13))
     assert [m.offset for m in queue.next() or []] == [13]
+
+
+async def test_a_followers_pass_skips_the_partitions_with_nothing_past_its_offsets(
+    owner: KafkaEventLog, bootstrap: str
+) -> None:
+    """``partitions_to_read`` on a log that owns nothing (one request for the ends of all): the
+    partitions with a record at or after the offsets; a commit marker after the last is none."""
+    sids = {p: next(f"s-{i}" for i in itertools.count() if owner.partition_of(f"s-{i}") == p) for p in (0, 2)}
+    for sid in sids.values():
+        await owner.append([created(sid)], expected_version=0)
+    async with kafka_log(bootstrap, partitions=3, topic=owner.topics.events, owner=False) as reader:
+        assert await reader.partitions_to_read({0: 0, 1: 0, 2: 0}) == [0, 2]
+        past = {p: (await reader.read_partition(p, 0))[-1].offset + 1 for p in sids}
+        assert await reader.partitions_to_read({0: past[0], 1: 0, 2: 0}) == [2]
+        assert await reader.partitions_to_read({0: past[0], 2: past[2]}) == []
+        assert await reader.end_offset(0) > past[0]  # the marker: the end alone would say "read"

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, AsyncGenerator, Callable, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, AsyncGenerator, Callable, Iterable, Mapping, Protocol, Sequence
 
 import structlog
 
@@ -385,6 +385,13 @@ class EventLog(abc.ABC):
     @abc.abstractmethod
     async def end_offset(self, partition: int) -> int:
         """The offset the next record of the partition will have at least."""
+
+    async def partitions_to_read(self, offsets: Mapping[int, int]) -> list[int]:
+        """Of the partitions in ``offsets``, in order, those a follower's pass reads from its
+        offset there: here all of them (a read that finds nothing costs no more than asking).
+        The Kafka log leaves out those with no record at or after it, asking for every
+        partition's end in one request, where a read asks for its own partition's."""
+        return sorted(offsets)
 
     @abc.abstractmethod
     async def committed(self, group: str, partition: int) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncGenerator, Callable, Coroutine, Iterable, Sequence
+from typing import Any, AsyncGenerator, Callable, Coroutine, Iterable, Mapping, Sequence
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -47,7 +47,7 @@ from .base import (
     pending_record,
 )
 from .kafka_commits import append_grouped
-from .kafka_heard import HeardRecords
+from .kafka_heard import HeardRecords, SessionWaiters, wake
 from .kafka_held import DEFAULT_INDEX_BYTES, HeldUse, index_budget
 from .kafka_index import PartitionIndex
 from .kafka_listing import owned_versions
@@ -120,8 +120,7 @@ class KafkaEventLog(EventLog):
         self._owns_sealer = owns_sealer
         """``close`` closes the sealer too (its key store): the log was given one of its own."""
         self._heard = HeardRecords()
-        self._hearing: dict[str, list[asyncio.Future[None]]] = {}
-        """Who waits to hear of a session on the live topic (``wait_for_session``)."""
+        self._hearing = SessionWaiters()
         self._reader = PartitionReader(self.topics, self.records, known=self._heard.known)
         self._written = WrittenValues()
         self.records.on_forget(self._heard.forget)
@@ -373,7 +372,7 @@ class KafkaEventLog(EventLog):
         kept if its session is known erased (it was decoded before this process knew)."""
         if not self.records.erased(record.event.session_id):
             self._heard.add(record, value)
-        _wake(self._hearing.pop(record.event.session_id, ()))
+        self._hearing.wake(record.event.session_id)
 
     async def _find_sequenced(self, event: Event) -> LogRecord | None:
         """The record the partition's owner named on the live topic, else as on the log."""
@@ -384,17 +383,7 @@ class KafkaEventLog(EventLog):
         """Until the live topic names an event of the session (its owner applied a request, or
         something else happened to it), at most ``timeout``: a process that owns no partition
         hears of no append otherwise (a log with no live publisher waits the whole timeout)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._hearing.setdefault(session_id, []).append(waiter)
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter, timeout)
-        finally:  # not woken (``heard`` takes the list of those it wakes): leave no entry behind
-            waiters = self._hearing.get(session_id)
-            if waiters is not None and waiter in waiters:
-                waiters.remove(waiter)
-                if not waiters:
-                    del self._hearing[session_id]
+        await self._hearing.wait(session_id, timeout)
 
     def written_value(self, record: LogRecord) -> bytes | None:
         """The value this process committed ``record`` with, taken once (``kafka_written``): its
@@ -454,6 +443,13 @@ class KafkaEventLog(EventLog):
         self._check_partition(partition)
         return (await self._index(partition)).next_offset
 
+    async def partitions_to_read(self, offsets: Mapping[int, int]) -> list[int]:
+        """Every partition caught up at once (their ends in one request: ``kafka_ends``), then
+        those holding a record at or after the offset (the end counts markers too)."""
+        parts = sorted(offsets)
+        indexes = await asyncio.gather(*(self._index(p) for p in parts))
+        return [p for p, index in zip(parts, indexes, strict=True) if index.holds_from(offsets[p])]
+
     # -- consumer groups ------------------------------------------------------------------------
 
     async def committed(self, group: str, partition: int) -> int:
@@ -486,15 +482,8 @@ class KafkaEventLog(EventLog):
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
-        _wake(waiters)
+        wake(waiters)
 
     def _check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise LogError(f"partition {partition} out of range 0..{self.partitions - 1}")
-
-
-def _wake(waiters: Iterable[asyncio.Future[None]]) -> None:
-    """Answer the waiters still waiting (one may have timed out)."""
-    for waiter in waiters:
-        if not waiter.done():
-            waiter.set_result(None)

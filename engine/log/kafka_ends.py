@@ -2,7 +2,8 @@
 
 A process that owns no partition (a gateway, the projector) asks the broker for a partition's
 end before every read of it, so the read has everything committed before it began: a POST's
-access check, each stream's catch-up and each follower's poll. At a few hundred sessions those
+access check, each stream's catch-up and each follower's pass (which asks for all partitions at
+once first: ``KafkaEventLog.partitions_to_read``). At a few hundred sessions those
 are several ListOffsets requests a turn, each a request the broker answers and this process
 encodes, sends and decodes (bench/README.md section 12). Asked for together, they are one: a
 caller's partition joins the next request, which is sent once the request in flight (if any) is

@@ -15,7 +15,10 @@ source of truth.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import deque
+from typing import Iterable
 
 from .base import LogRecord
 
@@ -98,3 +101,34 @@ class HeardRecords:
             del versions[version]
             if not versions:
                 self._sessions.pop(session_id, None)
+
+
+class SessionWaiters:
+    """Who waits to hear of a session on the live topic (``KafkaEventLog.wait_for_session``),
+    woken when a record of it is heard."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
+
+    async def wait(self, session_id: str, timeout: float) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(session_id, []).append(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, timeout)
+        finally:  # not woken (``wake`` takes the list of those it wakes): leave no entry behind
+            waiters = self._waiting.get(session_id)
+            if waiters is not None and waiter in waiters:
+                waiters.remove(waiter)
+                if not waiters:
+                    del self._waiting[session_id]
+
+    def wake(self, session_id: str) -> None:
+        wake(self._waiting.pop(session_id, ()))
+
+
+def wake(waiters: Iterable[asyncio.Future[None]]) -> None:
+    """Answer the waiters still waiting (one may have timed out)."""
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)

@@ -293,6 +293,11 @@ class PartitionIndex:
         start = bisect.bisect_left(self.offsets, offset)
         return self.records[start : start + limit]
 
+    def holds_from(self, offset: int) -> bool:
+        """Whether the partition has a record at or after ``offset`` as far as indexed (below
+        the window's base: assumed so, those records are read from Kafka)."""
+        return offset < self.base or bisect.bisect_left(self.offsets, offset) < len(self.offsets)
+
     def session_records_after(self, session_id: str, after_version: int) -> list[LogRecord]:
         self._need(session_id)
         return self.session_records.get(session_id, [])[after_version:]
