@@ -55,6 +55,9 @@ SEND_AT_ONCE = 500
 BATCH_BYTES = 512 << 10
 """A producer batch's bound: what a partition queued while its last batch was being sent goes in
 one or a few."""
+LIVE_FETCH_WAIT_MS = 500
+"""How long the broker holds a subscriber's fetch while the live topic is quiet. It answers as
+soon as an item arrives, so this sets only how often an idle process asks again."""
 
 
 Published = Event | ModelDelta | ModelWaiting
@@ -244,7 +247,7 @@ class KafkaLiveSubscriber:
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=LIVE_FETCH_WAIT_MS
         )
         await self._consumer.start()
         tps = [TopicPartition(self.topics.live, p) for p in range(self.partitions)]
