@@ -491,6 +491,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         ),
         ("event latency p50 / p95 / max (ms)", lambda r: _ms(r.get("event_latency_ms", {}))),
         ("projector lag p50 / p95 / max (ms)", lambda r: _ms(r.get("projector_lag_ms", {}))),
+        ("idle, before any session: CPU per second (ms)", lambda r: _cpu(r.get("idle_cpu_ms_per_s", {}))),
         ("CPU per turn (ms)", lambda r: _cpu(r.get("cpu_ms_per_turn", {}))),
         ("model client alone, CPU per turn (ms)", lambda r: r["model_client_cpu_ms_per_turn"]),
         ("the driver's clients, CPU per turn (ms)", lambda r: r.get("driver_cpu_ms_per_turn", "-")),
@@ -607,6 +608,12 @@ def main() -> None:
         type=float,
         default=20.0,
         help="with --inflight: seconds CPU is measured while only waiting",
+    )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        help="real shape: first measure each process's CPU over this many seconds with nothing to do",
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(

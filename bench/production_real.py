@@ -284,9 +284,34 @@ async def run_case(case: Case, model_url: str, args: argparse.Namespace) -> dict
         if case.workers > 1:
             await wait_owners(case)
         meter = CpuMeter({"gateway": [gw.pid], "workers": [w.pid for w in workers], **service_pids(case)})
+        idle = await idle_cpu(meter.groups, args.idle) if args.idle else None
         print(
             f"{case.name} (real): {args.sessions} sessions x {args.turns} turns", file=sys.stderr, flush=True
         )
         result = await drive(port, keys, args.turns, meter)
     await drop_topics(case, args.keep_topics)
-    return result
+    return result if idle is None else {**result, "idle_cpu_ms_per_s": idle}
+
+
+IDLE_SETTLE_S = 5.0
+"""How long a deployment just started runs before its idle CPU is measured (start-up work done)."""
+
+
+async def idle_cpu(groups: dict[str, list[int]], seconds: float) -> dict[str, float]:
+    """CPU each group of processes spends a second while the deployment has nothing to do
+    (``--idle``): its polling, heartbeats and housekeeping, before any session exists."""
+    await asyncio.sleep(IDLE_SETTLE_S)
+    every = [pid for group in groups.values() for pid in group]
+    before = _cpu_now(every)
+    await asyncio.sleep(seconds)
+    after = _cpu_now(every)
+    spent = {pid: after[pid] - before[pid] for pid in after if pid in before}
+    return {
+        name: round(sum(spent.get(pid, 0.0) for pid in pids) * 1000 / seconds, 1)
+        for name, pids in groups.items()
+    }
+
+
+def _cpu_now(pids: list[int]) -> dict[int, float]:
+    """CPU seconds each process has spent so far (a process gone is left out)."""
+    return {pid: cpu for pid in pids if (cpu := CpuMeter.cpu_s(pid)) is not None}
