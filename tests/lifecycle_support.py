@@ -28,6 +28,7 @@ from turnlog.engine import (
     reply,
     tool,
 )
+from turnlog.engine.crypto.keystore_postgres import CREATE_RACES
 
 IDLE = timedelta(minutes=30)
 RETAIN = timedelta(days=7)
@@ -124,7 +125,7 @@ class TableEraser:
         self.target, self.schema, self.name, self.hang_on = target, schema, name, hang_on
         try:
             _execute(target, schema, ERASED_DDL, ())
-        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+        except CREATE_RACES:
             pass  # another worker created it at the same moment: CREATE ... IF NOT EXISTS races in PostgreSQL
 
     async def erase_session(self, session_id: str, reason: str, *, actor: str = "admin") -> None:
