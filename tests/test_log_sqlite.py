@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from turnlog.engine.log.sqlite_batch import pack_batch, split_batch
 from turnlog.engine.log.sqlite_layout import SNAPSHOTS_FROM
 
 REPO = Path(__file__).resolve().parent.parent
+TRACEMALLOC = tracemalloc.__file__
 
 
 def msg(session_id: str, version: int, text: str = "hello") -> ev.UserMessageReceived:
@@ -312,6 +314,29 @@ async def test_wait_for_append_wakes_on_append(log: SqliteEventLog) -> None:
     assert not waiting.done()
     await log.append([msg("a", 1)], expected_version=0)
     await asyncio.wait_for(waiting, 10)  # a bound, not a timing assertion: it must not take 60 s
+
+
+async def test_waits_that_time_out_leave_nothing_behind(log: EventLog) -> None:
+    """Followers wait for appends in a loop, and a process may append nothing for hours (a Kafka
+    gateway never appends): the waits that timed out must not pile up until the next append
+    (each kept about 150 bytes: 750 kB here)."""
+    await log.wait_for_append(0.001)  # what a first wait sets up once
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for _ in range(5000):
+            await log.wait_for_append(0)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    kept = sum(
+        s.size_diff for s in after.compare_to(before, "filename") if s.traceback[0].filename != TRACEMALLOC
+    )
+    assert kept < 150_000, f"{kept} bytes kept by 5,000 waits that timed out"
+    waiting = asyncio.create_task(log.wait_for_append(60))
+    await asyncio.sleep(0)
+    await log.append([msg("a", 1)], expected_version=0)
+    await asyncio.wait_for(waiting, 10)  # the next append still wakes a wait that is open
 
 
 # --- configuration ------------------------------------------------------------------------------

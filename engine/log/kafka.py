@@ -47,7 +47,7 @@ from .base import (
     pending_record,
 )
 from .kafka_commits import append_grouped
-from .kafka_heard import HeardRecords, SessionWaiters, wake
+from .kafka_heard import HeardRecords, SessionWaiters
 from .kafka_held import DEFAULT_INDEX_BYTES, HeldUse, index_budget
 from .kafka_index import PartitionIndex
 from .kafka_listing import owned_versions
@@ -62,6 +62,7 @@ from .kafka_upkeep import flush_all
 from .kafka_written import WrittenValues
 from .sealing import RecordCodec, Sealer
 from .submissions import SUBMITTABLE
+from .waiters import AppendWaiters
 
 log = structlog.get_logger("turnlog.kafka")
 SUBMIT_WAIT_S = 30.0
@@ -142,7 +143,7 @@ class KafkaEventLog(EventLog):
         self._producer: AIOKafkaProducer | None = None
         self._inbox: AIOKafkaConsumer | None = None
         self._sequencing: asyncio.Task[None] | None = None
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters = AppendWaiters()
         self._committed: dict[tuple[str, int], int] = {}
         self._direct = DirectOffsets(bootstrap, self.topics.events, partitions)
         self._background: set[asyncio.Task[None]] = set()
@@ -474,15 +475,11 @@ class KafkaEventLog(EventLog):
             self._direct.note(group, partition, offset)
 
     async def wait_for_append(self, timeout: float) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
         # appends by other processes are not announced: poll at least every 200 ms
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(fut, min(timeout, 0.2))
+        await self._waiters.wait(min(timeout, 0.2))
 
     def _notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        wake(waiters)
+        self._waiters.wake()
 
     def _check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from typing import Iterable
 
 from .base import LogRecord
+from .waiters import wake
 
 BUDGET_BYTES = 8 << 20
 """What the records heard may weigh: the oldest go first past it."""
@@ -125,10 +125,3 @@ class SessionWaiters:
 
     def wake(self, session_id: str) -> None:
         wake(self._waiting.pop(session_id, ()))
-
-
-def wake(waiters: Iterable[asyncio.Future[None]]) -> None:
-    """Answer the waiters still waiting (one may have timed out)."""
-    for waiter in waiters:
-        if not waiter.done():
-            waiter.set_result(None)

@@ -10,7 +10,6 @@ session's history. Use ``SqliteEventLog`` for anything that must outlive the pro
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import dataclasses
 from typing import Sequence
@@ -34,6 +33,7 @@ from .base import (
     partition_for,
 )
 from .submissions import submission_keys
+from .waiters import AppendWaiters
 
 
 class MemoryEventLog(EventLog):
@@ -52,7 +52,7 @@ class MemoryEventLog(EventLog):
         self._submissions: dict[tuple[str, str], int] = {}
         self._offsets: dict[tuple[str, int], int] = {}
         self._position = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters = AppendWaiters()
 
     async def append(
         self, events: Sequence[Event], *, expected_version: int, redoable: bool = False
@@ -95,18 +95,10 @@ class MemoryEventLog(EventLog):
         return record
 
     def _notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._waiters.wake()
 
     async def wait_for_append(self, timeout: float) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            pass
+        await self._waiters.wait(timeout)
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         return [r.event for r in self._sessions.get(session_id, ())[max(after_version, 0) :]]

@@ -16,7 +16,6 @@ each append alone.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import sqlite3
 from pathlib import Path
@@ -58,6 +57,7 @@ from .sqlite_layout import (
 )
 from .sqlite_recent import RecentRecords
 from .submissions import SUBMITTED_TYPES, submission_keys
+from .waiters import AppendWaiters
 from .zdict import pack
 
 Durability = Literal["process", "power"]
@@ -132,7 +132,7 @@ class SqliteEventLog(EventLog):
         self._db.executescript(SCHEMA)
         self.partitions = self._fix_partitions(partitions)
         self._index_old_submissions()
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters = AppendWaiters()
         self._lost: dict[str, LogUnavailableError] = {}  # redoable appends lost after returning
         self.group: GroupCommit | None = None  # the appends' group commit (none in memory)
         self.live: LocalLive | None = None
@@ -274,18 +274,10 @@ class SqliteEventLog(EventLog):
         return live
 
     def _notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._waiters.wake()
 
     async def wait_for_append(self, timeout: float) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            pass
+        await self._waiters.wait(timeout)
 
     async def read_session(self, session_id: str, after_version: int = 0) -> list[Event]:
         return [record.event for record in await self.read_session_records(session_id, after_version)]
