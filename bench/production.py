@@ -499,12 +499,21 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             "engine CPU per turn (ms) / model client's",
             lambda r: f"{r['engine_cpu_ms_per_turn']} ({r['engine_over_model_client']}x)",
         ),
+        ("busiest process: CPU / wall; its CPU / model layer's wall", _busiest),
+        ("all processes and the driver: CPU / (wall x cores)", lambda r: r.get("machine_cpu_share", "-")),
+        ("model layer alone: CPU / wall", lambda r: r.get("model_layer_cpu_share", "-")),
     ]
     names = list(results)
     out = ["| measure | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for label, cell in rows:
         out.append(f"| {label} | " + " | ".join(str(cell(results[n])) for n in names) + " |")
     return "\n".join(out)
+
+
+def _busiest(r: dict[str, Any]) -> str:
+    if "busiest_process" not in r:
+        return "-"
+    return f"{r['busiest_process']} {r['busiest_cpu_share']}; {r['busiest_cpu_over_model_layer']}x"
 
 
 def _cpu(spent: dict[str, float]) -> str:
@@ -532,6 +541,28 @@ def compared(result: dict[str, Any], floor: dict[str, float], args: argparse.Nam
         "cpu_ms_per_turn_total": round(total, 2),
         "engine_cpu_ms_per_turn": round(engine, 2),
         "engine_over_model_client": round(engine / model_cpu, 2),
+        **cpu_bound(result, floor),
+    }
+
+
+def cpu_bound(result: dict[str, Any], floor: dict[str, float]) -> dict[str, Any]:
+    """How close to CPU-bound the run was: the busiest process's CPU as a share of the wall time,
+    and as a multiple of the model layer's wall time (one process uses one core, so that multiple
+    is the least ``wall_over_model_layer`` its CPU per turn allows); the measured processes' and
+    the driver's CPU as a share of the machine's cores (the model server's is not counted); the
+    model layer's own share says whether the floor was CPU-bound too."""
+    spent = result.get("cpu_ms_per_turn", {})
+    if not spent:
+        return {}
+    name, ms = max(spent.items(), key=lambda item: item[1])
+    per_s = result["turns"] / 1000
+    all_ms = sum(spent.values()) + result.get("driver_cpu_ms_per_turn", 0.0)
+    return {
+        "busiest_process": name,
+        "busiest_cpu_share": round(ms * per_s / result["wall_s"], 2),
+        "busiest_cpu_over_model_layer": round(ms * per_s / floor["wall_s"], 2),
+        "machine_cpu_share": round(all_ms * per_s / (result["wall_s"] * (os.cpu_count() or 1)), 2),
+        "model_layer_cpu_share": round(floor["cpu_s"] / floor["wall_s"], 2),
     }
 
 
