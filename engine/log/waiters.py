@@ -19,9 +19,6 @@ class AppendWaiters:
     def __init__(self) -> None:
         self._waiting: set[asyncio.Future[None]] = set()
 
-    def __len__(self) -> int:
-        return len(self._waiting)
-
     async def wait(self, timeout: float) -> None:
         """Return at the next ``wake``, or after ``timeout`` seconds."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
