@@ -554,14 +554,14 @@ def cpu_bound(result: dict[str, Any], floor: dict[str, float]) -> dict[str, Any]
     spent = result.get("cpu_ms_per_turn", {})
     if not spent:
         return {}
-    name, ms = max(spent.items(), key=lambda item: item[1])
-    per_s = result["turns"] / 1000
-    all_ms = sum(spent.values()) + result.get("driver_cpu_ms_per_turn", 0.0)
+    name, ms = max(spent.items(), key=lambda item: item[1])  # a process, or a group (workers)
+    busiest_s = ms * result["turns"] / 1000
+    all_s = (sum(spent.values()) + result.get("driver_cpu_ms_per_turn", 0.0)) * result["turns"] / 1000
     return {
         "busiest_process": name,
-        "busiest_cpu_share": round(ms * per_s / result["wall_s"], 2),
-        "busiest_cpu_over_model_layer": round(ms * per_s / floor["wall_s"], 2),
-        "machine_cpu_share": round(all_ms * per_s / (result["wall_s"] * (os.cpu_count() or 1)), 2),
+        "busiest_cpu_share": round(busiest_s / result["wall_s"], 2),
+        "busiest_cpu_over_model_layer": round(busiest_s / floor["wall_s"], 2),
+        "machine_cpu_share": round(all_s / (result["wall_s"] * (os.cpu_count() or 1)), 2),
         "model_layer_cpu_share": round(floor["cpu_s"] / floor["wall_s"], 2),
     }
 
