@@ -32,9 +32,14 @@ MESSAGE_BYTES = 400
 """A cached message's fixed cost beyond its text: the ChatMessage object, its strings' headers,
 its slot in the lists that hold it."""
 ENTRY_BYTES = 512
-"""An entry's fixed cost: the objects around the messages (state, encoder entry, dict slots).
-With these two the estimate of a tool-using session is 1.15-1.3x what tracemalloc measures it
-holds (bench/README.md §12): a bound a little above the real use, never below it."""
+"""An entry's fixed cost: the objects around what it holds (encoder entry, token counts, dict
+slots)."""
+STATE_BYTES = 1700
+"""A folded state's fixed cost: the SessionState and its containers, 1.56 kB for a session only
+created (tracemalloc, Python 3.11). With these three the estimate is 1.1x what tracemalloc
+measures a session's state holds when it was only created, and 1.2-1.35x what a worker's entries
+of a session hold, from no turn to ten (bench/session_cache_memory.py): a bound a little above
+the real use, never below it."""
 
 
 class Kind(Generic[V]):

@@ -39,7 +39,7 @@ from .log.base import EventLog
 from .model_call import CallOutcome, LiveCalls, stream_call
 from .models.base import ModelRequest, ModelResponse
 from .models.endpoints import Endpoints
-from .session_cache import DEFAULT_CACHE_BYTES, ENTRY_BYTES, Kind, SessionCache, history_bytes
+from .session_cache import DEFAULT_CACHE_BYTES, STATE_BYTES, Kind, SessionCache, history_bytes
 from .states import Cause, SessionStatus
 from .steps import (
     CallModel,
@@ -135,7 +135,7 @@ class TurnRunner:
     def remember(self, state: SessionState) -> None:
         """Cache ``state``, a fold of the session's events as the log holds them (a session
         this process just created starts there, so loading it reads only what came after)."""
-        self.cache.put(state.session_id, STATE, state, ENTRY_BYTES + history_bytes(state.messages))
+        self.cache.put(state.session_id, STATE, state, STATE_BYTES + history_bytes(state.messages))
 
     async def _from_snapshot(self, session_id: str) -> SessionState | None:
         """The latest snapshot's state, or None to fold from the start (none, or unreadable)."""

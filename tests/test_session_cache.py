@@ -18,8 +18,8 @@ from turnlog.engine.errors import ConfigurationError
 from turnlog.engine.log.kafka_held import DEFAULT_INDEX_BYTES
 from turnlog.engine.session_cache import (
     DEFAULT_CACHE_BYTES,
-    ENTRY_BYTES,
     MESSAGE_BYTES,
+    STATE_BYTES,
     Kind,
     SessionCache,
     history_bytes,
@@ -84,7 +84,7 @@ async def test_a_worker_keeps_what_its_budget_allows_and_reads_evicted_sessions_
     kept = [sid for sid in sids if cache.get(sid, STATE) is not None]
     state = cache.get(kept[-1], STATE)
     assert state is not None and len(state.messages) >= 6
-    assert cache.bytes >= len(kept) * (ENTRY_BYTES + history_bytes(state.messages)) // 2
+    assert cache.bytes >= len(kept) * (STATE_BYTES + history_bytes(state.messages)) // 2
     await log.close()
 
 
