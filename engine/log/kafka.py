@@ -62,7 +62,7 @@ from .kafka_upkeep import flush_all
 from .kafka_written import WrittenValues
 from .sealing import RecordCodec, Sealer
 from .submissions import SUBMITTABLE
-from .waiters import AppendWaiters
+from .waiters import Waiters
 
 log = structlog.get_logger("turnlog.kafka")
 SUBMIT_WAIT_S = 30.0
@@ -143,7 +143,7 @@ class KafkaEventLog(EventLog):
         self._producer: AIOKafkaProducer | None = None
         self._inbox: AIOKafkaConsumer | None = None
         self._sequencing: asyncio.Task[None] | None = None
-        self._waiters = AppendWaiters()
+        self._waiters = Waiters()
         self._committed: dict[tuple[str, int], int] = {}
         self._direct = DirectOffsets(bootstrap, self.topics.events, partitions)
         self._background: set[asyncio.Task[None]] = set()

@@ -15,12 +15,10 @@ source of truth.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections import deque
 
 from .base import LogRecord
-from .waiters import wake
+from .waiters import Waiters
 
 BUDGET_BYTES = 8 << 20
 """What the records heard may weigh: the oldest go first past it."""
@@ -108,20 +106,17 @@ class SessionWaiters:
     woken when a record of it is heard."""
 
     def __init__(self) -> None:
-        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
+        self._waiting: dict[str, Waiters] = {}
 
     async def wait(self, session_id: str, timeout: float) -> None:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(session_id, []).append(waiter)
+        waiters = self._waiting.setdefault(session_id, Waiters())
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter, timeout)
-        finally:  # not woken (``wake`` takes the list of those it wakes): leave no entry behind
-            waiters = self._waiting.get(session_id)
-            if waiters is not None and waiter in waiters:
-                waiters.remove(waiter)
-                if not waiters:
-                    del self._waiting[session_id]
+            await waiters.wait(timeout)
+        finally:  # the last wait of a session not woken (``wake`` pops those it wakes): no entry left
+            if not waiters and self._waiting.get(session_id) is waiters:
+                del self._waiting[session_id]
 
     def wake(self, session_id: str) -> None:
-        wake(self._waiting.pop(session_id, ()))
+        waiters = self._waiting.pop(session_id, None)
+        if waiters is not None:
+            waiters.wake()

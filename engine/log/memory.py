@@ -33,7 +33,7 @@ from .base import (
     partition_for,
 )
 from .submissions import submission_keys
-from .waiters import AppendWaiters
+from .waiters import Waiters
 
 
 class MemoryEventLog(EventLog):
@@ -52,7 +52,7 @@ class MemoryEventLog(EventLog):
         self._submissions: dict[tuple[str, str], int] = {}
         self._offsets: dict[tuple[str, int], int] = {}
         self._position = 0
-        self._waiters = AppendWaiters()
+        self._waiters = Waiters()
 
     async def append(
         self, events: Sequence[Event], *, expected_version: int, redoable: bool = False

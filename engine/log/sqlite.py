@@ -57,7 +57,7 @@ from .sqlite_layout import (
 )
 from .sqlite_recent import RecentRecords
 from .submissions import SUBMITTED_TYPES, submission_keys
-from .waiters import AppendWaiters
+from .waiters import Waiters
 from .zdict import pack
 
 Durability = Literal["process", "power"]
@@ -132,7 +132,7 @@ class SqliteEventLog(EventLog):
         self._db.executescript(SCHEMA)
         self.partitions = self._fix_partitions(partitions)
         self._index_old_submissions()
-        self._waiters = AppendWaiters()
+        self._waiters = Waiters()
         self._lost: dict[str, LogUnavailableError] = {}  # redoable appends lost after returning
         self.group: GroupCommit | None = None  # the appends' group commit (none in memory)
         self.live: LocalLive | None = None
